@@ -1,0 +1,47 @@
+"""fastattn: VoxCPM2's full-cache decode attention, proved, fixed and measured.
+
+Core (torch only): :func:`attention_step`, :class:`MaskInfo` / :func:`attention`,
+:class:`RightSizedKVCache`. Backend proof: :func:`explain_sdpa`,
+:func:`backend_matrix`. voxcpm side (imported on first use): :func:`patch_voxcpm`,
+:func:`patch_status`, :func:`build_voxcpm2`, :func:`load_voxcpm2`, :func:`optimize`.
+Measuring and drawing live in :mod:`fastattn.bench` and :mod:`fastattn.plots`.
+
+Importing fastattn engages a torchaudio placeholder only where the real
+torchaudio cannot be imported, so that ``import voxcpm`` works on a CPU-only
+install (see :mod:`fastattn.compat`).
+"""
+
+from importlib import import_module
+
+from . import compat as _compat
+
+_compat.ensure_torchaudio()
+
+from .attention import MODES, attention_step, check_exactness, exactness_report, window_for  # noqa: E402
+
+__version__ = "0.1.0"
+
+_LAZY = {
+    "MaskInfo": "masks", "attention": "masks",
+    "RightSizedKVCache": "cache",
+    "explain_sdpa": "backends", "backend_matrix": "backends", "SDPAReport": "backends",
+    "doctor": "doctor",
+    "patch_voxcpm": "patch", "patch_status": "patch", "upstream_diff": "patch",
+    "build_voxcpm2": "models", "load_voxcpm2": "models",
+    "optimize": "graphs",
+}
+
+__all__ = ["MODES", "attention_step", "check_exactness", "exactness_report", "window_for", *_LAZY]
+
+
+def __getattr__(name):
+    mod = _LAZY.get(name)
+    if mod is None:
+        raise AttributeError(f"module 'fastattn' has no attribute {name!r}")
+    value = getattr(import_module(f".{mod}", __name__), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__():
+    return sorted(set(globals()) | set(_LAZY))

@@ -1,0 +1,299 @@
+"""One attention call of a decode step over a preallocated KV cache.
+
+Shapes (SDPA's layout)::
+
+    q        (B, Hq,  Lq,       D)
+    k_cache  (B, Hkv, capacity, D)   Hq % Hkv == 0 (grouped-query attention)
+    v_cache  (B, Hkv, capacity, D)
+
+``length`` is the number of valid keys (Lq <= length <= capacity). Throughout
+fastattn, *position p* is the 0-based index of the newest token, so
+``length = p + 1``. Causality is bottom-right aligned: query row ``i`` sees keys
+``j <= length - Lq + i``; for ``Lq == 1`` that is keys ``[0, length)``.
+
+Three modes:
+
+``reference``
+    upstream VoxCPM2's computation, reproduced exactly: a bool mask over the
+    whole capacity and SDPA with ``enable_gqa=True``. O(capacity) per call.
+``exact`` (default)
+    keys ``[0, W)`` with ``W = min(ceil(length / bucket) * bucket, capacity)``
+    and the mask sliced to that window. O(length + bucket). Bit-identical to
+    ``reference`` wherever the device's kernel splits its key loop on multiples
+    of 16 (checked at first use per device/dtype/geometry; see
+    :func:`exactness_report`). Shapes change only at bucket boundaries, so the
+    step is friendly to ``torch.compile`` and CUDA graphs.
+``fast``
+    keys sliced to exactly ``length`` and, for ``Lq == 1``, no mask at all so a
+    fused kernel (flash / cuDNN on CUDA) can run. Equal to ``reference`` within
+    the dtype's rounding, not bit for bit. Opt-in.
+
+What lies past ``length`` in the cache: ``fast`` never reads it. ``reference``
+and ``exact`` read it under a False mask entry: finite values there cannot
+change the result, but a NaN or Inf there poisons the output (0 * NaN = NaN in
+the softmax-weighted sum). Keep the unused tail finite (zeros) —
+:class:`fastattn.RightSizedKVCache` does.
+
+Never used here: ``is_causal=True`` (top-left aligned: with Lq=1 it attends to
+key 0 only), ``.contiguous()`` on a sliced cache (a copy per call), a
+capacity-sized mask outside ``reference``.
+"""
+
+from __future__ import annotations
+
+import threading
+import warnings
+from typing import Optional, Union
+
+import torch
+import torch.nn.functional as F
+
+__all__ = ["MODES", "attention_step", "window_for", "exactness_report", "check_exactness", "reset_exactness_cache"]
+
+MODES = ("reference", "exact", "fast")
+
+Length = Union[int, torch.Tensor]
+
+
+# --------------------------------------------------------------------------- validation
+def _check_tensors(q, k_cache, v_cache) -> None:
+    for name, t in (("q", q), ("k_cache", k_cache), ("v_cache", v_cache)):
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+        if t.dim() != 4:
+            shape = "(B, Hq, Lq, D)" if name == "q" else "(B, Hkv, capacity, D)"
+            raise ValueError(f"{name} must have 4 dims {shape}, got shape {tuple(t.shape)}")
+    if k_cache.shape != v_cache.shape:
+        raise ValueError(f"k_cache and v_cache must have the same shape, got {tuple(k_cache.shape)} and {tuple(v_cache.shape)}")
+    if q.shape[0] != k_cache.shape[0]:
+        raise ValueError(f"batch of q ({q.shape[0]}) and of k_cache ({k_cache.shape[0]}) differ")
+    if q.shape[3] != k_cache.shape[3]:
+        raise ValueError(f"head dim of q ({q.shape[3]}) and of k_cache ({k_cache.shape[3]}) differ")
+    hq, hkv = q.shape[1], k_cache.shape[1]
+    if hkv == 0 or hq % hkv != 0:
+        raise ValueError(f"query heads (q.shape[1]={hq}) must be a multiple of KV heads (k_cache.shape[1]={hkv})")
+    if not (q.dtype == k_cache.dtype == v_cache.dtype):
+        raise TypeError(f"dtypes differ: q {q.dtype}, k_cache {k_cache.dtype}, v_cache {v_cache.dtype}")
+    if not (q.device == k_cache.device == v_cache.device):
+        raise ValueError(f"devices differ: q {q.device}, k_cache {k_cache.device}, v_cache {v_cache.device}")
+
+
+def _check_bucket(bucket) -> None:
+    if isinstance(bucket, bool) or not isinstance(bucket, int) or bucket <= 0 or bucket % 16:
+        raise ValueError(f"bucket must be a positive multiple of 16, got {bucket!r}")
+
+
+def _check_length_int(length: int, lq: int, capacity: int, name: str = "length") -> None:
+    if not lq <= length <= capacity:
+        raise ValueError(f"{name} must satisfy Lq ({lq}) <= {name} <= capacity ({capacity}), got {length}")
+
+
+def _length_kind(length, device) -> str:
+    """'int' or 'tensor'; raises on anything else."""
+    if isinstance(length, bool):
+        raise TypeError("length must be an int or an integer tensor, got bool")
+    if isinstance(length, int):
+        return "int"
+    if isinstance(length, torch.Tensor):
+        if length.dtype.is_floating_point or length.dtype.is_complex or length.dtype == torch.bool:
+            raise TypeError(f"length tensor must have an integer dtype, got {length.dtype}")
+        if length.numel() != 1:
+            raise ValueError(f"length tensor must hold one element, got shape {tuple(length.shape)}")
+        if length.device != device:
+            raise ValueError(f"length tensor is on {length.device}, the cache on {device}")
+        return "tensor"
+    raise TypeError(f"length must be an int or an integer tensor, got {type(length).__name__}")
+
+
+# --------------------------------------------------------------------------- helpers
+def window_for(length: int, capacity: int, bucket: int = 256) -> int:
+    """Key window of ``exact`` mode: ``min(ceil(length / bucket) * bucket, capacity)``."""
+    _check_bucket(bucket)
+    return min(-(-int(length) // bucket) * bucket, int(capacity))
+
+
+def _mask(n_keys: int, lq: int, length: Length, device) -> torch.Tensor:
+    """Bool mask (1, 1, Lq, n_keys): row i sees keys j <= length - Lq + i (True = attend).
+
+    For Lq == 1 it is upstream's ``(arange(n) <= length - 1).view(1, 1, 1, -1)``.
+    ``length`` may be a device tensor: the comparison then stays on the device.
+    """
+    cols = torch.arange(n_keys, device=device)
+    if isinstance(length, torch.Tensor):
+        length = length.reshape(())
+    if lq == 1:
+        return (cols <= length - 1).view(1, 1, 1, -1)
+    last = length - lq + torch.arange(lq, device=device).view(-1, 1)  # (Lq, 1): last visible key per row
+    return (cols.view(1, -1) <= last).view(1, 1, lq, n_keys)
+
+
+def _sdpa(q, k, v, mask):
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=True)
+
+
+# --------------------------------------------------------------------------- the step
+def attention_step(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    length: Length,
+    *,
+    mode: str = "exact",
+    bucket: int = 256,
+    window: Optional[int] = None,
+) -> torch.Tensor:
+    """Attention of ``q`` over the first ``length`` keys of a preallocated cache.
+
+    Args:
+        q: (B, Hq, Lq, D) queries.
+        k_cache, v_cache: (B, Hkv, capacity, D); Hq must be a multiple of Hkv.
+            Only keys ``[0, length)`` are attended to (bottom-right causal
+            for Lq > 1).
+        length: valid keys, ``Lq <= length <= capacity``: a Python int, or a
+            one-element integer tensor on the cache's device. A tensor without
+            ``window`` is read back to the host for ``exact`` and ``fast``
+            (one device-to-host sync on CUDA); with ``window`` ``exact`` stays on
+            the device.
+        mode: ``"exact"`` (default, bit-identical to ``reference`` where the
+            device allows), ``"reference"`` (upstream), ``"fast"`` (opt-in,
+            within rounding). See the module docstring.
+        bucket: positive multiple of 16; ``exact``'s window is rounded up to it.
+        window: ``exact`` only: the caller's bucketed key count (a Python int,
+            ``Lq <= window <= capacity``) so that a tensor ``length`` needs no
+            host sync. The caller guarantees ``length <= window``; keys past
+            ``length`` inside the window are masked.
+
+    Returns:
+        (B, Hq, Lq, D) in q's dtype.
+    """
+    _check_tensors(q, k_cache, v_cache)
+    if mode not in MODES:
+        raise ValueError(f"mode must be one of {', '.join(map(repr, MODES))}; got {mode!r}")
+    _check_bucket(bucket)
+    lq, capacity = q.shape[2], k_cache.shape[2]
+    kind = _length_kind(length, k_cache.device)
+
+    if window is not None:
+        if isinstance(window, bool) or not isinstance(window, int):
+            raise TypeError(f"window must be a Python int, got {type(window).__name__}")
+        _check_length_int(window, lq, capacity, name="window")
+        if mode == "fast":
+            raise ValueError("window= is for mode='exact' (and 'reference' ignores it); 'fast' slices to length exactly")
+    if kind == "int":
+        _check_length_int(length, lq, capacity)
+        if window is not None and length > window:
+            raise ValueError(f"length ({length}) exceeds window ({window})")
+
+    if mode == "reference":
+        return _sdpa(q, k_cache, v_cache, _mask(capacity, lq, length, q.device))
+
+    if mode == "exact":
+        if window is None:
+            n = int(length) if kind == "int" else _host_length(length, lq, capacity)
+            window = window_for(n, capacity, bucket)
+        _self_check_once(q, k_cache, bucket)
+        k, v = k_cache[:, :, :window], v_cache[:, :, :window]
+        return _sdpa(q, k, v, _mask(window, lq, length, q.device))
+
+    # fast
+    n = int(length) if kind == "int" else _host_length(length, lq, capacity)
+    k, v = k_cache[:, :, :n], v_cache[:, :, :n]
+    if lq == 1 or lq == n:
+        # Lq == n: bottom-right == top-left alignment, so is_causal is correct here.
+        return F.scaled_dot_product_attention(q, k, v, is_causal=(lq > 1), enable_gqa=True)
+    return _sdpa(q, k, v, _mask(n, lq, n, q.device))
+
+
+def _host_length(length: torch.Tensor, lq: int, capacity: int) -> int:
+    """Read a length tensor back (a device-to-host sync on CUDA) and range-check it."""
+    n = int(length.reshape(()).item())
+    _check_length_int(n, lq, capacity)
+    return n
+
+
+# --------------------------------------------------------------------------- exactness self-check
+_LOCK = threading.Lock()
+_EXACTNESS: dict = {}
+
+
+def _geometry_key(q: torch.Tensor, k: torch.Tensor, bucket: int) -> tuple:
+    dev = q.device
+    dev_name = dev.type if dev.type == "cpu" else f"{dev.type}:{dev.index if dev.index is not None else torch.cuda.current_device()}"
+    return (dev_name, str(q.dtype).replace("torch.", ""), q.shape[1], k.shape[1], q.shape[3], bucket)
+
+
+def _capturing_or_compiling() -> bool:
+    if torch.compiler.is_compiling():
+        return True
+    return bool(torch.cuda.is_available() and torch.cuda.is_current_stream_capturing())
+
+
+def _self_check_once(q: torch.Tensor, k_cache: torch.Tensor, bucket: int) -> None:
+    key = _geometry_key(q, k_cache, bucket)
+    if key in _EXACTNESS or _capturing_or_compiling():
+        return
+    with _LOCK:
+        if key in _EXACTNESS:
+            return
+        result = check_exactness(q.device, q.dtype, hq=q.shape[1], hkv=k_cache.shape[1], head_dim=q.shape[3], bucket=bucket)
+        _EXACTNESS[key] = result
+    if not result["bit_identical"]:
+        warnings.warn(
+            "fastattn: mode='exact' is NOT bit-identical to mode='reference' on "
+            f"{key[0]} {key[1]} (Hq={key[2]}, Hkv={key[3]}, D={key[4]}, bucket={bucket}): "
+            f"max |diff| {result['max_abs_diff']:.3g} over {result['positions_checked']} positions "
+            f"(first differing position {result['first_diff_position']}). Results stay within rounding; "
+            "use mode='reference' where bits must match upstream.",
+            RuntimeWarning,
+            stacklevel=3,
+        )
+
+
+@torch.no_grad()
+def check_exactness(device, dtype, *, hq: int = 16, hkv: int = 2, head_dim: int = 128, bucket: int = 256,
+                    capacity: Optional[int] = None, positions=None, seed: int = 0) -> dict:
+    """Compare ``exact`` against ``reference`` with random data on ``device``/``dtype``.
+
+    Runs Lq=1 decode calls at positions around the bucket edges (p = 0, 1,
+    bucket-1, bucket, ...) of a cache of ``capacity`` (default 4 buckets) and
+    returns ``{"bit_identical", "max_abs_diff", "positions_checked",
+    "first_diff_position", ...}``. Used by the first ``exact`` call per
+    geometry; callable directly.
+    """
+    device = torch.device(device)
+    capacity = capacity or 4 * bucket
+    if positions is None:
+        positions = sorted({0, 1, 15, 16, bucket - 1, bucket, bucket + 1, 2 * bucket + 7, 3 * bucket - 1, capacity - 1})
+    positions = [p for p in positions if 0 <= p < capacity]
+    gen = torch.Generator(device="cpu").manual_seed(seed)
+    k = torch.randn(1, hkv, capacity, head_dim, generator=gen).to(device=device, dtype=dtype)
+    v = torch.randn(1, hkv, capacity, head_dim, generator=gen).to(device=device, dtype=dtype)
+    max_diff, first = 0.0, None
+    for p in positions:
+        q = torch.randn(1, hq, 1, head_dim, generator=gen).to(device=device, dtype=dtype)
+        ref = _sdpa(q, k, v, _mask(capacity, 1, p + 1, device))
+        w = window_for(p + 1, capacity, bucket)
+        ex = _sdpa(q, k[:, :, :w], v[:, :, :w], _mask(w, 1, p + 1, device))
+        if not torch.equal(ref, ex):
+            d = (ref.double() - ex.double()).abs().max().item()
+            max_diff = max(max_diff, d)
+            first = p if first is None else first
+    return {
+        "device": str(device), "dtype": str(dtype).replace("torch.", ""), "hq": hq, "hkv": hkv,
+        "head_dim": head_dim, "bucket": bucket, "capacity": capacity,
+        "bit_identical": first is None, "max_abs_diff": max_diff,
+        "positions_checked": len(positions), "first_diff_position": first,
+        "torch": torch.__version__,
+    }
+
+
+def exactness_report() -> list[dict]:
+    """What the first-use self-checks of ``exact`` mode found in this process, one dict per geometry."""
+    with _LOCK:
+        return [dict(v) for v in _EXACTNESS.values()]
+
+
+def reset_exactness_cache() -> None:
+    """Forget the self-check results (tests; a new device/driver in a long process)."""
+    with _LOCK:
+        _EXACTNESS.clear()

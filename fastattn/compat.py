@@ -1,0 +1,115 @@
+"""A placeholder for torchaudio, engaged only where torchaudio cannot be imported.
+
+``import voxcpm`` imports ``voxcpm.model.voxcpm`` (the VoxCPM 1 model), which
+does ``import torchaudio`` at module level although VoxCPM2 inference never
+calls it. On a CPU-only pip install torchaudio is either absent (fastattn's
+install path) or the registry's CUDA-linked wheel, which fails to load beside a
+CPU torch (``OSError: libc10_cuda.so``). Either way ``import voxcpm`` would fail.
+
+:func:`ensure_torchaudio` checks whether the real torchaudio imports. Only when
+it does not, it registers a placeholder module under ``sys.modules["torchaudio"]``
+that:
+
+* carries a real ``ModuleSpec`` (transformers probes
+  ``importlib.util.find_spec("torchaudio")``, which raises ``ValueError`` on a
+  module whose ``__spec__`` is None);
+* raises :class:`TorchaudioUnavailable`, naming the attribute and the reason the
+  real package did not load, as soon as anything in it is used
+  (``torchaudio.load``, ``torchaudio.functional.resample``...).
+
+Nothing on disk is touched; :func:`disengage` removes the placeholder.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.machinery
+import importlib.util
+import sys
+import types
+
+__all__ = ["TorchaudioUnavailable", "ensure_torchaudio", "shim_engaged", "shim_reason", "disengage"]
+
+_MARK = "__fastattn_placeholder__"
+
+
+class TorchaudioUnavailable(ImportError):
+    """Raised when code touches the torchaudio placeholder."""
+
+
+class _Placeholder(types.ModuleType):
+    """A module whose every public attribute access raises TorchaudioUnavailable."""
+
+    def __init__(self, name: str, reason: str):
+        super().__init__(name)
+        self.__dict__[_MARK] = True
+        self.__dict__["__fastattn_reason__"] = reason
+        self.__dict__["__spec__"] = importlib.machinery.ModuleSpec(name, loader=None, origin="fastattn.compat")
+        self.__dict__["__file__"] = None
+        self.__dict__["__path__"] = []  # a package, so `import torchaudio.functional` resolves to us
+        self.__dict__["__version__"] = "0+fastattn.placeholder"
+
+    def __getattr__(self, attr: str):
+        if attr.startswith("__") and attr.endswith("__"):
+            raise AttributeError(attr)
+        raise TorchaudioUnavailable(
+            f"{self.__name__}.{attr} was called, but torchaudio is not usable here "
+            f"({self.__dict__['__fastattn_reason__']}); fastattn registered a placeholder so that "
+            "`import voxcpm` works. VoxCPM2 inference from text or from tensors does not need "
+            "torchaudio; loading or resampling audio files with the VoxCPM 1 model does. "
+            "Install a torchaudio build that matches your torch to use it."
+        )
+
+
+def _broken_reason() -> str | None:
+    """None if the real torchaudio imports, else why it does not."""
+    existing = sys.modules.get("torchaudio")
+    if existing is not None:
+        return getattr(existing, "__fastattn_reason__", None)
+    if importlib.util.find_spec("torchaudio") is None:
+        return "torchaudio is not installed"
+    try:
+        importlib.import_module("torchaudio")
+    except Exception as exc:  # OSError from a CUDA-linked wheel, ImportError, ...
+        for name in [m for m in sys.modules if m == "torchaudio" or m.startswith("torchaudio.")]:
+            del sys.modules[name]
+        return f"import torchaudio failed: {type(exc).__name__}: {exc}"
+    return None
+
+
+def ensure_torchaudio() -> bool:
+    """Make ``import torchaudio`` succeed; return True if the placeholder is engaged.
+
+    Idempotent. Never replaces a torchaudio that imports.
+    """
+    if shim_engaged():
+        return True
+    reason = _broken_reason()
+    if reason is None:
+        return False
+    root = _Placeholder("torchaudio", reason)
+    sys.modules["torchaudio"] = root
+    for sub in ("functional", "transforms"):
+        mod = _Placeholder(f"torchaudio.{sub}", reason)
+        sys.modules[f"torchaudio.{sub}"] = mod
+        root.__dict__[sub] = mod
+    return True
+
+
+def shim_engaged() -> bool:
+    """True if ``sys.modules["torchaudio"]`` is fastattn's placeholder."""
+    mod = sys.modules.get("torchaudio")
+    return bool(mod is not None and mod.__dict__.get(_MARK, False))
+
+
+def shim_reason() -> str | None:
+    """Why the placeholder is engaged, or None when it is not."""
+    mod = sys.modules.get("torchaudio")
+    return mod.__dict__.get("__fastattn_reason__") if shim_engaged() else None
+
+
+def disengage() -> None:
+    """Remove the placeholder (tests use this; modules that imported it keep their reference)."""
+    if shim_engaged():
+        for name in [m for m in sys.modules if m == "torchaudio" or m.startswith("torchaudio.")]:
+            del sys.modules[name]
