@@ -1,0 +1,180 @@
+"""Structured masks: describe a mask by its structure so the kernel can be chosen from it.
+
+A dense bool mask tells SDPA nothing about its shape: a decode step over a
+prefix, right-padded batches and causal blocks all look like an arbitrary
+(B, 1, Lq, Lk) tensor, which blocks fused CUDA kernels and makes every kernel
+scan every key. :class:`MaskInfo` says what the mask *is*; :func:`attention`
+keeps the dense mask's semantics but uses the structure to skip keys that no
+query can see and to drop the mask when nothing inside the kept keys is masked.
+
+Conventions: True = attend. Lq queries, Lk keys. Causal and window are
+bottom-right aligned (the KV-cache case): query ``i`` is the token at absolute
+position ``i + Lk - Lq``.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Optional
+
+import torch
+import torch.nn.functional as F
+
+__all__ = ["MaskInfo", "attention", "CHECK_ENV"]
+
+#: Set to 1 to verify every ``attention(..., mask=..., mask_info=...)`` call (as ``check=True``).
+CHECK_ENV = "FASTATTN_CHECK_MASKS"
+
+_ALIGN = 16  # slice boundaries are rounded out to this many keys (see _kept_range)
+
+
+@dataclass(frozen=True)
+class MaskInfo:
+    """The structure of an attention mask.
+
+    Attributes:
+        keys: bool (B, Lk) tensor of real keys (True = a real key), or None
+            when every key is real.
+        causal: bottom-right causal: query i sees key j iff ``j <= i + Lk - Lq``.
+        window: int w: query i sees key j only if ``j > i + Lk - Lq - w``
+            (the w most recent keys, itself included).
+        padding: ``"right"`` or ``"left"`` when each row's real keys in
+            ``keys`` are one contiguous run starting at key 0 (right) or ending
+            at key Lk-1 (left); None makes no such claim.
+
+    The dense mask is the AND of all stated constraints.
+    """
+
+    keys: Optional[torch.Tensor] = None
+    causal: bool = False
+    window: Optional[int] = None
+    padding: Optional[str] = None
+
+    def __post_init__(self):
+        if self.keys is not None:
+            if not isinstance(self.keys, torch.Tensor) or self.keys.dtype != torch.bool or self.keys.dim() != 2:
+                got = f"{self.keys.dtype} {tuple(self.keys.shape)}" if isinstance(self.keys, torch.Tensor) else type(self.keys).__name__
+                raise TypeError(f"keys must be a bool tensor of shape (B, Lk), got {got}")
+        if not isinstance(self.causal, bool):
+            raise TypeError(f"causal must be a bool, got {type(self.causal).__name__}")
+        if self.window is not None and (isinstance(self.window, bool) or not isinstance(self.window, int) or self.window < 1):
+            raise ValueError(f"window must be a positive int or None, got {self.window!r}")
+        if self.padding not in (None, "left", "right"):
+            raise ValueError(f"padding must be 'left', 'right' or None, got {self.padding!r}")
+        if self.padding is not None and self.keys is None:
+            raise ValueError("padding needs keys= (which keys are real)")
+
+    # ------------------------------------------------------------------ dense form
+    def dense(self, Lq: int, Lk: int, device=None) -> torch.Tensor:
+        """The bool mask this structure stands for: (B, 1, Lq, Lk), or (1, 1, Lq, Lk) without keys."""
+        if self.keys is not None:
+            if self.keys.shape[1] != Lk:
+                raise ValueError(f"keys has {self.keys.shape[1]} columns but Lk is {Lk}")
+            device = self.keys.device
+        rows = torch.arange(Lq, device=device).view(-1, 1) + (Lk - Lq)  # absolute position of each query
+        cols = torch.arange(Lk, device=device).view(1, -1)
+        m = torch.ones(Lq, Lk, dtype=torch.bool, device=device)
+        if self.causal:
+            m &= cols <= rows
+        if self.window is not None:
+            m &= cols > rows - self.window
+        m = m.view(1, 1, Lq, Lk)
+        if self.keys is not None:
+            m = m & self.keys.view(self.keys.shape[0], 1, 1, Lk)
+        return m
+
+    def describes(self, mask: torch.Tensor) -> bool:
+        """True iff the bool ``mask``, broadcast to the dense shape, equals :meth:`dense`."""
+        if not isinstance(mask, torch.Tensor):
+            raise TypeError(f"mask must be a torch.Tensor, got {type(mask).__name__}")
+        if mask.dtype != torch.bool:
+            raise TypeError(f"describes() compares bool masks; got {mask.dtype} (an additive float mask has no structure to check)")
+        if mask.dim() < 2:
+            return False
+        Lq, Lk = mask.shape[-2], mask.shape[-1]
+        if self.keys is not None and self.keys.shape[1] != Lk:
+            return False
+        ref = self.dense(Lq, Lk, device=mask.device)
+        try:
+            shape = torch.broadcast_shapes(mask.shape, ref.shape)
+        except RuntimeError:
+            return False
+        return bool(torch.equal(mask.expand(shape), ref.expand(shape)))
+
+    def check_padding(self) -> None:
+        """Raise ValueError if ``padding`` is claimed but some row's real keys are not one run at that side."""
+        if self.padding is None:
+            return
+        n = self.keys.sum(dim=1, keepdim=True)
+        cols = torch.arange(self.keys.shape[1], device=self.keys.device).view(1, -1)
+        want = cols < n if self.padding == "right" else cols >= self.keys.shape[1] - n
+        if not torch.equal(want, self.keys):
+            raise ValueError(f"padding={self.padding!r} claimed, but keys are not {self.padding}-padded in every row")
+
+
+# ---------------------------------------------------------------------- attention
+def attention(q, k, v, *, mask=None, mask_info: Optional[MaskInfo] = None, scale=None, enable_gqa=False, check=False):
+    """SDPA with the dense mask's semantics, computed along the cheapest path the structure allows.
+
+    Args:
+        q: (B, Hq, Lq, D); k, v: (B, Hkv, Lk, D).
+        mask: optional bool mask broadcastable to (B, Hq, Lq, Lk), True = attend.
+        mask_info: optional :class:`MaskInfo` describing ``mask`` (or standing
+            for it when ``mask`` is None).
+        scale, enable_gqa: as in ``F.scaled_dot_product_attention``.
+        check: verify that ``mask_info`` describes ``mask`` (and any padding
+            claim) and raise ValueError if not. Also on when the environment
+            variable ``FASTATTN_CHECK_MASKS=1``.
+
+    The path: keys that no query can see (before the window's first key,
+    after the last real key of right padding, before the first real key of
+    left padding) are sliced off, with slice edges rounded outward to
+    multiples of 16 keys; the mask over the kept keys is dropped when it is
+    all True there. Everything kept goes through one SDPA call.
+
+    Fully masked query rows (no visible key) return **zeros**, never NaN.
+    """
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if not isinstance(t, torch.Tensor) or t.dim() != 4:
+            raise ValueError(f"{name} must be a 4-D tensor (B, H, L, D), got {getattr(t, 'shape', type(t).__name__)}")
+    if mask is not None and mask.dtype != torch.bool:
+        raise TypeError(f"mask must be a bool tensor (True = attend), got {mask.dtype}")
+    if mask_info is not None and not isinstance(mask_info, MaskInfo):
+        raise TypeError(f"mask_info must be a MaskInfo, got {type(mask_info).__name__}")
+    Lq, Lk = q.shape[2], k.shape[2]
+    if check or os.environ.get(CHECK_ENV) == "1":
+        if mask_info is not None:
+            mask_info.check_padding()
+            if mask is not None and not mask_info.describes(mask):
+                raise ValueError("mask_info does not describe mask: its dense form differs (check=True)")
+    if mask is None and mask_info is not None:
+        mask = mask_info.dense(Lq, Lk, device=q.device)
+    if mask is None:
+        return F.scaled_dot_product_attention(q, k, v, scale=scale, enable_gqa=enable_gqa)
+
+    lo, hi = (0, Lk) if mask_info is None else _kept_range(mask_info, Lq, Lk)
+    sub = mask[..., lo:hi]
+    ks, vs = k[:, :, lo:hi], v[:, :, lo:hi]
+    visible_any = sub.any(dim=-1, keepdim=True)  # (.., Lq, 1)
+    if bool(sub.all()):
+        out = F.scaled_dot_product_attention(q, ks, vs, scale=scale, enable_gqa=enable_gqa)
+    else:
+        out = F.scaled_dot_product_attention(q, ks, vs, attn_mask=sub, scale=scale, enable_gqa=enable_gqa)
+    return torch.where(visible_any, out, torch.zeros((), dtype=out.dtype, device=out.device))
+
+
+def _kept_range(info: MaskInfo, Lq: int, Lk: int) -> tuple[int, int]:
+    """[lo, hi): the keys some query can see, rounded out to multiples of 16 (one host read for padding)."""
+    lo, hi = 0, Lk
+    if info.window is not None:
+        lo = max(lo, Lk - Lq - info.window + 1)  # first key the first query can see
+    if info.padding == "right":
+        hi = min(hi, int(info.keys.sum(dim=1).max().item()))
+    elif info.padding == "left":
+        lo = max(lo, Lk - int(info.keys.sum(dim=1).max().item()))
+    lo = (lo // _ALIGN) * _ALIGN
+    hi = min(Lk, -(-hi // _ALIGN) * _ALIGN)
+    if hi <= lo:  # nothing visible at all: keep one aligned block so SDPA has keys; rows come out zero
+        lo, hi = 0, min(Lk, _ALIGN)
+    return lo, hi

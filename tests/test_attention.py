@@ -1,0 +1,227 @@
+"""attention_step: exact is bit-identical to reference, fast within tolerance, errors are clear."""
+
+import math
+import warnings
+
+import pytest
+import torch
+from hypothesis import given, strategies as st
+
+import fastattn
+from fastattn.attention import attention_step, check_exactness, window_for
+
+DTYPES = [torch.float32, torch.bfloat16]
+# float64-reference tolerance per dtype: a few ulps of the output scale.
+TOL = {torch.float32: 1e-5, torch.bfloat16: 2e-2}
+
+
+def rand_cache(B, hq, hkv, cap, D, dtype, seed=0, lq=1):
+    g = torch.Generator().manual_seed(seed)
+    k = torch.randn(B, hkv, cap, D, generator=g).to(dtype)
+    v = torch.randn(B, hkv, cap, D, generator=g).to(dtype)
+    q = torch.randn(B, hq, lq, D, generator=g).to(dtype)
+    return q, k, v
+
+
+def f64_reference(q, k, v, length):
+    """Plain float64 attention over keys [0, length), bottom-right causal."""
+    B, hq, lq, D = q.shape
+    g = hq // k.shape[1]
+    kk = k[:, :, :length].double().repeat_interleave(g, dim=1)
+    vv = v[:, :, :length].double().repeat_interleave(g, dim=1)
+    s = q.double() @ kk.transpose(-1, -2) / math.sqrt(D)
+    rows = torch.arange(lq).view(-1, 1) + (length - lq)
+    s = s.masked_fill(torch.arange(length).view(1, -1) > rows, float("-inf"))
+    return torch.softmax(s, dim=-1) @ vv
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("hq,hkv", [(16, 2), (4, 4), (8, 1)])  # GQA groups 8, 1, 8 ... and 2 below
+def test_exact_bit_identical_dense_sweep(dtype, hq, hkv):
+    cap = 1024 if dtype == torch.bfloat16 else 2048
+    q, k, v = rand_cache(1, hq, hkv, cap, 128, dtype)
+    step = 3 if dtype == torch.float32 else 5
+    for p in range(0, cap, step):
+        qq = q * (1 + p % 7)  # vary the query without new allocations per position
+        ref = attention_step(qq, k, v, p + 1, mode="reference")
+        ex = attention_step(qq, k, v, p + 1, mode="exact")
+        assert torch.equal(ref, ex), f"p={p}"
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_exact_at_bucket_edges_full_capacity(dtype):
+    q, k, v = rand_cache(1, 16, 2, 8192, 128, dtype, seed=1)
+    edges = [0, 1, 255, 256, 257, 511, 512, 4095, 4096, 8190, 8191]
+    for p in edges:
+        ref = attention_step(q, k, v, p + 1, mode="reference")
+        assert torch.equal(ref, attention_step(q, k, v, p + 1)), p
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_exact_batch_gqa2_lq_gt_1(dtype):
+    q, k, v = rand_cache(3, 4, 2, 768, 64, dtype, seed=2, lq=5)
+    for length in [5, 6, 16, 17, 255, 256, 257, 600, 768]:
+        ref = attention_step(q, k, v, length, mode="reference")
+        assert torch.equal(ref, attention_step(q, k, v, length)), length
+        f = attention_step(q, k, v, length, mode="fast")
+        r64 = f64_reference(q, k, v, length)
+        assert (f.double() - r64).abs().max() <= TOL[dtype]
+        assert (ref.double() - r64).abs().max() <= TOL[dtype]
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_fast_and_reference_vs_float64(dtype):
+    q, k, v = rand_cache(2, 16, 2, 2048, 128, dtype, seed=3)
+    for p in [0, 1, 100, 1000, 2047]:
+        r64 = f64_reference(q, k, v, p + 1)
+        for mode in fastattn.MODES:
+            out = attention_step(q, k, v, p + 1, mode=mode)
+            assert out.dtype == dtype and out.shape == q.shape
+            assert (out.double() - r64).abs().max() <= TOL[dtype], (mode, p)
+
+
+def test_position_zero_returns_v0():
+    q, k, v = rand_cache(1, 16, 2, 512, 128, torch.float32)
+    for mode in fastattn.MODES:
+        out = attention_step(q, k, v, 1, mode=mode)
+        assert torch.equal(out, v[:, :, :1].repeat_interleave(8, dim=1)), mode
+
+
+@given(
+    B=st.integers(1, 3), hkv=st.sampled_from([1, 2, 4]), group=st.sampled_from([1, 2, 8]),
+    D=st.sampled_from([16, 64, 128]), cap_buckets=st.integers(1, 6), lq=st.integers(1, 4),
+    data=st.data(),
+)
+def test_property_exact_equals_reference(B, hkv, group, D, cap_buckets, lq, data):
+    # Buckets that are multiples of 128 keep every window's tail block whole on this CPU
+    # build; smaller multiples of 16 are not always bit-identical (see the next test).
+    bucket = 128 * data.draw(st.integers(1, 4), label="bucket/128")
+    cap = max(bucket * cap_buckets - data.draw(st.integers(0, 15), label="cap trim"), lq)
+    length = data.draw(st.integers(lq, cap), label="length")
+    dtype = data.draw(st.sampled_from(DTYPES), label="dtype")
+    q, k, v = rand_cache(B, hkv * group, hkv, cap, D, dtype, seed=length, lq=lq)
+    ref = attention_step(q, k, v, length, mode="reference")
+    assert torch.equal(ref, attention_step(q, k, v, length, bucket=bucket))
+    assert torch.equal(ref, attention_step(q, k, v, torch.tensor([length]), bucket=bucket,
+                                           window=window_for(length, cap, bucket)))
+    fast = attention_step(q, k, v, length, mode="fast")
+    assert (fast.double() - f64_reference(q, k, v, length)).abs().max() <= TOL[dtype]
+
+
+def test_self_check_detects_a_non_identical_bucket():
+    """Measured on torch 2.13 CPU: with D=64 and one head, windows whose size mod 512 is
+    16..112 split the CPU flash kernel's key loop differently from the full cache, so a
+    bucket of 80 is not bit-identical. The self-check must say so rather than assume."""
+    r = check_exactness("cpu", torch.float32, hq=1, hkv=1, head_dim=64, bucket=80)
+    ok = check_exactness("cpu", torch.float32, hq=1, hkv=1, head_dim=64, bucket=256)
+    assert ok["bit_identical"]
+    if r["bit_identical"]:
+        pytest.skip("this build's kernel is bit-identical for bucket 80 too")
+    assert 0 < r["max_abs_diff"] < 1e-5 and r["first_diff_position"] is not None
+
+
+def test_tensor_length_with_window_matches_int():
+    q, k, v = rand_cache(1, 16, 2, 1024, 128, torch.float32)
+    for p in [0, 200, 255, 256, 1023]:
+        w = window_for(p + 1, 1024)
+        a = attention_step(q, k, v, torch.tensor([p + 1]), window=w)
+        b = attention_step(q, k, v, torch.tensor(p + 1))  # no window: read back
+        assert torch.equal(a, b) and torch.equal(a, attention_step(q, k, v, p + 1, mode="reference"))
+
+
+@pytest.mark.parametrize("bad", [float("nan"), float("inf"), -float("inf")])
+def test_stale_garbage_past_length(bad):
+    """fast never reads past length; reference/exact read it masked, and NaN/Inf there poisons them."""
+    q, k, v = rand_cache(1, 16, 2, 512, 128, torch.float32)
+    length = 100
+    clean = attention_step(q, k, v, length, mode="fast")
+    k2, v2 = k.clone(), v.clone()
+    k2[:, :, length:] = bad
+    v2[:, :, length:] = bad
+    assert torch.equal(attention_step(q, k2, v2, length, mode="fast"), clean)
+    # Documented: the masked modes multiply the stale values by a zero weight.
+    for mode in ("reference", "exact"):
+        assert not torch.isfinite(attention_step(q, k2, v2, length, mode=mode)).all(), mode
+    # Finite stale values change nothing, in any mode.
+    k3, v3 = k.clone(), v.clone()
+    k3[:, :, length:] = 1e4
+    v3[:, :, length:] = -1e4
+    for mode in fastattn.MODES:
+        assert torch.equal(attention_step(q, k3, v3, length, mode=mode), attention_step(q, k, v, length, mode=mode))
+
+
+def test_exactness_self_check_reports_and_warns(monkeypatch):
+    from fastattn import attention as A
+    A.reset_exactness_cache()
+    q, k, v = rand_cache(1, 16, 2, 512, 128, torch.float32)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        attention_step(q, k, v, 10)
+    rep = fastattn.exactness_report()
+    assert len(rep) == 1 and rep[0]["bit_identical"] and rep[0]["dtype"] == "float32"
+    # A device whose kernels differ: the self-check must warn once, with the difference.
+    A.reset_exactness_cache()
+    monkeypatch.setattr(A, "check_exactness", lambda *a, **kw: {"bit_identical": False, "max_abs_diff": 1e-7,
+                                                                 "positions_checked": 3, "first_diff_position": 0})
+    with pytest.warns(RuntimeWarning, match="NOT bit-identical"):
+        attention_step(q, k, v, 10)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        attention_step(q, k, v, 11)  # once per geometry
+    A.reset_exactness_cache()
+
+
+def test_check_exactness_direct():
+    r = check_exactness("cpu", torch.bfloat16, hq=8, hkv=2, head_dim=64, bucket=64)
+    assert r["bit_identical"] and r["positions_checked"] >= 5
+
+
+def test_window_for():
+    assert window_for(1, 8192) == 256
+    assert window_for(256, 8192) == 256
+    assert window_for(257, 8192) == 512
+    assert window_for(8000, 8192) == 8192
+    assert window_for(300, 400, 256) == 400
+
+
+# ------------------------------------------------------------------ bad input
+def _ok():
+    return rand_cache(1, 16, 2, 64, 32, torch.float32)
+
+
+@pytest.mark.parametrize("mutate,exc,match", [
+    (lambda q, k, v: (q[0], k, v), ValueError, "q must have 4 dims"),
+    (lambda q, k, v: (q, k[0], v), ValueError, "k_cache must have 4 dims"),
+    (lambda q, k, v: (q, k, v[:, :, :10]), ValueError, "same shape"),
+    (lambda q, k, v: (q[:, :15], k, v), ValueError, "multiple of KV heads"),
+    (lambda q, k, v: (q[..., :16], k, v), ValueError, "head dim"),
+    (lambda q, k, v: (q.double(), k, v), TypeError, "dtypes differ"),
+    (lambda q, k, v: (q.numpy(), k, v), TypeError, "q must be a torch.Tensor"),
+    (lambda q, k, v: (torch.cat([q, q]), k, v), ValueError, "batch"),
+])
+def test_bad_tensors(mutate, exc, match):
+    q, k, v = mutate(*_ok())
+    with pytest.raises(exc, match=match):
+        attention_step(q, k, v, 5)
+
+
+@pytest.mark.parametrize("kw,exc,match", [
+    (dict(length=0), ValueError, "length must satisfy"),
+    (dict(length=65), ValueError, "length must satisfy"),
+    (dict(length=3.0), TypeError, "length must be an int"),
+    (dict(length=True), TypeError, "bool"),
+    (dict(length=torch.tensor([1.0])), TypeError, "integer dtype"),
+    (dict(length=torch.tensor([1, 2])), ValueError, "one element"),
+    (dict(length=5, bucket=0), ValueError, "bucket must be a positive multiple of 16"),
+    (dict(length=5, bucket=24), ValueError, "bucket must be a positive multiple of 16"),
+    (dict(length=5, mode="flash"), ValueError, "'reference', 'exact', 'fast'"),
+    (dict(length=5, window=65), ValueError, "window must satisfy"),
+    (dict(length=40, window=32), ValueError, "exceeds window"),
+    (dict(length=5, window=32.0), TypeError, "window must be a Python int"),
+    (dict(length=5, window=32, mode="fast"), ValueError, "window= is for mode='exact'"),
+    (dict(length=torch.tensor([70])), ValueError, "length must satisfy"),
+])
+def test_bad_arguments(kw, exc, match):
+    q, k, v = _ok()
+    with pytest.raises(exc, match=match):
+        attention_step(q, k, v, **kw)

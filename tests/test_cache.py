@@ -1,0 +1,135 @@
+"""RightSizedKVCache: sizing, growth, prefix kept, stale values cleared, errors."""
+
+import math
+
+import pytest
+import torch
+from hypothesis import given, strategies as st
+
+from fastattn.attention import attention_step
+from fastattn.cache import RightSizedKVCache
+
+
+def make(max_length=8192, bucket=256, layers=2, dtype=torch.float32, B=1):
+    return RightSizedKVCache(layers, 2, 16, B, "cpu", dtype, max_length=max_length, bucket=bucket)
+
+
+def prefill(cache, P, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return [(torch.randn(cache.batch_size, 2, P, 16, generator=g), torch.randn(cache.batch_size, 2, P, 16, generator=g))
+            for _ in range(cache.num_layers)]
+
+
+def test_same_interface_as_upstream():
+    from voxcpm.modules.minicpm4.cache import StaticKVCache
+    up = StaticKVCache(2, 2, 16, 1, "cpu", torch.float32, max_length=1024)
+    ours = make(max_length=1024)
+    kv = prefill(ours, 40)
+    for c in (up, ours):
+        c.fill_caches(kv)
+        assert c.current_length == 40 and c.step() == 40 and c.current_length == 41 and c.max_length == 1024
+    for i in range(2):
+        for a, b in zip(up.get_layer_cache(i), ours.get_layer_cache(i)):
+            assert torch.equal(a[:, :, : b.shape[2]], b)  # same content over our window
+            assert not a[:, :, b.shape[2]:].any()  # upstream's tail is zeros
+
+
+@given(P=st.integers(1, 700), N=st.integers(0, 700), bucket=st.sampled_from([16, 64, 256]))
+def test_allocation_bound_and_prefix_kept(P, N, bucket):
+    c = make(max_length=2048, bucket=bucket)
+    kv = prefill(c, P)
+    c.fill_caches(kv)
+    for _ in range(N):
+        p = c.step()
+        k, v = c.get_layer_cache(0)
+        k[:, :, p] = float(p)  # what a decode step writes
+    assert c.capacity <= math.ceil((P + N + 1) / bucket) * bucket
+    assert c.capacity % bucket == 0 or c.capacity == c.max_length
+    assert c.nbytes == 2 * 2 * 1 * 2 * c.capacity * 16 * 4
+    k, v = c.get_layer_cache(1)
+    assert torch.equal(k[:, :, :P], kv[1][0]) and torch.equal(v[:, :, :P], kv[1][1])
+    k0, _ = c.get_layer_cache(0)
+    for p in range(P, P + N):
+        assert (k0[:, :, p] == float(p)).all()
+    assert c.window == min(math.ceil(max(c.current_length, 1) / bucket) * bucket, c.capacity)
+
+
+def test_full_error_like_upstream():
+    c = make(max_length=32, bucket=16)
+    c.fill_caches(prefill(c, 30))
+    assert c.step() == 30 and c.step() == 31
+    with pytest.raises(ValueError, match="KV cache is full"):
+        c.step()
+    with pytest.raises(ValueError, match="KV cache is full"):
+        c.fill_caches(prefill(c, 33))
+
+
+def test_stale_values_never_reach_a_result():
+    c = make(max_length=1024, bucket=64)
+    c.fill_caches(prefill(c, 100))
+    for _ in range(50):
+        c.step()
+    c.kv_cache[...] = float("nan")  # poison everything an earlier request could leave
+    c.fill_caches(prefill(c, 20, seed=1))
+    k, v = c.get_layer_cache(0)
+    assert torch.isfinite(c.kv_cache).all()
+    p = c.step()
+    k, v = c.get_layer_cache(0)
+    q = torch.randn(1, 4, 1, 16)
+    for mode in ("reference", "exact"):
+        assert torch.isfinite(attention_step(q, k, v, p + 1, mode=mode)).all()
+
+
+def test_short_request_after_long_one_shrinks():
+    c = make(max_length=4096, bucket=256)
+    c.fill_caches(prefill(c, 2000))
+    big = c.nbytes
+    c.fill_caches(prefill(c, 10))
+    assert c.capacity == 256 and c.nbytes * 8 == big
+
+
+def test_reserve_and_growth_generation():
+    c = make(max_length=1000, bucket=256)
+    assert c.capacity == 256 and c.generation == 0
+    c.reserve(300)
+    assert c.capacity == 512 and c.generation == 1
+    c.reserve(100)  # never shrinks
+    assert c.capacity == 512
+    c.reserve(1000)
+    assert c.capacity == 1000  # clamped to max_length
+    with pytest.raises(ValueError, match="max_length is 1000"):
+        c.reserve(1001)
+
+
+def test_stale_view_after_growth_is_nan_not_plausible():
+    c = make(max_length=1024, bucket=16)
+    c.fill_caches(prefill(c, 10))
+    k_old, _ = c.get_layer_cache(0)
+    for _ in range(10):
+        c.step()
+    assert c.generation >= 1 and torch.isnan(k_old).all()
+
+
+@pytest.mark.parametrize("kw,match", [
+    (dict(bucket=24), "bucket must be a positive multiple of 16"),
+    (dict(bucket=0), "bucket must be a positive multiple of 16"),
+    (dict(max_length=0), "max_length must be a positive int"),
+    (dict(num_layers=0), "num_layers must be a positive int"),
+])
+def test_bad_constructor(kw, match):
+    args = dict(num_layers=2, num_kv_heads=2, dim_kv_head=16, batch_size=1, device="cpu", dtype=torch.float32)
+    args.update(kw)
+    with pytest.raises(ValueError, match=match):
+        RightSizedKVCache(**args)
+
+
+def test_bad_fill_and_layer():
+    c = make()
+    with pytest.raises(ValueError, match="3 layers, the cache 2"):
+        c.fill_caches(prefill(c, 5) + prefill(c, 5)[:1])
+    with pytest.raises(ValueError, match=r"must have shape \(B=1, Hkv=2, P, D=16\)"):
+        c.fill_caches([(torch.zeros(1, 3, 5, 16), torch.zeros(1, 3, 5, 16))] * 2)
+    with pytest.raises(IndexError, match="layer_idx 2 out of range"):
+        c.get_layer_cache(2)
+    with pytest.raises(TypeError, match="dtype must be a torch.dtype"):
+        RightSizedKVCache(1, 1, 16, 1, "cpu", "float32")

@@ -1,0 +1,177 @@
+"""Layout, pins, README, CI entry and the torchaudio placeholder."""
+
+import json
+import os
+import re
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+import yaml
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _pins(path: Path) -> dict:
+    pins = {}
+    for line in path.read_text().splitlines():
+        line = line.split("#", 1)[0].strip()
+        if line:
+            name, _, ver = line.partition("==")
+            assert ver, f"{path.name}: {line!r} is not pinned with =="
+            pins[name.strip().lower()] = ver.strip()
+    return pins
+
+
+CONDA_NAMES = {"pytorch": "torch"}  # conda's name -> pip's
+
+
+def test_layout():
+    for p in ["notebooks", "fastattn", "data", "environment.yml", "README.md", "pyproject.toml",
+              "tests", "Makefile", ".ci/run", ".gitignore", "requirements.txt", "requirements-voxcpm.txt"]:
+        assert (ROOT / p).exists(), p
+
+
+def test_environment_yml_agrees_with_pip_pins():
+    env = yaml.safe_load((ROOT / "environment.yml").read_text())
+    assert env["name"] == "fastattn"
+    conda = {}
+    for dep in env["dependencies"]:
+        if isinstance(dep, str) and "=" in dep:
+            name, ver = re.split(r"=+", dep, maxsplit=1)
+            conda[CONDA_NAMES.get(name, name).lower()] = ver
+    assert conda.pop("python") == "3.11"
+    text = (ROOT / "environment.yml").read_text()
+    post = dict(m.groups() for m in re.finditer(r"fastattn:post-install (\S+)==(\S+)", text))
+    pip = _pins(ROOT / "requirements.txt")
+    voxcpm = _pins(ROOT / "requirements-voxcpm.txt")
+    assert conda == pip, "environment.yml and requirements.txt disagree"
+    assert post == voxcpm, "environment.yml's voxcpm post-install line and requirements-voxcpm.txt disagree"
+    for card in ["jupyterlab", "torch", "numpy", "matplotlib", "ipywidgets", "papermill"]:
+        assert card in conda
+    assert "voxcpm" in post
+
+
+def test_pins_are_what_is_installed():
+    from importlib.metadata import version
+    for name, ver in {**_pins(ROOT / "requirements.txt"), **_pins(ROOT / "requirements-voxcpm.txt")}.items():
+        assert version(name).split("+")[0] == ver, f"{name}: installed {version(name)}, pinned {ver}"
+
+
+def test_package_declares_ranges_not_pins():
+    import tomllib
+    deps = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["dependencies"]
+    assert not [d for d in deps if "==" in d]
+    assert any(d.startswith("torch>=") for d in deps)
+    assert not [d for d in deps if d.startswith("voxcpm")], "voxcpm must be installed with --no-deps"
+
+
+def test_readme_opens_with_the_two_commands():
+    blocks = re.findall(r"```(?:bash|sh)?\n(.*?)```", (ROOT / "README.md").read_text(), flags=re.S)
+    cmds = [l.strip() for l in blocks[0].splitlines() if l.strip() and not l.strip().startswith("#")]
+    assert cmds == ["make workbook", "make test"]
+
+
+def test_ci_runs_make_test():
+    text = (ROOT / ".ci/run").read_text()
+    assert "make test" in text and "set -e" in text
+    assert os.access(ROOT / ".ci/run", os.X_OK)
+
+
+def test_no_registry_hosts_named():
+    hosts = ("pypi.org", "files.pythonhosted", "anaconda.org", "download.pytorch.org")
+    for p in ROOT.rglob("*"):
+        if p.is_file() and ".venv" not in p.parts and ".git" not in p.parts and "reports" not in p.parts \
+                and p.suffix in {".py", ".txt", ".yml", ".toml", ".md", ".ipynb", "", ".cfg"}:
+            text = p.read_text(errors="ignore")
+            assert not [h for h in hosts if h in text], p
+
+
+def test_source_notebooks_carry_no_outputs():
+    for nb in sorted((ROOT / "notebooks").glob("*.ipynb")):
+        cells = json.loads(nb.read_text())["cells"]
+        for c in cells:
+            if c["cell_type"] == "code":
+                assert not c.get("outputs") and c.get("execution_count") is None, f"{nb.name} has outputs"
+
+
+# ------------------------------------------------------------------ torchaudio placeholder
+def _run(code: str, extra_path: Path | None = None) -> subprocess.CompletedProcess:
+    env = dict(os.environ)
+    if extra_path is not None:
+        env["PYTHONPATH"] = f"{extra_path}{os.pathsep}{env.get('PYTHONPATH', '')}"
+    return subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True, env=env,
+                          timeout=300)
+
+
+def test_import_fastattn_and_voxcpm():
+    r = _run("""
+        import fastattn, voxcpm, importlib.util
+        from fastattn import compat
+        print(compat.shim_engaged(), importlib.util.find_spec('torchaudio') is not None)
+    """)
+    assert r.returncode == 0, r.stderr
+    # On this install torchaudio is absent, so the placeholder is engaged and carries a spec.
+    assert r.stdout.split() == ["True", "True"]
+
+
+def test_placeholder_raises_clearly_when_used():
+    r = _run("""
+        import fastattn, torchaudio
+        from fastattn.compat import TorchaudioUnavailable
+        for call in (lambda: torchaudio.load('x.wav'), lambda: torchaudio.functional.resample(None, 1, 2)):
+            try:
+                call()
+            except TorchaudioUnavailable as e:
+                print('ERR', e)
+            else:
+                print('NO ERROR')
+    """)
+    assert r.returncode == 0, r.stderr
+    lines = r.stdout.strip().splitlines()
+    assert len(lines) == 2 and all(l.startswith("ERR") for l in lines)
+    assert "torchaudio.load" in lines[0] and "not usable" in lines[0]
+    assert "torchaudio.functional.resample" in lines[1]
+
+
+def test_placeholder_not_engaged_when_torchaudio_works(tmp_path):
+    pkg = tmp_path / "torchaudio"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("REAL = True\ndef load(p):\n    return 'real'\n")
+    r = _run("""
+        import fastattn, torchaudio
+        from fastattn import compat
+        print(compat.shim_engaged(), torchaudio.load('x'))
+    """, extra_path=tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.split() == ["False", "real"]
+
+
+def test_placeholder_engaged_when_torchaudio_cannot_load(tmp_path):
+    pkg = tmp_path / "torchaudio"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("raise OSError('libc10_cuda.so: cannot open shared object file')\n")
+    r = _run("""
+        import fastattn, voxcpm
+        from fastattn import compat
+        print(compat.shim_engaged())
+        print(compat.shim_reason())
+    """, extra_path=tmp_path)
+    assert r.returncode == 0, r.stderr
+    out = r.stdout.strip().splitlines()
+    assert out[0] == "True" and "libc10_cuda.so" in out[1]
+
+
+def test_placeholder_is_idempotent_and_reversible():
+    r = _run("""
+        import sys, fastattn
+        from fastattn import compat
+        first = sys.modules['torchaudio']
+        assert compat.ensure_torchaudio() and sys.modules['torchaudio'] is first
+        compat.disengage()
+        assert 'torchaudio' not in sys.modules and not compat.shim_engaged()
+        print('ok')
+    """)
+    assert r.returncode == 0 and r.stdout.strip() == "ok", r.stderr
