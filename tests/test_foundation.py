@@ -81,7 +81,9 @@ def test_ci_runs_make_test():
 
 
 def test_no_registry_hosts_named():
-    hosts = ("pypi.org", "files.pythonhosted", "anaconda.org", "download.pytorch.org")
+    # Spelled in parts so that this file does not name them either.
+    hosts = tuple(".".join(parts) for parts in (("pypi", "org"), ("files", "pythonhosted"), ("anaconda", "org"),
+                                                 ("download", "pytorch", "org")))
     for p in ROOT.rglob("*"):
         if p.is_file() and ".venv" not in p.parts and ".git" not in p.parts and "reports" not in p.parts \
                 and p.suffix in {".py", ".txt", ".yml", ".toml", ".md", ".ipynb", "", ".cfg"}:
