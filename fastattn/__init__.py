@@ -26,7 +26,7 @@ _LAZY = {
     "RightSizedKVCache": "cache",
     "explain_sdpa": "backends", "backend_matrix": "backends", "SDPAReport": "backends",
     "doctor": "doctor",
-    "patch_voxcpm": "patch", "patch_status": "patch", "upstream_diff": "patch",
+    "patch_voxcpm": "patch", "patch_status": "patch", "upstream_diff": "upstream",
     "build_voxcpm2": "models", "load_voxcpm2": "models",
     "optimize": "graphs",
 }

@@ -1,0 +1,173 @@
+"""Real ``voxcpm`` VoxCPM2 models: random weights from a preset, or a local checkpoint. Never the network.
+
+Presets (``data/voxcpm2_architecture.json``, with provenance):
+
+* ``tiny``: a few thousand parameters per block, for tests (builds in well under a second);
+* ``small``: the real LM width and head geometry (hidden 2048, intermediate 6144,
+  16 query heads, 2 KV heads, head_dim 128) with 4 base and 2 residual layers and a
+  reduced local encoder, DiT and AudioVAE, so one layer's decode cost is real;
+* ``full``: the real VoxCPM2 architecture (~2.4 B parameters; ~5 GB in bf16, ~10 GB in fp32).
+
+The longrope factors of the real model are not public here: they are all 1.0.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+import string
+from contextlib import redirect_stderr
+from io import StringIO
+from pathlib import Path
+from typing import Optional
+
+import torch
+
+from . import compat
+from .paths import data_dir
+
+__all__ = ["PRESETS", "DTYPES", "architecture", "voxcpm2_config", "build_voxcpm2", "load_voxcpm2", "count_parameters"]
+
+PRESETS = ("tiny", "small", "full")
+DTYPES = {"bfloat16": torch.bfloat16, "float32": torch.float32, "float16": torch.float16}
+
+
+def architecture() -> dict:
+    """The architecture file as a dict (``full``, ``presets``, ``_provenance``)."""
+    return json.loads((data_dir() / "voxcpm2_architecture.json").read_text())
+
+
+def _merge(base: dict, over: dict) -> dict:
+    out = copy.deepcopy(base)
+    for k, v in over.items():
+        out[k] = _merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else copy.deepcopy(v)
+    return out
+
+
+def voxcpm2_config(preset: str = "tiny", *, max_length: int = 8192, dtype: str = "bfloat16", device: str = "cpu") -> dict:
+    """The ``VoxCPMConfig`` dict for a preset (validated by voxcpm's pydantic model when built)."""
+    if preset not in PRESETS:
+        raise ValueError(f"preset must be one of {', '.join(PRESETS)}; got {preset!r}")
+    arch = architecture()
+    cfg = arch["full"] if preset == "full" else _merge(arch["full"], arch["presets"][preset])
+    half = cfg["lm_config"]["kv_channels"] // 2
+    rs = cfg["lm_config"]["rope_scaling"]
+    for key in ("long_factor", "short_factor"):
+        if rs[key] == "ones":
+            rs[key] = [1.0] * half
+    cfg["max_length"] = max_length
+    cfg["dtype"] = dtype
+    cfg["device"] = device
+    return cfg
+
+
+def _tokenizer(vocab_size: int):
+    """An offline LlamaTokenizerFast over single characters (ids 101-104 are VoxCPM's audio specials)."""
+    from transformers import LlamaTokenizerFast
+
+    chars = [c for c in string.ascii_letters + string.digits + string.punctuation] + ["▁"]
+    vocab = {"<unk>": 0, "<s>": 1, "</s>": 2}
+    reserved = {101, 102, 103, 104}
+    nxt = 3
+    for c in chars:
+        while nxt in reserved:
+            nxt += 1
+        if nxt >= vocab_size:
+            break
+        vocab[c] = nxt
+        nxt += 1
+    return LlamaTokenizerFast(vocab=vocab, merges=[], unk_token="<unk>", bos_token="<s>", eos_token="</s>",
+                              add_bos_token=True, add_eos_token=False)
+
+
+def _check_device(device: str) -> str:
+    dev = str(device)
+    if dev.startswith("cuda") and not torch.cuda.is_available():
+        raise ValueError(f"device={device!r} but CUDA is not available on this machine (use 'cpu')")
+    if dev not in ("cpu", "cuda", "mps") and not dev.startswith("cuda:"):
+        raise ValueError(f"device must be 'cpu', 'cuda', 'cuda:N' or 'mps'; got {device!r}")
+    return dev
+
+
+def build_voxcpm2(preset: str = "tiny", *, seed: int = 0, device: str = "cpu", dtype: str = "bfloat16",
+                  max_length: int = 8192):
+    """A real ``voxcpm.model.voxcpm2.VoxCPM2Model`` with random weights, built offline.
+
+    Deterministic for a seed (same weights for the same preset, seed and dtype).
+    The dtype is handled as voxcpm's own loader does: the config's dtype is set,
+    the model is cast to it, the AudioVAE is kept in float32. voxcpm's construction
+    messages go nowhere; ``model.fastattn_info`` says what was built.
+    """
+    if dtype not in DTYPES:
+        raise ValueError(f"dtype must be one of {', '.join(DTYPES)}; got {dtype!r}")
+    if isinstance(max_length, bool) or not isinstance(max_length, int) or max_length < 16:
+        raise ValueError(f"max_length must be an int >= 16, got {max_length!r}")
+    device = _check_device(device)
+    cfg = voxcpm2_config(preset, max_length=max_length, dtype=dtype, device=device)
+    compat.ensure_torchaudio()
+    from voxcpm.model.voxcpm2 import VoxCPM2Model, VoxCPMConfig
+    from voxcpm.modules.audiovae import AudioVAEConfigV2, AudioVAEV2
+
+    config = VoxCPMConfig.model_validate(cfg)
+    state = torch.random.get_rng_state()
+    try:
+        torch.manual_seed(seed)
+        with redirect_stderr(StringIO()):
+            vae = AudioVAEV2(config=AudioVAEConfigV2.model_validate(cfg["audio_vae_config"]))
+            model = VoxCPM2Model(config, _tokenizer(cfg["lm_config"]["vocab_size"]), vae, device=device)
+    finally:
+        torch.random.set_rng_state(state)
+    model = model.to(DTYPES[model.config.dtype])
+    model.audio_vae = model.audio_vae.to(torch.float32)
+    model = model.to(model.device).eval()
+    model.fastattn_info = {"preset": preset, "seed": seed, "dtype": model.config.dtype, "device": device,
+                           "max_length": max_length, "weights": "random", "parameters": count_parameters(model)}
+    return model
+
+
+def count_parameters(model) -> int:
+    return sum(p.numel() for p in model.parameters())
+
+
+_CKPT_FILES = ("config.json",)
+_WEIGHTS = ("model.safetensors", "pytorch_model.bin")
+_VAE = ("audiovae.safetensors", "audiovae.pth")
+
+
+def load_voxcpm2(path, *, device: Optional[str] = None):
+    """Load a local VoxCPM2 checkpoint directory with voxcpm's ``from_local(..., optimize=False)``.
+
+    Never touches the network: ``path`` must be an existing directory holding
+    ``config.json``, a tokenizer, ``model.safetensors`` (or ``pytorch_model.bin``)
+    and ``audiovae.safetensors`` (or ``audiovae.pth``); otherwise a
+    FileNotFoundError says what is missing before voxcpm is called.
+    ``optimize=False`` keeps ``forward_step`` uncompiled so that
+    :func:`fastattn.patch_voxcpm` can patch it.
+    """
+    if path is None or str(path).strip() == "":
+        raise ValueError("checkpoint path is empty: give the local directory of a VoxCPM2 checkpoint")
+    p = Path(path).expanduser()
+    if not p.is_dir():
+        raise FileNotFoundError(f"checkpoint path {str(p)!r} is not an existing directory "
+                                "(fastattn never downloads: pass a local VoxCPM2 checkpoint directory)")
+    missing = [f for f in _CKPT_FILES if not (p / f).is_file()]
+    if not any((p / f).is_file() for f in _WEIGHTS):
+        missing.append(" or ".join(_WEIGHTS))
+    if not any((p / f).is_file() for f in _VAE):
+        missing.append(" or ".join(_VAE))
+    if not any((p / f).is_file() for f in ("tokenizer.json", "tokenizer.model", "tokenizer_config.json")):
+        missing.append("tokenizer.json or tokenizer.model")
+    if missing:
+        raise FileNotFoundError(f"checkpoint directory {str(p)!r} lacks: {', '.join(missing)}")
+    if device is not None:
+        device = _check_device(device)
+    compat.ensure_torchaudio()
+    from voxcpm.model.voxcpm2 import VoxCPM2Model
+
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    model = VoxCPM2Model.from_local(str(p), optimize=False, device=device)
+    model.fastattn_info = {"checkpoint": str(p), "weights": "checkpoint", "dtype": model.config.dtype,
+                           "device": model.device, "max_length": model.config.max_length,
+                           "parameters": count_parameters(model)}
+    return model

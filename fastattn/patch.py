@@ -1,0 +1,378 @@
+"""Apply fastattn's decode attention and right-sized cache to the installed ``voxcpm``, reversibly.
+
+What :func:`patch_voxcpm` replaces, at class level (so every MiniCPM model,
+VoxCPM 1 and 2, built before or after, gets it):
+
+* ``MiniCPMAttention.forward_step``: upstream's projections, rotary embedding
+  and cache write, then :func:`fastattn.attention_step` in the chosen mode over
+  the views the model step hands it (no ``.contiguous()`` except on MPS, where
+  upstream needs it for pytorch#163597);
+* ``MiniCPMModel.forward_step``: upstream's loop, handing each layer cache
+  views cut to what the mode needs: the bucketed window for ``exact``, exactly
+  the live length for ``fast``, the whole cache for ``reference``. The cut
+  comes from the cache's own bookkeeping (a host int that, for ``exact`` with
+  the right-sized cache, changes only at bucket boundaries): no device-to-host
+  sync per layer or per step;
+* with ``cache=True``, ``MiniCPMModel.setup_cache`` builds a
+  :class:`fastattn.RightSizedKVCache` instead of an 8192-slot ``StaticKVCache``.
+
+Sizing policy (``cache=True``): a request's cache holds its prefill rounded up
+to a bucket (256 slots) and grows by one bucket whenever decoding reaches the
+end; a later shorter request shrinks it back. So a request of prefill P and N
+steps holds at most ``ceil((P + N + 1) / 256) * 256`` slots instead of 8192.
+
+Safety: each patched function's installed source is fingerprinted and must
+match a version verified here (voxcpm 2.0.3), else the patch refuses unless
+``force=True``. A model whose ``forward_step`` was already wrapped by
+``torch.compile`` (voxcpm's ``optimize()``) is refused: a class patch would be
+silently ignored by the compiled function. ``revert()`` restores the original
+function objects (identity) and gives converted models upstream caches again.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import inspect
+import threading
+import weakref
+from typing import Optional
+
+from . import compat
+from .attention import MODES, attention_step, window_for
+from .cache import RightSizedKVCache
+
+__all__ = ["patch_voxcpm", "patch_status", "VoxcpmPatch", "PatchError", "fingerprints", "VERIFIED"]
+
+#: sha256 (first 16 hex digits) of ``inspect.getsource`` of each function the patch replaces, per verified voxcpm.
+VERIFIED = {
+    "2.0.3": {
+        "MiniCPMAttention.forward_step": "2b730666fa326000",
+        "MiniCPMModel.forward_step": "c57e54736e9605d4",
+        "MiniCPMModel.setup_cache": "25589fe7bc969f55",
+        "StaticKVCache": "e3aa825b63d0b840",
+    },
+}
+
+
+class PatchError(RuntimeError):
+    """The patch cannot be applied as asked (unknown voxcpm source, compiled model, conflicting settings)."""
+
+
+def _modules():
+    compat.ensure_torchaudio()
+    from voxcpm.modules.minicpm4 import cache as cache_mod
+    from voxcpm.modules.minicpm4 import model as model_mod
+
+    return model_mod, cache_mod
+
+
+def _targets():
+    m, c = _modules()
+    return {
+        "MiniCPMAttention.forward_step": m.MiniCPMAttention.forward_step,
+        "MiniCPMModel.forward_step": m.MiniCPMModel.forward_step,
+        "MiniCPMModel.setup_cache": m.MiniCPMModel.setup_cache,
+        "StaticKVCache": c.StaticKVCache,
+    }
+
+
+def fingerprints() -> dict:
+    """Fingerprint of each function the patch replaces, as installed now (unpatched originals when applied)."""
+    targets = _targets()
+    if _ACTIVE is not None:
+        for name, fn in _ACTIVE._originals.items():
+            targets[name] = fn
+    return {name: hashlib.sha256(inspect.getsource(obj).encode()).hexdigest()[:16] for name, obj in targets.items()}
+
+
+def _voxcpm_version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("voxcpm")
+    except PackageNotFoundError:
+        return "unknown"
+
+
+def _verify(force: bool) -> dict:
+    found = fingerprints()
+    for ver, known in VERIFIED.items():
+        if known == found:
+            return {"verified_as": ver, "forced": False}
+    changed = sorted(name for name in found if all(k.get(name) != found[name] for k in VERIFIED.values()))
+    msg = (f"installed voxcpm {_voxcpm_version()} differs from the versions fastattn verified "
+           f"({', '.join(VERIFIED)}): changed source in {', '.join(changed)}. The patch replaces these "
+           "functions, so upstream changes there would be lost. Review them, then pass force=True "
+           "to patch anyway.")
+    if not force:
+        raise PatchError(msg)
+    return {"verified_as": None, "forced": True, "changed": changed}
+
+
+# --------------------------------------------------------------------------- patched functions
+def _make_attention_forward_step(mode: str, bucket: int):
+    from voxcpm.modules.minicpm4.model import apply_rotary_pos_emb
+
+    def forward_step(self, hidden_states, position_emb, position_id, kv_cache):
+        bsz, _ = hidden_states.size()
+
+        query_states = self.q_proj(hidden_states)
+        key_states = self.k_proj(hidden_states)
+        value_states = self.v_proj(hidden_states)
+
+        query_states = query_states.view(bsz, 1, self.num_heads, self.head_dim).transpose(1, 2)
+        key_states = key_states.view(bsz, 1, self.num_key_value_heads, self.head_dim).transpose(1, 2)
+        value_states = value_states.view(bsz, 1, self.num_key_value_heads, self.head_dim).transpose(1, 2)
+
+        if position_emb is not None:
+            cos, sin = position_emb
+            query_states, key_states = apply_rotary_pos_emb(query_states, key_states, cos, sin)
+
+        key_cache, value_cache = kv_cache  # views cut by the model step (see _make_model_forward_step)
+        key_cache[:, :, position_id, :] = key_states
+        value_cache[:, :, position_id, :] = value_states
+
+        if query_states.device.type == "mps":  # pytorch#163597, as upstream; a copy elsewhere
+            query_states = query_states.contiguous()
+            key_cache = key_cache.contiguous()
+            value_cache = value_cache.contiguous()
+
+        n_keys = key_cache.size(2)
+        if mode == "fast":  # the views hold exactly the live keys
+            attn_output = attention_step(query_states, key_cache, value_cache, n_keys, mode="fast")
+        else:
+            length = position_id + 1  # a device tensor in voxcpm's loop: no host sync
+            window = n_keys if mode == "exact" else None
+            attn_output = attention_step(query_states, key_cache, value_cache, length, mode=mode, bucket=bucket,
+                                         window=window)
+
+        attn_output = attn_output.transpose(1, 2).contiguous()
+        attn_output = attn_output.reshape(bsz, self.num_heads * self.head_dim)
+        return self.o_proj(attn_output)
+
+    forward_step.__fastattn__ = ("MiniCPMAttention.forward_step", mode, bucket)
+    return forward_step
+
+
+def _make_model_forward_step(mode: str, bucket: int):
+    def forward_step(self, inputs_embeds, position_id):
+        assert self.kv_cache is not None, "KV cache is not setup"
+        position_emb = self.rope_emb(position_id) if self.rope_emb is not None else None
+        hidden_states = inputs_embeds
+        cache = self.kv_cache
+        cut = _keys_for(cache, mode, bucket)
+        for i, decoder_layer in enumerate(self.layers):
+            k, v = cache.get_layer_cache(i)
+            if cut is not None:
+                k, v = k[:, :, :cut], v[:, :, :cut]
+            hidden_states = decoder_layer.forward_step(hidden_states, position_emb, position_id, (k, v))
+        return self.norm(hidden_states)
+
+    forward_step.__fastattn__ = ("MiniCPMModel.forward_step", mode, bucket)
+    return forward_step
+
+
+def _keys_for(cache, mode: str, bucket: int) -> Optional[int]:
+    """How many keys of the cache's views the layers get; None = the views as they are.
+
+    Reads only the cache's host-side bookkeeping. ``current_length`` is the
+    position just claimed by ``step()`` plus one.
+    """
+    if mode == "reference":
+        return None
+    if mode == "exact":
+        if isinstance(cache, RightSizedKVCache):
+            return None  # its views are already the bucketed window (changes only at bucket edges)
+        return window_for(cache.current_length, cache.max_length, bucket)
+    return cache.current_length  # fast: exactly the live keys
+
+
+def _make_setup_cache(bucket: int):
+    def setup_cache(self, batch_size, max_length, device, dtype):
+        self.kv_cache = RightSizedKVCache(
+            num_layers=self.config.num_hidden_layers,
+            num_kv_heads=self.config.num_key_value_heads,
+            dim_kv_head=(self.config.hidden_size // self.config.num_attention_heads
+                         if self.config.kv_channels is None else self.config.kv_channels),
+            batch_size=batch_size, device=device, dtype=dtype, max_length=max_length, bucket=bucket,
+        )
+
+    setup_cache.__fastattn__ = ("MiniCPMModel.setup_cache", bucket)
+    return setup_cache
+
+
+# --------------------------------------------------------------------------- the handle
+_LOCK = threading.RLock()
+_ACTIVE: Optional["VoxcpmPatch"] = None
+
+
+def _lms(model):
+    lms = [getattr(model, name, None) for name in ("base_lm", "residual_lm")]
+    lms = [lm for lm in lms if lm is not None]
+    if not lms:
+        raise TypeError(f"model must be a voxcpm VoxCPM/VoxCPM2 model with base_lm/residual_lm; got {type(model).__name__}")
+    return lms
+
+
+def _check_not_compiled(model) -> None:
+    for name in ("base_lm", "residual_lm"):
+        lm = getattr(model, name, None)
+        if lm is not None and "forward_step" in lm.__dict__:
+            raise PatchError(
+                f"model.{name}.forward_step was replaced on the instance (voxcpm's optimize() wraps it in "
+                "torch.compile); a class-level patch would be silently ignored by the compiled function. "
+                "Load the model with optimize=False (fastattn.load_voxcpm2 does), patch, then compile with "
+                "fastattn.optimize(model)."
+            )
+
+
+def _static_to_rightsized(cache, bucket):
+    k = cache.kv_cache  # (2, layers, B, Hkv, max_length, D)
+    return RightSizedKVCache(k.shape[1], k.shape[3], k.shape[5], k.shape[2], k.device, k.dtype,
+                             max_length=cache.max_length, bucket=bucket)
+
+
+class VoxcpmPatch:
+    """Handle of an applied patch; a context manager. ``revert()`` is idempotent."""
+
+    def __init__(self, mode: str, cache: bool, bucket: int, verification: dict):
+        self.mode, self.cache, self.bucket = mode, cache, bucket
+        self.verification = verification
+        self._originals: dict = {}
+        self._converted: "weakref.WeakSet" = weakref.WeakSet()
+        self.applied = False
+
+    @property
+    def settings(self) -> dict:
+        return {"mode": self.mode, "cache": self.cache, "bucket": self.bucket}
+
+    def _apply(self) -> None:
+        m, _ = _modules()
+        self._originals = {
+            "MiniCPMAttention.forward_step": m.MiniCPMAttention.__dict__["forward_step"],
+            "MiniCPMModel.forward_step": m.MiniCPMModel.__dict__["forward_step"],
+        }
+        m.MiniCPMAttention.forward_step = _make_attention_forward_step(self.mode, self.bucket)
+        m.MiniCPMModel.forward_step = _make_model_forward_step(self.mode, self.bucket)
+        if self.cache:
+            self._originals["MiniCPMModel.setup_cache"] = m.MiniCPMModel.__dict__["setup_cache"]
+            m.MiniCPMModel.setup_cache = _make_setup_cache(self.bucket)
+        self.applied = True
+
+    def convert(self, model) -> None:
+        """Check ``model`` and, with ``cache=True``, give its LMs right-sized caches."""
+        lms = _lms(model)
+        _check_not_compiled(model)
+        if not self.cache:
+            return
+        _, c = _modules()
+        for lm in lms:
+            if isinstance(lm.kv_cache, c.StaticKVCache):
+                lm.kv_cache = _static_to_rightsized(lm.kv_cache, self.bucket)
+                self._converted.add(lm)
+
+    def revert(self) -> None:
+        """Restore the original functions (by identity) and upstream caches on converted models."""
+        global _ACTIVE
+        with _LOCK:
+            if not self.applied:
+                return
+            m, c = _modules()
+            for name, fn in self._originals.items():
+                cls_name, attr = name.split(".")
+                setattr(getattr(m, cls_name), attr, fn)
+            for lm in list(self._converted):
+                old = lm.kv_cache
+                if isinstance(old, RightSizedKVCache):
+                    lm.kv_cache = c.StaticKVCache(old.num_layers, old.num_kv_heads, old.dim_kv_head, old.batch_size,
+                                                  old.device, old.dtype, max_length=old.max_length)
+            self._converted = weakref.WeakSet()
+            self.applied = False
+            if _ACTIVE is self:
+                _ACTIVE = None
+
+    def status(self) -> dict:
+        return {"applied": self.applied, **self.settings, **self.verification,
+                "voxcpm": _voxcpm_version(), "patched": sorted(self._originals) if self.applied else [],
+                "converted_models": len(self._converted),
+                "exact_default": self.mode == "exact",
+                "note": ("fast mode trades bit-identity for speed (within rounding)" if self.mode == "fast" else
+                         "reference mode is upstream's computation" if self.mode == "reference" else
+                         "exact mode: bit-identical to upstream where the device's kernels allow (self-checked)")}
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.revert()
+
+    def __repr__(self):
+        state = "applied" if self.applied else "reverted"
+        return f"<fastattn voxcpm patch {state}: mode={self.mode!r} cache={self.cache} bucket={self.bucket}>"
+
+
+def patch_voxcpm(model=None, *, mode: str = "exact", cache: bool = True, force: bool = False, bucket: int = 256):
+    """Patch voxcpm's MiniCPM decode step (and, with ``cache=True``, its KV cache) in place.
+
+    Args:
+        model: optional already-built VoxCPM/VoxCPM2 model: checked (not
+            compiled) and, with ``cache=True``, its LMs' 8192-slot caches are
+            replaced by right-sized ones. Models built after patching get them anyway.
+        mode: ``"exact"`` (default: bit-identical to upstream where the device
+            allows), ``"fast"`` (opt-in: within rounding) or ``"reference"``.
+        cache: also right-size the KV caches.
+        force: patch even if the installed voxcpm's sources are not a verified version.
+        bucket: window and cache growth granularity (a positive multiple of 16).
+
+    Returns the :class:`VoxcpmPatch` handle (a context manager). Applying again
+    with the same settings returns the same handle; different settings while
+    applied raise :class:`PatchError`.
+    """
+    global _ACTIVE
+    if mode not in MODES:
+        raise ValueError(f"mode must be one of {', '.join(map(repr, MODES))}; got {mode!r}")
+    if not isinstance(cache, bool):
+        raise TypeError(f"cache must be a bool, got {type(cache).__name__}")
+    if isinstance(bucket, bool) or not isinstance(bucket, int) or bucket <= 0 or bucket % 16:
+        raise ValueError(f"bucket must be a positive multiple of 16, got {bucket!r}")
+    with _LOCK:
+        if _ACTIVE is not None:
+            want = {"mode": mode, "cache": cache, "bucket": bucket}
+            if _ACTIVE.settings != want:
+                raise PatchError(f"voxcpm is already patched with {_ACTIVE.settings}; revert() it before "
+                                 f"patching with {want}")
+        else:
+            if model is not None:
+                _lms(model)
+                _check_not_compiled(model)
+            handle = VoxcpmPatch(mode, cache, bucket, _verify(force))
+            handle._apply()
+            _ACTIVE = handle
+        if model is not None:
+            _ACTIVE.convert(model)
+        return _ACTIVE
+
+
+def patch_status() -> dict:
+    """What is patched now and how (``{"applied": False, ...}`` when nothing is)."""
+    with _LOCK:
+        if _ACTIVE is None:
+            return {"applied": False, "voxcpm": _voxcpm_version(), "fingerprints_match": _fingerprints_known()}
+        return _ACTIVE.status()
+
+
+def _fingerprints_known() -> Optional[str]:
+    found = fingerprints()
+    return next((ver for ver, known in VERIFIED.items() if known == found), None)
+
+
+def cache_bytes(model) -> dict:
+    """KV storage bytes held by a model's LMs now: ``{"base_lm": n, "residual_lm": n, "total": n}``."""
+    out = {}
+    for name in ("base_lm", "residual_lm"):
+        lm = getattr(model, name, None)
+        if lm is not None and lm.kv_cache is not None:
+            kv = lm.kv_cache.kv_cache
+            out[name] = kv.numel() * kv.element_size()
+    out["total"] = sum(out.values())
+    return out

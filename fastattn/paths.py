@@ -1,0 +1,37 @@
+"""Where the workbook's files are, resolved from the package (never from the working directory).
+
+papermill runs a kernel in whatever folder it was started from, so notebooks and
+code find ``data/`` and ``notebooks/`` through this module. ``FASTATTN_ROOT``
+overrides the repository root (a non-editable install has no ``data/`` beside it).
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+__all__ = ["repo_root", "data_dir", "notebooks_dir", "reports_dir"]
+
+
+def repo_root() -> Path:
+    """The checkout that holds ``data/`` and ``notebooks/``."""
+    env = os.environ.get("FASTATTN_ROOT")
+    root = Path(env).resolve() if env else Path(__file__).resolve().parents[1]
+    if not (root / "data").is_dir():
+        raise FileNotFoundError(
+            f"fastattn's data/ folder was not found under {root}. Install fastattn from its checkout "
+            "with `pip install -e .` or set FASTATTN_ROOT to the checkout."
+        )
+    return root
+
+
+def data_dir() -> Path:
+    return repo_root() / "data"
+
+
+def notebooks_dir() -> Path:
+    return repo_root() / "notebooks"
+
+
+def reports_dir() -> Path:
+    return repo_root() / "reports"
