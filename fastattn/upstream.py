@@ -1,0 +1,179 @@
+"""The fix as a patch upstream could merge: a unified diff against the installed voxcpm sources.
+
+Written in upstream's own style, with no dependency on fastattn. It changes two files:
+
+* ``voxcpm/modules/minicpm4/cache.py``: ``StaticKVCache`` keeps its name and
+  constructor (plus ``bucket=256``) but holds ``capacity`` slots grown by
+  buckets, zeroes only what a request uses, and hands out views over the live
+  window (the valid length rounded up to a bucket);
+* ``voxcpm/modules/minicpm4/model.py``: ``MiniCPMAttention.forward_step`` keeps
+  upstream's mask, now over that window (so O(length), shapes change only at
+  bucket edges, bit-identical to attending over the whole cache), and calls
+  ``.contiguous()`` only on MPS (pytorch#163597), where it is needed.
+
+The decode loops need no change: they already fetch ``get_layer_cache(i)`` each
+step. :func:`upstream_diff` builds the diff from the installed sources (their
+blocks must be the verified 2.0.3 text); :func:`write_upstream_diff` stores it
+under ``data/``.
+"""
+
+from __future__ import annotations
+
+import difflib
+from pathlib import Path
+
+from . import compat
+from .paths import data_dir
+
+__all__ = ["upstream_diff", "write_upstream_diff", "DIFF_NAME", "patched_sources"]
+
+DIFF_NAME = "voxcpm-2.0.3-right-sized-decode.diff"
+
+_MODEL_OLD = '''        # Use an explicit broadcastable mask shape for SDPA. A 1D mask can
+        # trigger a CPU-side dimension bug in some PyTorch versions.
+        attn_mask = (torch.arange(key_cache.size(2), device=key_cache.device) <= position_id).view(1, 1, 1, -1)
+
+        # ref: https://github.com/pytorch/pytorch/issues/163597
+        # there is a bug in MPS for non-contiguous tensors, so we need to make them contiguous
+        query_states = query_states.contiguous()
+        key_cache = key_cache.contiguous()
+        value_cache = value_cache.contiguous()
+        attn_output = torch.nn.functional.scaled_dot_product_attention(
+'''
+
+_MODEL_NEW = '''        # The cache hands out views over the live window only: the valid length rounded
+        # up to a bucket of slots (see StaticKVCache). The mask and the attention below
+        # therefore cost O(length) instead of O(max_length), their shapes change only at
+        # bucket boundaries, and keeping the mask inside the window gives the same result
+        # as attending over the whole cache.
+        # Use an explicit broadcastable mask shape for SDPA. A 1D mask can
+        # trigger a CPU-side dimension bug in some PyTorch versions.
+        attn_mask = (torch.arange(key_cache.size(2), device=key_cache.device) <= position_id).view(1, 1, 1, -1)
+
+        if query_states.device.type == "mps":
+            # ref: https://github.com/pytorch/pytorch/issues/163597
+            # there is a bug in MPS for non-contiguous tensors, so we need to make them contiguous.
+            # Only there: elsewhere this would copy the (sliced) cache at every step.
+            query_states = query_states.contiguous()
+            key_cache = key_cache.contiguous()
+            value_cache = value_cache.contiguous()
+        attn_output = torch.nn.functional.scaled_dot_product_attention(
+'''
+
+_CACHE_NEW = '''from typing import List, Tuple
+import torch
+
+
+class StaticKVCache:
+    """KV cache of the decode loop, sized to the request.
+
+    Storage grows by ``bucket`` slots up to ``max_length`` instead of being allocated
+    and zero-filled for ``max_length`` tokens on every request. ``get_layer_cache``
+    returns views over the live window (the valid length rounded up to a bucket), so
+    a decode step attends over O(length) keys; slots past the valid length inside the
+    window are zeros and masked. Fetch the views after ``step()``: growing moves the
+    storage.
+    """
+
+    def __init__(
+        self,
+        num_layers: int,
+        num_kv_heads: int,
+        dim_kv_head: int,
+        batch_size: int,
+        device: torch.device,
+        dtype: torch.dtype,
+        max_length: int = 8192,
+        bucket: int = 256,
+    ):
+        self.max_length = max_length
+        self.num_layers = num_layers
+        self.bucket = bucket
+        self.shape = (num_layers, batch_size, num_kv_heads, dim_kv_head)
+        self.device = device
+        self.dtype = dtype
+
+        self.kv_cache = self._zeros(self._round(1))
+        self.current_length = 0
+        self.window = self._round(1)
+
+    def _round(self, length: int) -> int:
+        return min((length + self.bucket - 1) // self.bucket * self.bucket, self.max_length)
+
+    def _zeros(self, capacity: int) -> torch.Tensor:
+        layers, batch, heads, dim = self.shape
+        return torch.zeros(2, layers, batch, heads, capacity, dim, device=self.device, dtype=self.dtype)
+
+    def _resize(self, capacity: int):
+        kv_cache = self._zeros(capacity)
+        kv_cache[:, :, :, :, : self.current_length] = self.kv_cache[:, :, :, :, : self.current_length]
+        self.kv_cache = kv_cache
+
+    def get_layer_cache(self, layer_idx: int) -> Tuple[torch.Tensor, torch.Tensor]:
+        return self.kv_cache[0, layer_idx, :, :, : self.window], self.kv_cache[1, layer_idx, :, :, : self.window]
+
+    def step(self) -> int:
+        if self.current_length >= self.max_length:
+            raise ValueError("KV cache is full")
+
+        ret = self.current_length
+        if ret >= self.kv_cache.size(4):
+            self._resize(self._round(ret + 1))
+        self.current_length += 1
+        self.window = self._round(self.current_length)
+        return ret
+
+    def fill_caches(self, kv_caches: List[Tuple[torch.Tensor, torch.Tensor]]):
+        length = kv_caches[0][0].size(2)
+        capacity = self._round(length + 1)
+        self.current_length = 0
+        if self.kv_cache.size(4) != capacity:
+            self.kv_cache = self._zeros(capacity)
+        else:
+            # only what this request can read: the slots past its prefix
+            self.kv_cache[:, :, :, :, length:].zero_()
+        self.current_length = length
+        self.window = self._round(max(length, 1))
+        for i in range(self.num_layers):
+            self.kv_cache[0, i, :, :, :length, :] = kv_caches[i][0]
+            self.kv_cache[1, i, :, :, :length, :] = kv_caches[i][1]
+'''
+
+
+def _installed(rel: str) -> Path:
+    compat.ensure_torchaudio()
+    import voxcpm
+
+    return Path(voxcpm.__file__).parent / rel
+
+
+def patched_sources() -> dict:
+    """``{relative path: (old text, new text)}`` for each file the upstream patch changes."""
+    model_rel, cache_rel = "modules/minicpm4/model.py", "modules/minicpm4/cache.py"
+    model_old = _installed(model_rel).read_text()
+    if model_old.count(_MODEL_OLD) != 1:
+        raise RuntimeError(f"voxcpm/{model_rel}: the forward_step block this patch replaces was not found "
+                           "exactly once; the installed voxcpm is not 2.0.3")
+    cache_old = _installed(cache_rel).read_text()
+    if "self.kv_cache.zero_()" not in cache_old:
+        raise RuntimeError(f"voxcpm/{cache_rel}: not the 2.0.3 StaticKVCache")
+    return {
+        f"voxcpm/{model_rel}": (model_old, model_old.replace(_MODEL_OLD, _MODEL_NEW)),
+        f"voxcpm/{cache_rel}": (cache_old, _CACHE_NEW),
+    }
+
+
+def upstream_diff() -> str:
+    """The unified diff (``a/`` and ``b/`` prefixes, apply with ``patch -p1`` in site-packages)."""
+    parts = []
+    for rel, (old, new) in sorted(patched_sources().items(), key=lambda kv: kv[0], reverse=True):
+        parts.extend(difflib.unified_diff(old.splitlines(keepends=True), new.splitlines(keepends=True),
+                                          fromfile=f"a/{rel}", tofile=f"b/{rel}", n=3))
+    return "".join(parts)
+
+
+def write_upstream_diff(path: Path | None = None) -> Path:
+    """Write :func:`upstream_diff` to ``data/`` (or ``path``) and return the path."""
+    path = Path(path) if path else data_dir() / DIFF_NAME
+    path.write_text(upstream_diff())
+    return path

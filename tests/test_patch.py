@@ -1,0 +1,288 @@
+"""patch_voxcpm on the real voxcpm: whole decodes bit-identical, reversible, guarded; the upstream diff."""
+
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+import torch
+
+import fastattn
+from fastattn import patch as P
+from fastattn.models import build_voxcpm2, load_voxcpm2
+from fastattn.patch import PatchError, cache_bytes, patch_status, patch_voxcpm
+
+ROOT = Path(__file__).resolve().parents[1]
+TEXT = "hello world this is a test sentence " * 12  # ~430 tokens: max_len cap 6x + 10 is far away
+STEPS = 300  # prefill ~433 + 300 steps crosses the 512 bucket edge (and 768)
+
+
+def decode(model, steps=STEPS, streaming=False, seed=1, timesteps=2):
+    torch.manual_seed(seed)
+    kw = dict(min_len=steps, max_len=steps + 10, inference_timesteps=timesteps)
+    if streaming:
+        return torch.cat(list(model.generate_streaming(TEXT, **kw)), dim=-1)
+    return model.generate(TEXT, **kw)
+
+
+@pytest.fixture(autouse=True)
+def _no_patch_leaks():
+    yield
+    if P._ACTIVE is not None:
+        P._ACTIVE.revert()
+        pytest.fail("a test left voxcpm patched")
+
+
+@pytest.fixture(scope="module", params=["float32", "bfloat16"])
+def tiny(request):
+    model = build_voxcpm2("tiny", dtype=request.param)
+    return model, decode(model), decode(model, streaming=True)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("cache", [True, False])
+def test_exact_patch_is_bit_identical_whole_decode(tiny, cache):
+    model, wav, chunks = tiny
+    assert model.base_lm.kv_cache.current_length > 512 + 16  # crossed a bucket edge
+    with patch_voxcpm(model, mode="exact", cache=cache):
+        assert torch.equal(decode(model), wav)
+        assert torch.equal(decode(model, streaming=True), chunks)
+        if cache:
+            assert isinstance(model.base_lm.kv_cache, fastattn.RightSizedKVCache)
+            assert model.base_lm.kv_cache.capacity <= 1024
+    assert torch.equal(decode(model), wav)  # reverted: upstream again
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_small_preset_real_geometry_few_steps(dtype):
+    model = build_voxcpm2("small", dtype=dtype)
+    text = "a short sentence for the small preset"
+    run = lambda: (torch.manual_seed(3), model.generate(text, min_len=6, max_len=8, inference_timesteps=2))[1]
+    ref = run()
+    with patch_voxcpm(model):
+        assert torch.equal(run(), ref)
+
+
+def test_models_built_after_patching_get_right_sized_caches():
+    with patch_voxcpm() as h:
+        m = build_voxcpm2("tiny", dtype="float32")
+        assert isinstance(m.base_lm.kv_cache, fastattn.RightSizedKVCache) and h.applied
+    m2 = build_voxcpm2("tiny", dtype="float32")
+    assert type(m2.base_lm.kv_cache).__name__ == "StaticKVCache"
+
+
+def test_fast_mode_one_step_error_within_tolerance():
+    """Identical inputs, one decode step of the base LM: fast vs upstream within fp32 rounding."""
+    model = build_voxcpm2("tiny", dtype="float32")
+    lm = model.base_lm
+    g = torch.Generator().manual_seed(0)
+    P_len = 300
+    h = lm.config.hidden_size
+    prefill = torch.randn(1, P_len, h, generator=g)
+    _, kv = lm(prefill, is_causal=True)
+    x = torch.randn(1, h, generator=g)
+
+    def one_step():
+        lm.kv_cache.fill_caches(kv)
+        return lm.forward_step(x, torch.tensor([lm.kv_cache.step()]))
+
+    ref = one_step()
+    with patch_voxcpm(model, mode="fast"):
+        fast = one_step()
+    with patch_voxcpm(model, mode="exact"):
+        exact = one_step()
+    assert torch.equal(exact, ref)
+    rel = ((fast - ref).abs().max() / ref.abs().max()).item()
+    assert 0 <= rel <= 1e-5, rel
+
+
+def test_revert_restores_identity_and_is_idempotent():
+    from voxcpm.modules.minicpm4.model import MiniCPMAttention, MiniCPMModel
+    originals = (MiniCPMAttention.__dict__["forward_step"], MiniCPMModel.__dict__["forward_step"],
+                 MiniCPMModel.__dict__["setup_cache"])
+    h = patch_voxcpm()
+    assert MiniCPMAttention.__dict__["forward_step"] is not originals[0]
+    assert patch_voxcpm() is h  # same settings: no-op
+    with pytest.raises(PatchError, match="already patched"):
+        patch_voxcpm(mode="fast")
+    h.revert()
+    h.revert()  # twice: no-op
+    assert (MiniCPMAttention.__dict__["forward_step"], MiniCPMModel.__dict__["forward_step"],
+            MiniCPMModel.__dict__["setup_cache"]) == originals
+    assert all(a is b for a, b in zip(originals, (MiniCPMAttention.__dict__["forward_step"],
+                                                  MiniCPMModel.__dict__["forward_step"],
+                                                  MiniCPMModel.__dict__["setup_cache"])))
+    assert patch_status()["applied"] is False
+
+
+def test_converted_model_works_under_upstream_after_revert():
+    model = build_voxcpm2("tiny", dtype="float32")
+    ref = decode(model, steps=40)
+    with patch_voxcpm(model):
+        pass
+    assert type(model.base_lm.kv_cache).__name__ == "StaticKVCache"
+    assert model.base_lm.kv_cache.kv_cache.shape[4] == 8192
+    assert torch.equal(decode(model, steps=40), ref)
+
+
+def test_status_reports_settings():
+    with patch_voxcpm(mode="fast", cache=False):
+        s = patch_status()
+        assert s["applied"] and s["mode"] == "fast" and s["cache"] is False and s["verified_as"] == "2.0.3"
+        assert "trades bit-identity" in s["note"]
+    s = patch_status()
+    assert s["applied"] is False and s["fingerprints_match"] == "2.0.3"
+
+
+def test_compiled_model_is_refused():
+    model = build_voxcpm2("tiny", dtype="float32")
+    model.base_lm.forward_step = torch.compile(model.base_lm.forward_step, backend="eager")
+    with pytest.raises(PatchError, match="optimize=False"):
+        patch_voxcpm(model)
+    assert P._ACTIVE is None
+
+
+def test_unknown_voxcpm_source_is_refused_unless_forced(monkeypatch):
+    monkeypatch.setattr(P, "VERIFIED", {"2.0.3": {**P.VERIFIED["2.0.3"], "MiniCPMModel.forward_step": "0" * 16}})
+    with pytest.raises(PatchError, match=r"changed source in MiniCPMModel\.forward_step.*force=True"):
+        patch_voxcpm()
+    with patch_voxcpm(force=True) as h:
+        assert h.verification["forced"] and h.status()["changed"] == ["MiniCPMModel.forward_step"]
+
+
+def test_bad_arguments():
+    with pytest.raises(ValueError, match="'reference', 'exact', 'fast'"):
+        patch_voxcpm(mode="flash")
+    with pytest.raises(ValueError, match="bucket must be a positive multiple of 16"):
+        patch_voxcpm(bucket=100)
+    with pytest.raises(TypeError, match="base_lm"):
+        patch_voxcpm(object())
+
+
+def test_short_request_kv_memory_under_a_tenth():
+    """Prefill ~100, 200 steps: the patched request's KV bytes are <= 1/10 of upstream's."""
+    model = build_voxcpm2("tiny", dtype="bfloat16")
+    text = "a b c d e f g h i j " * 5  # ~100 tokens
+    run = lambda: (torch.manual_seed(0), model.generate(text, min_len=200, max_len=210, inference_timesteps=1))[1]
+    run()
+    up = cache_bytes(model)["total"]
+    assert 280 <= model.base_lm.kv_cache.current_length <= 320
+    with patch_voxcpm(model):
+        run()
+        ours = cache_bytes(model)["total"]
+    assert ours * 10 <= up, (ours, up)
+
+
+def _voxcpm1_tiny(dtype="float32"):
+    from voxcpm.model.voxcpm import AudioVAE, AudioVAEConfig, VoxCPMConfig, VoxCPMModel
+    from fastattn.models import _tokenizer, voxcpm2_config
+    cfg = voxcpm2_config("tiny", dtype=dtype)
+    for k in ("residual_lm_no_rope", "audio_vae_config"):
+        cfg.pop(k)
+    cfg["dit_config"].pop("dit_mean_mode")
+    cfg["max_length"] = 4096
+    torch.manual_seed(0)
+    vae = AudioVAE(AudioVAEConfig(encoder_dim=8, encoder_rates=[2, 2], decoder_dim=16, decoder_rates=[2, 2]))
+    m = VoxCPMModel(VoxCPMConfig.model_validate(cfg), _tokenizer(256), vae, device="cpu").eval()
+    return m
+
+
+@pytest.mark.slow
+def test_voxcpm1_models_share_the_classes_and_stay_identical():
+    m = _voxcpm1_tiny()
+    run = lambda: (torch.manual_seed(2), m.generate(TEXT, min_len=120, max_len=130, inference_timesteps=2))[1]
+    ref = run()
+    with patch_voxcpm(m):
+        assert isinstance(m.base_lm.kv_cache, fastattn.RightSizedKVCache)
+        assert torch.equal(run(), ref)
+
+
+# ------------------------------------------------------------------ models
+def test_build_is_deterministic_and_real():
+    from voxcpm.model.voxcpm2 import VoxCPM2Model
+    a, b = build_voxcpm2("tiny", seed=5, dtype="float32"), build_voxcpm2("tiny", seed=5, dtype="float32")
+    c = build_voxcpm2("tiny", seed=6, dtype="float32")
+    assert isinstance(a, VoxCPM2Model)
+    sa, sb, sc = a.state_dict(), b.state_dict(), c.state_dict()
+    assert all(torch.equal(sa[k], sb[k]) for k in sa)
+    assert not all(torch.equal(sa[k], sc[k]) for k in sa)
+    bf = build_voxcpm2("tiny")
+    assert bf.base_lm.layers[0].mlp.up_proj.weight.dtype == torch.bfloat16
+    assert next(bf.audio_vae.parameters()).dtype == torch.float32
+
+
+def test_build_bad_arguments():
+    with pytest.raises(ValueError, match="preset must be one of tiny, small, full"):
+        build_voxcpm2("huge")
+    with pytest.raises(ValueError, match="dtype must be one of"):
+        build_voxcpm2("tiny", dtype="int8")
+    if not torch.cuda.is_available():
+        with pytest.raises(ValueError, match="CUDA is not available"):
+            build_voxcpm2("tiny", device="cuda")
+
+
+def test_load_voxcpm2_never_reaches_voxcpm_without_files(tmp_path, monkeypatch):
+    from voxcpm.model.voxcpm2 import VoxCPM2Model
+    monkeypatch.setattr(VoxCPM2Model, "from_local", classmethod(lambda *a, **k: pytest.fail("voxcpm was called")))
+    with pytest.raises(FileNotFoundError, match="not an existing directory"):
+        load_voxcpm2(tmp_path / "nope")
+    (tmp_path / "config.json").write_text("{}")
+    with pytest.raises(FileNotFoundError, match="model.safetensors or pytorch_model.bin.*audiovae"):
+        load_voxcpm2(tmp_path)
+    with pytest.raises(ValueError, match="checkpoint path is empty"):
+        load_voxcpm2("")
+
+
+# ------------------------------------------------------------------ the upstream diff
+def test_stored_diff_is_current():
+    from fastattn.upstream import DIFF_NAME, upstream_diff
+    assert (ROOT / "data" / DIFF_NAME).read_text() == upstream_diff()
+
+
+@pytest.mark.slow
+def test_upstream_diff_applies_and_is_equivalent(tmp_path):
+    """Apply the diff to a copy of the installed voxcpm; decode there; compare with upstream here."""
+    import shutil
+    import voxcpm
+    from fastattn.upstream import DIFF_NAME
+    shutil.copytree(Path(voxcpm.__file__).parent, tmp_path / "voxcpm", ignore=shutil.ignore_patterns("__pycache__"))
+    r = subprocess.run(["patch", "-p1", "--batch", "-i", str(ROOT / "data" / DIFF_NAME)], cwd=tmp_path,
+                       capture_output=True, text=True)
+    assert r.returncode == 0, r.stdout + r.stderr
+    out = tmp_path / "out.pt"
+    code = textwrap.dedent(f"""
+        import torch, fastattn, voxcpm
+        assert voxcpm.__file__.startswith({str(tmp_path)!r}), voxcpm.__file__
+        from torch._dynamo.utils import counters
+        from fastattn.models import build_voxcpm2
+        text = {TEXT!r}
+        res = {{}}
+        for dt in ("float32", "bfloat16"):
+            m = build_voxcpm2("tiny", dtype=dt)
+            torch.manual_seed(1)
+            res[dt] = m.generate(text, min_len={STEPS}, max_len={STEPS + 10}, inference_timesteps=2)
+            res[dt + "_cap"] = m.base_lm.kv_cache.kv_cache.shape[4]
+        # upstream's optimize() path: fullgraph compile (cheap backend) over a decode crossing buckets
+        m = build_voxcpm2("tiny", dtype="float32")
+        m.base_lm.forward_step = torch.compile(m.base_lm.forward_step, backend="eager", fullgraph=True)
+        m.residual_lm.forward_step = torch.compile(m.residual_lm.forward_step, backend="eager", fullgraph=True)
+        torch.manual_seed(1)
+        res["compiled"] = m.generate(text, min_len={STEPS}, max_len={STEPS + 10}, inference_timesteps=2)
+        res["graphs"] = counters["stats"]["unique_graphs"]
+        res["breaks"] = sum(counters["graph_break"].values())
+        torch.save(res, {str(out)!r})
+    """)
+    env = {**os.environ, "PYTHONPATH": f"{tmp_path}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=600)
+    assert r.returncode == 0, r.stderr[-3000:]
+    res = torch.load(out)
+    for dt in ("float32", "bfloat16"):
+        model = build_voxcpm2("tiny", dtype=dt)
+        assert torch.equal(res[dt], decode(model)), dt
+        assert res[dt + "_cap"] <= 1024
+    assert torch.equal(res["compiled"], res["float32"])
+    assert res["breaks"] == 0
+    assert res["graphs"] <= 2 * 3  # two LMs, at most (windows touched + 1) graphs each
