@@ -177,3 +177,15 @@ def write_upstream_diff(path: Path | None = None) -> Path:
     path = Path(path) if path else data_dir() / DIFF_NAME
     path.write_text(upstream_diff())
     return path
+
+
+def main(argv=None) -> int:
+    import argparse
+    ap = argparse.ArgumentParser(prog="python -m fastattn diff", description="The upstream-ready diff.")
+    ap.add_argument("--write", action="store_true", help=f"write data/{DIFF_NAME} instead of printing")
+    args = ap.parse_args(argv)
+    if args.write:
+        print(write_upstream_diff())
+    else:
+        print(upstream_diff(), end="")
+    return 0

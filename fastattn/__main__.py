@@ -1,0 +1,28 @@
+"""``python -m fastattn {doctor,bench,workbook,diff} ...``"""
+
+from __future__ import annotations
+
+import sys
+from importlib import import_module
+
+COMMANDS = {
+    "doctor": ("doctor", "print the environment that decides which attention kernel runs"),
+    "bench": ("bench", "run benchmark sweeps and write records"),
+    "workbook": ("workbook", "run the notebooks headless into a new reports/ folder"),
+    "diff": ("upstream", "print (or --write) the upstream-ready diff against the installed voxcpm"),
+}
+
+
+def main(argv=None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if not argv or argv[0] in ("-h", "--help") or argv[0] not in COMMANDS:
+        print("usage: python -m fastattn {%s} [options]\n" % ",".join(COMMANDS))
+        for name, (_, help_) in COMMANDS.items():
+            print(f"  {name:<9} {help_}")
+        return 0 if argv and argv[0] in ("-h", "--help") else 2
+    mod = import_module(f"fastattn.{COMMANDS[argv[0]][0]}")
+    return mod.main(argv[1:])
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,313 @@
+"""Which SDPA kernel runs for a call, and why: proof from the running torch, not from quotes.
+
+:func:`explain_sdpa` answers four questions about one ``scaled_dot_product_attention`` call:
+
+``backend``
+    what SDPA's dispatcher picks (``torch._fused_sdp_choice``);
+``ops``
+    the aten ops that actually ran, from the profiler (the kernel op and helpers
+    such as ``aten::where`` that turns a bool mask into -inf, or
+    ``aten::repeat_interleave`` for GQA without ``enable_gqa``);
+``eligibility``
+    for each backend the device has, whether it may run this call and torch's
+    own reason if not (CUDA: ``torch.backends.cuda.can_use_*(params, debug=True)``
+    warnings; CPU has no public check, so forcing the backend answers it);
+``forced``
+    for each backend, forcing it with ``torch.nn.attention.sdpa_kernel``: the op
+    that ran, or the exact error.
+
+:func:`backend_matrix` runs it over the cases that matter for VoxCPM2's decode step.
+Nothing here changes process state except inside ``sdpa_kernel`` blocks, which restore it.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import sys
+import warnings
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass, field
+from html import escape
+from typing import Optional
+
+import torch
+import torch.nn.functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
+
+from .attention import window_for
+
+__all__ = ["SDPAReport", "explain_sdpa", "backend_matrix", "device_backends", "KERNEL_OPS"]
+
+#: aten ops that are attention kernels, by backend.
+KERNEL_OPS = {
+    "aten::_scaled_dot_product_flash_attention_for_cpu": "FLASH_ATTENTION (CPU)",
+    "aten::_scaled_dot_product_flash_attention": "FLASH_ATTENTION",
+    "aten::_scaled_dot_product_efficient_attention": "EFFICIENT_ATTENTION",
+    "aten::_scaled_dot_product_cudnn_attention": "CUDNN_ATTENTION",
+    "aten::_scaled_dot_product_attention_math": "MATH",
+    "aten::_scaled_dot_product_fused_attention_overrideable": "OVERRIDEABLE",
+}
+_HELPER_OPS = ("aten::where", "aten::repeat_interleave", "aten::masked_fill", "aten::logical_not",
+               "aten::_safe_softmax", "aten::softmax", "aten::_softmax", "aten::bmm", "aten::matmul", "aten::expand")
+
+
+def device_backends(device) -> list[str]:
+    """The SDPA backends a device type has: CUDA flash/efficient/cudnn/math, CPU flash/math."""
+    return (["FLASH_ATTENTION", "EFFICIENT_ATTENTION", "CUDNN_ATTENTION", "MATH"]
+            if torch.device(device).type == "cuda" else ["FLASH_ATTENTION", "MATH"])
+
+
+@dataclass
+class SDPAReport:
+    """What SDPA does with one call. ``to_dict``/``from_dict`` round-trip through JSON."""
+
+    call: dict
+    backend: str
+    ops: list
+    eligibility: dict
+    forced: dict
+    notes: list = field(default_factory=list)
+
+    @property
+    def kernel(self) -> Optional[str]:
+        """The attention kernel op that ran (first one), or None."""
+        return next((op for op in self.ops if op in KERNEL_OPS), None)
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "SDPAReport":
+        return cls(**{k: d[k] for k in ("call", "backend", "ops", "eligibility", "forced")}, notes=d.get("notes", []))
+
+    def _rows(self):
+        for b in self.eligibility:
+            e, f = self.eligibility[b], self.forced.get(b, {})
+            yield (b, "yes" if e["eligible"] else "no", e.get("reason") or "",
+                   f"ran: {f.get('kernel')}" if f.get("ran") else f"error: {f.get('error', '')}")
+
+    def __str__(self) -> str:
+        c = self.call
+        head = (f"SDPA call: q{tuple(c['q'])} k{tuple(c['k'])} {c['dtype']} on {c['device']}, mask={c['mask']}, "
+                f"is_causal={c['is_causal']}, enable_gqa={c['enable_gqa']}\n"
+                f"  dispatcher picks: {self.backend}\n  ops that ran: {', '.join(self.ops) or '-'}\n")
+        body = "\n".join(f"  {b:<20} eligible={e:<3} {r[:90]:<90} forced -> {f[:120]}" for b, e, r, f in self._rows())
+        return head + body + ("".join(f"\n  note: {n}" for n in self.notes))
+
+    def _repr_html_(self) -> str:
+        c = self.call
+        rows = "".join(f"<tr><td>{escape(b)}</td><td>{e}</td><td>{escape(r)}</td><td>{escape(f)}</td></tr>"
+                       for b, e, r, f in self._rows())
+        notes = "".join(f"<li>{escape(n)}</li>" for n in self.notes)
+        return (f"<div><b>SDPA call</b> q{tuple(c['q'])} k{tuple(c['k'])} {escape(c['dtype'])} on "
+                f"{escape(c['device'])}, mask={escape(str(c['mask']))}, is_causal={c['is_causal']}, "
+                f"enable_gqa={c['enable_gqa']}<br><b>dispatcher picks:</b> {escape(self.backend)}<br>"
+                f"<b>ops that ran:</b> <code>{escape(', '.join(self.ops))}</code>"
+                f"<table><tr><th>backend</th><th>eligible</th><th>torch's reason</th><th>forced</th></tr>{rows}</table>"
+                f"{'<ul>' + notes + '</ul>' if notes else ''}</div>")
+
+
+# --------------------------------------------------------------------------- pieces
+def _check(q, k, v, attn_mask):
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+        if t.dim() != 4:
+            raise ValueError(f"{name} must be 4-D (B, H, L, D), got shape {tuple(t.shape)}")
+    if attn_mask is not None and not isinstance(attn_mask, torch.Tensor):
+        raise TypeError(f"attn_mask must be a torch.Tensor or None, got {type(attn_mask).__name__}")
+    devs = {t.device for t in (q, k, v) if t is not None} | ({attn_mask.device} if attn_mask is not None else set())
+    if len(devs) != 1:
+        raise ValueError(f"q, k, v and attn_mask must be on one device, got {sorted(map(str, devs))}")
+
+
+def _mask_kind(m) -> str:
+    if m is None:
+        return "none"
+    return f"{'bool' if m.dtype == torch.bool else str(m.dtype).replace('torch.', '')} {tuple(m.shape)}"
+
+
+def _choice(q, k, v, attn_mask, is_causal, scale, enable_gqa) -> str:
+    try:
+        idx = torch._fused_sdp_choice(q, k, v, attn_mask, 0.0, is_causal, scale=scale, enable_gqa=enable_gqa)
+        return SDPBackend(idx).name
+    except Exception as exc:  # older torch without enable_gqa / scale keywords
+        return f"unknown ({type(exc).__name__}: {str(exc).splitlines()[0][:120]})"
+
+
+def _params(q, k, v, attn_mask, is_causal, enable_gqa):
+    from torch.backends.cuda import SDPAParams
+    try:
+        return SDPAParams(q, k, v, attn_mask, 0.0, is_causal, enable_gqa)
+    except TypeError:  # torch < 2.5: no enable_gqa argument
+        return SDPAParams(q, k, v, attn_mask, 0.0, is_causal)
+
+
+def _eligibility_cuda(q, k, v, attn_mask, is_causal, enable_gqa) -> dict:
+    cb = torch.backends.cuda
+    params = _params(q, k, v, attn_mask, is_causal, enable_gqa)
+    out = {}
+    for name, fn in (("FLASH_ATTENTION", cb.can_use_flash_attention),
+                     ("EFFICIENT_ATTENTION", cb.can_use_efficient_attention),
+                     ("CUDNN_ATTENTION", getattr(cb, "can_use_cudnn_attention", None))):
+        if fn is None:
+            out[name] = {"eligible": False, "reason": "this torch has no can_use_cudnn_attention"}
+            continue
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            ok = bool(fn(params, True))
+        reasons = [str(w.message).strip() for w in caught]
+        out[name] = {"eligible": ok, "reason": " | ".join(reasons)}
+    out["MATH"] = {"eligible": True, "reason": ""}
+    return out
+
+
+@contextmanager
+def _quiet_native_stderr():
+    """Silence fd 2 while the profiler starts and stops: kineto prints a line per start/stop
+    from C++, which would flood notebooks and logs. Python exceptions still propagate."""
+    sys.stderr.flush()
+    saved = os.dup(2)
+    try:
+        with open(os.devnull, "w") as devnull:
+            os.dup2(devnull.fileno(), 2)
+            yield
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
+
+
+def _run_profiled(fn) -> list[str]:
+    """Names of the interesting aten ops ``fn`` ran, in order of first appearance."""
+    from torch.profiler import ProfilerActivity, profile
+    with _quiet_native_stderr(), profile(activities=[ProfilerActivity.CPU]) as prof:
+        fn()
+        if torch.cuda.is_available():
+            torch.cuda.synchronize()
+    seen = []
+    for ev in prof.events():
+        if (ev.name in KERNEL_OPS or ev.name in _HELPER_OPS) and ev.name not in seen:
+            seen.append(ev.name)
+    return seen
+
+
+def _forced(backend: str, call) -> dict:
+    try:
+        with sdpa_kernel([getattr(SDPBackend, backend)]):
+            ops = _run_profiled(call)
+        return {"ran": True, "kernel": next((o for o in ops if o in KERNEL_OPS), None), "ops": ops}
+    except Exception as exc:
+        return {"ran": False, "error": f"{type(exc).__name__}: {' '.join(str(exc).split())[:400]}"}
+
+
+# --------------------------------------------------------------------------- public
+def explain_sdpa(q, k, v, *, attn_mask=None, is_causal=False, enable_gqa=False, scale=None) -> SDPAReport:
+    """Prove which SDPA backend and ops run for exactly this call on its device (see module docstring)."""
+    _check(q, k, v, attn_mask)
+
+    def call():
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, is_causal=is_causal, scale=scale,
+                                              enable_gqa=enable_gqa)
+
+    backends = device_backends(q.device)
+    forced = {b: _forced(b, call) for b in backends}
+    if q.device.type == "cuda":
+        eligibility = _eligibility_cuda(q, k, v, attn_mask, is_causal, enable_gqa)
+    else:  # no public CPU check: forcing is the check, its error is torch's reason
+        eligibility = {b: {"eligible": forced[b]["ran"], "reason": forced[b].get("error", "")} for b in backends}
+    report = SDPAReport(
+        call={"q": list(q.shape), "k": list(k.shape), "v": list(v.shape), "dtype": str(q.dtype).replace("torch.", ""),
+              "device": str(q.device), "mask": _mask_kind(attn_mask), "is_causal": is_causal,
+              "enable_gqa": enable_gqa, "scale": scale, "torch": torch.__version__},
+        backend=_choice(q, k, v, attn_mask, is_causal, scale, enable_gqa),
+        ops=_run_profiled(call),
+        eligibility=eligibility,
+        forced=forced,
+    )
+    if attn_mask is not None and attn_mask.dtype == torch.bool and "aten::where" in report.ops:
+        report.notes.append("the bool mask is converted to an additive -inf mask (aten::where) on every call")
+    if report.kernel and attn_mask is not None:
+        report.notes.append(f"the chosen kernel reads all {k.shape[2]} keys; masked keys still cost time")
+    return report
+
+
+def _f64(q, k, v, mask):
+    g = q.shape[1] // k.shape[1]
+    kk, vv = k.double().repeat_interleave(g, 1), v.double().repeat_interleave(g, 1)
+    s = q.double() @ kk.transpose(-1, -2) / math.sqrt(q.shape[-1])
+    if mask is not None:
+        s = s.masked_fill(~mask, float("-inf"))
+    return torch.softmax(s, -1) @ vv
+
+
+def _dtypes_for(device) -> list:
+    return [torch.float32, torch.bfloat16, torch.float16]
+
+
+def backend_matrix(device="cpu", dtype=None, *, capacity: int = 8192, position: int = 256, hq: int = 16,
+                   hkv: int = 2, head_dim: int = 128, unsupported_head_dim: int = 512, seed: int = 0,
+                   progress=None) -> list[dict]:
+    """``explain_sdpa`` over the cases that matter for VoxCPM2's decode step; one row (dict) per case.
+
+    Cases, for each dtype (``dtype`` or fp32/bf16/fp16 where the device runs them):
+    upstream masked full-cache decode (bool mask + GQA); the same with a float
+    additive mask; without ``enable_gqa`` (K/V repeated to Hq heads); fastattn's
+    ``exact`` window; the ``fast`` slice; ``is_causal=True`` with Lq=1 over the
+    live keys (top-left aligned: wrong). Plus upstream and fast at
+    ``unsupported_head_dim``. Each row has the dispatcher's backend, the kernel
+    op and helpers that ran, eligibility, forced results, and the max |error|
+    against a float64 reference of the *correct* decode attention.
+    """
+    device = torch.device(device)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError("device='cuda' but CUDA is not available on this machine")
+    if not 0 <= position < capacity:
+        raise ValueError(f"position must be in [0, capacity={capacity}), got {position}")
+    dtypes = [dtype] if dtype is not None else _dtypes_for(device)
+    g = torch.Generator().manual_seed(seed)
+    rows = []
+
+    def run(case, dt, D, q, k, v, mask=None, is_causal=False, enable_gqa=True, ref=None):
+        rep = explain_sdpa(q, k, v, attn_mask=mask, is_causal=is_causal, enable_gqa=enable_gqa)
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=is_causal, enable_gqa=enable_gqa)
+        err = (out.double().cpu() - ref).abs().max().item()
+        tol = {torch.float32: 1e-5, torch.bfloat16: 2e-2, torch.float16: 2e-3}[dt]
+        rows.append({
+            "case": case, "dtype": str(dt).replace("torch.", ""), "head_dim": D, "keys": k.shape[2],
+            "mask": rep.call["mask"], "enable_gqa": enable_gqa, "is_causal": is_causal,
+            "backend": rep.backend, "kernel": rep.kernel, "helpers": [o for o in rep.ops if o not in KERNEL_OPS],
+            "eligible": [b for b, e in rep.eligibility.items() if e["eligible"]],
+            "forced": {b: (f["kernel"] if f["ran"] else "error") for b, f in rep.forced.items()},
+            "max_abs_err": err, "correct": err <= tol, "report": rep.to_dict(),
+        })
+        if progress:
+            progress(case, str(dt))
+
+    for dt in dtypes:
+        for D, cases in ((head_dim, "all"), (unsupported_head_dim, "few")):
+            try:
+                k = torch.randn(1, hkv, capacity, D, generator=g).to(device=device, dtype=dt)
+                v = torch.randn(1, hkv, capacity, D, generator=g).to(device=device, dtype=dt)
+                q = torch.randn(1, hq, 1, D, generator=g).to(device=device, dtype=dt)
+                F.scaled_dot_product_attention(q, k[:, :, :4], v[:, :, :4], enable_gqa=True)
+            except Exception:  # this device has no kernel for this dtype
+                continue
+            n = position + 1
+            bool_mask = (torch.arange(capacity, device=device) <= position).view(1, 1, 1, -1)
+            ref = _f64(q.cpu(), k[:, :, :n].cpu(), v[:, :, :n].cpu(), None)
+            tag = "" if D == head_dim else f" (head_dim {D})"
+            run("upstream: bool mask over full cache + GQA" + tag, dt, D, q, k, v, bool_mask, ref=ref)
+            run("fast: slice to length, no mask" + tag, dt, D, q, k[:, :, :n], v[:, :, :n], ref=ref)
+            if cases == "few":
+                continue
+            add = torch.zeros(bool_mask.shape, device=device, dtype=dt).masked_fill(~bool_mask, float("-inf"))
+            run("float additive mask over full cache + GQA", dt, D, q, k, v, add, ref=ref)
+            gq = hq // hkv
+            run("bool mask, no enable_gqa (K/V repeated)", dt, D, q, k.repeat_interleave(gq, 1),
+                v.repeat_interleave(gq, 1), bool_mask, enable_gqa=False, ref=ref)
+            w = window_for(n, capacity)
+            run(f"exact: window {w} keys, mask sliced", dt, D, q, k[:, :, :w], v[:, :, :w], bool_mask[..., :w], ref=ref)
+            run("is_causal=True with Lq=1 (top-left aligned)", dt, D, q, k[:, :, :n], v[:, :, :n], is_causal=True,
+                ref=ref)
+    return rows

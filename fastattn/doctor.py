@@ -1,0 +1,114 @@
+"""``python -m fastattn doctor``: the environment that decides which attention kernel runs."""
+
+from __future__ import annotations
+
+import json
+import platform
+import subprocess
+import sys
+from importlib.metadata import PackageNotFoundError, version
+
+import torch
+
+from . import compat
+
+__all__ = ["doctor", "format_doctor", "git_commit"]
+
+
+def _version(pkg: str) -> str:
+    try:
+        return version(pkg)
+    except PackageNotFoundError:
+        return "not installed"
+
+
+def cpu_name() -> str:
+    """The CPU's model name (from /proc/cpuinfo where there is one)."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def git_commit() -> str:
+    """The checkout's commit (with ``-dirty`` if it has changes), or ``unknown``."""
+    from .paths import repo_root
+    try:
+        root = repo_root()
+        sha = subprocess.run(["git", "rev-parse", "--short=12", "HEAD"], cwd=root, capture_output=True, text=True,
+                             timeout=10).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=root,
+                               capture_output=True, text=True, timeout=10).stdout.strip()
+        return (sha + ("-dirty" if dirty else "")) if sha else "unknown"
+    except Exception:
+        return "unknown"
+
+
+def doctor() -> dict:
+    """A dict of what decides SDPA's choices here: versions, device, capability, backends, threads, ISA, shim."""
+    info = {
+        "python": platform.python_version(),
+        "platform": platform.platform(),
+        "torch": torch.__version__,
+        "voxcpm": _version("voxcpm"),
+        "fastattn": _version("fastattn"),
+        "git_commit": git_commit(),
+        "threads": torch.get_num_threads(),
+        "interop_threads": torch.get_num_interop_threads(),
+        "cpu_capability": getattr(torch.backends.cpu, "get_cpu_capability", lambda: "unknown")(),
+        "mkldnn": torch.backends.mkldnn.is_available(),
+        "torchaudio_placeholder": compat.shim_engaged() or compat.ensure_torchaudio(),
+        "torchaudio_reason": compat.shim_reason(),
+        "cuda_available": torch.cuda.is_available(),
+        "cuda_version": torch.version.cuda,
+        "device": "cpu",
+        "device_name": cpu_name(),
+        "compute_capability": None,
+        "cudnn_version": None,
+        "cpu_backends": ["FLASH_ATTENTION", "MATH"],
+        "cuda_backends_enabled": None,
+        "triton": _version("triton"),
+    }
+    if torch.cuda.is_available():
+        idx = torch.cuda.current_device()
+        cb = torch.backends.cuda
+        info.update({
+            "device": f"cuda:{idx}",
+            "device_name": torch.cuda.get_device_name(idx),
+            "compute_capability": "sm_%d%d" % torch.cuda.get_device_capability(idx),
+            "cudnn_version": torch.backends.cudnn.version(),
+            "gpu_memory_gib": round(torch.cuda.get_device_properties(idx).total_memory / 2**30, 1),
+            "cuda_backends_enabled": {
+                "FLASH_ATTENTION": cb.flash_sdp_enabled(),
+                "EFFICIENT_ATTENTION": cb.mem_efficient_sdp_enabled(),
+                "CUDNN_ATTENTION": getattr(cb, "cudnn_sdp_enabled", lambda: False)(),
+                "MATH": cb.math_sdp_enabled(),
+            },
+        })
+    return info
+
+
+def format_doctor(info: dict) -> str:
+    lines = ["fastattn doctor"]
+    width = max(map(len, info))
+    for k, v in info.items():
+        lines.append(f"  {k:<{width}}  {v}")
+    return "\n".join(lines)
+
+
+def main(argv=None) -> int:
+    import argparse
+    ap = argparse.ArgumentParser(prog="python -m fastattn doctor", description=__doc__)
+    ap.add_argument("--json", action="store_true", help="print JSON")
+    args = ap.parse_args(argv)
+    info = doctor()
+    print(json.dumps(info, indent=2, default=str) if args.json else format_doctor(info))
+    return 0
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

@@ -1,0 +1,112 @@
+"""explain_sdpa / backend_matrix / doctor: proof of which kernel runs, from the running torch."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from fastattn.backends import SDPAReport, backend_matrix, explain_sdpa
+from fastattn.doctor import doctor
+
+from .conftest import cuda
+
+CPU_FLASH = "aten::_scaled_dot_product_flash_attention_for_cpu"
+MATH = "aten::_scaled_dot_product_attention_math"
+
+
+def decode_call(cap=1024, p=100, dtype=torch.float32, device="cpu"):
+    g = torch.Generator().manual_seed(0)
+    q = torch.randn(1, 16, 1, 128, generator=g).to(device=device, dtype=dtype)
+    k = torch.randn(1, 2, cap, 128, generator=g).to(device=device, dtype=dtype)
+    v = torch.randn(1, 2, cap, 128, generator=g).to(device=device, dtype=dtype)
+    mask = (torch.arange(cap, device=device) <= p).view(1, 1, 1, -1)
+    return q, k, v, mask
+
+
+def test_upstream_masked_call_on_cpu_runs_flash_and_where():
+    q, k, v, m = decode_call()
+    r = explain_sdpa(q, k, v, attn_mask=m, enable_gqa=True)
+    assert r.backend == "FLASH_ATTENTION"
+    assert r.kernel == CPU_FLASH and "aten::where" in r.ops
+    assert MATH not in r.ops  # the bool mask does NOT force the math kernel on CPU
+    assert r.forced["MATH"]["ran"] and r.forced["MATH"]["kernel"] == MATH
+    assert r.forced["FLASH_ATTENTION"]["kernel"] == CPU_FLASH
+    assert set(r.eligibility) == {"FLASH_ATTENTION", "MATH"}
+    assert "FLASH_ATTENTION" in str(r) and "<table>" in r._repr_html_()
+
+
+def test_sliced_call_needs_no_where():
+    q, k, v, _ = decode_call()
+    r = explain_sdpa(q, k[:, :, :101], v[:, :, :101], enable_gqa=True)
+    assert r.kernel == CPU_FLASH and "aten::where" not in r.ops
+
+
+def test_forcing_a_backend_the_device_lacks_reports_the_error():
+    q, k, v, m = decode_call()
+    from fastattn import backends as B
+    r = B._forced("EFFICIENT_ATTENTION", lambda: torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=m, enable_gqa=True))
+    if torch.cuda.is_available():
+        pytest.skip("CUDA has an efficient kernel")
+    assert r["ran"] is False and "RuntimeError" in r["error"]
+
+
+def test_report_json_roundtrip():
+    q, k, v, m = decode_call()
+    r = explain_sdpa(q, k, v, attn_mask=m, enable_gqa=True)
+    d = json.loads(json.dumps(r.to_dict()))
+    r2 = SDPAReport.from_dict(d)
+    assert r2 == r and r2.kernel == r.kernel
+
+
+def test_bad_input():
+    q, k, v, m = decode_call()
+    with pytest.raises(TypeError, match="q must be a torch.Tensor"):
+        explain_sdpa(q.numpy(), k, v)
+    with pytest.raises(ValueError, match="4-D"):
+        explain_sdpa(q[0], k, v)
+    with pytest.raises(TypeError, match="attn_mask must be"):
+        explain_sdpa(q, k, v, attn_mask=[1, 2])
+    if torch.cuda.is_available():
+        with pytest.raises(ValueError, match="one device"):
+            explain_sdpa(q.cuda(), k, v)
+    else:
+        with pytest.raises(ValueError, match="one device"):
+            explain_sdpa(q.to("meta"), k, v)
+
+
+def test_backend_matrix_cpu_matches_research():
+    rows = backend_matrix("cpu", torch.float32, capacity=1024, position=100)
+    by = {r["case"]: r for r in rows}
+    up = by["upstream: bool mask over full cache + GQA"]
+    assert up["kernel"] == CPU_FLASH and "aten::where" in up["helpers"] and up["correct"]
+    assert by["fast: slice to length, no mask"]["helpers"] == [] and by["fast: slice to length, no mask"]["correct"]
+    assert by["exact: window 256 keys, mask sliced"]["correct"]
+    causal = by["is_causal=True with Lq=1 (top-left aligned)"]
+    assert not causal["correct"] and causal["max_abs_err"] > 0.1  # attends to key 0 only: wrong
+    assert any("head_dim 512" in c for c in by)
+    json.dumps(rows)
+
+
+def test_doctor_cli():
+    r = subprocess.run([sys.executable, "-m", "fastattn", "doctor", "--json"], capture_output=True, text=True,
+                       timeout=120)
+    assert r.returncode == 0, r.stderr
+    info = json.loads(r.stdout)
+    for key in ("torch", "voxcpm", "device", "threads", "cpu_capability", "torchaudio_placeholder", "cudnn_version"):
+        assert key in info
+    assert info["voxcpm"] == "2.0.3"
+    r = subprocess.run([sys.executable, "-m", "fastattn", "doctor"], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0 and "cpu_capability" in r.stdout
+
+
+@cuda
+def test_cuda_masked_call_is_not_flash():
+    q, k, v, m = decode_call(dtype=torch.bfloat16, device="cuda")
+    r = explain_sdpa(q, k, v, attn_mask=m, enable_gqa=True)
+    assert not r.eligibility["FLASH_ATTENTION"]["eligible"] and r.eligibility["FLASH_ATTENTION"]["reason"]
+    assert r.forced["FLASH_ATTENTION"]["ran"] is False
+    s = explain_sdpa(q, k[:, :, :101], v[:, :, :101], enable_gqa=True)
+    assert s.eligibility["FLASH_ATTENTION"]["eligible"]
+    assert doctor()["compute_capability"].startswith("sm_")
