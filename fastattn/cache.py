@@ -56,7 +56,9 @@ class RightSizedKVCache:
 
     Same constructor and methods as ``voxcpm.modules.minicpm4.cache.StaticKVCache``
     plus ``bucket``, ``capacity``, ``window``, ``nbytes``, ``reserve()``,
-    ``generation``.
+    ``generation``. ``kv_cache`` is, as upstream, the 6-D tensor the layers'
+    views come from, but here it is the *window* view ``(..., window, D)`` of the
+    storage; the storage itself is ``_storage``.
     """
 
     def __init__(self, num_layers: int, num_kv_heads: int, dim_kv_head: int, batch_size: int,
@@ -75,8 +77,8 @@ class RightSizedKVCache:
         self.dtype = dtype
         self.current_length = 0
         self.generation = 0
-        self.window = 0
-        self.kv_cache = self._zeros(self._rounded(1))
+        self.static_address = False
+        self._storage = self._zeros(self._rounded(1))
         self._set_window()
 
     # ------------------------------------------------------------------ sizing
@@ -84,33 +86,52 @@ class RightSizedKVCache:
         return min(-(-n_tokens // self.bucket) * self.bucket, self.max_length)
 
     def _zeros(self, capacity: int) -> torch.Tensor:
-        return torch.zeros(2, self.num_layers, self.batch_size, self.num_kv_heads, capacity, self.dim_kv_head,
-                           device=self.device, dtype=self.dtype)
+        t = torch.zeros(2, self.num_layers, self.batch_size, self.num_kv_heads, capacity, self.dim_kv_head,
+                        device=self.device, dtype=self.dtype)
+        if self.static_address:
+            torch._dynamo.mark_static_address(t)
+        return t
 
     def _set_window(self) -> None:
-        self.window = min(self._rounded(max(self.current_length, 1)), self.capacity)
+        """Point ``kv_cache`` at the first ``window`` slots of the storage.
+
+        The view's slot dimension is marked dynamic for torch.compile, so a compiled
+        step sees one symbolic window size instead of recompiling at every bucket.
+        """
+        w = min(self._rounded(max(self.current_length, 1)), self.capacity)
+        view = getattr(self, "kv_cache", None)
+        if w != getattr(self, "window", None) or view is None or view.data_ptr() != self._storage.data_ptr():
+            self.window = w
+            self.kv_cache = self._storage[:, :, :, :, :w]
+            torch._dynamo.maybe_mark_dynamic(self.kv_cache, 4)
 
     @property
     def capacity(self) -> int:
         """Slots currently allocated per layer (a multiple of bucket, or max_length)."""
-        return self.kv_cache.shape[4]
+        return self._storage.shape[4]
 
     @property
     def nbytes(self) -> int:
-        """Bytes of K and V storage held now."""
-        return self.kv_cache.numel() * self.kv_cache.element_size()
+        """Bytes of K and V storage held now (the whole capacity, not just the window)."""
+        return self._storage.numel() * self._storage.element_size()
 
     def _move_to(self, capacity: int) -> None:
-        """Reallocate to ``capacity`` slots (zeros), keep the live prefix, invalidate old views."""
-        old = self.kv_cache
+        """Reallocate to ``capacity`` slots (zeros), keep the live prefix, poison the old storage."""
+        old = self._storage
         new = self._zeros(capacity)
         keep = min(self.current_length, capacity)
         if keep:
             new[..., :keep, :] = old[..., :keep, :]
-        self.kv_cache = new
+        self._storage = new
         self.generation += 1
         if old.is_floating_point():
             old.fill_(float("nan"))  # a stale view now yields NaN, never plausible numbers
+
+    def set_static_address(self, flag: bool = True) -> None:
+        """Mark the storage (now and after every growth) as a static address for CUDA graphs."""
+        self.static_address = bool(flag)
+        if flag:
+            torch._dynamo.mark_static_address(self._storage)
 
     def reserve(self, n_tokens: int) -> None:
         """Grow capacity to hold at least ``n_tokens`` (never shrinks; bucket-rounded, <= max_length)."""
@@ -124,11 +145,13 @@ class RightSizedKVCache:
 
     # ------------------------------------------------------------------ StaticKVCache interface
     def get_layer_cache(self, layer_idx: int) -> Tuple[torch.Tensor, torch.Tensor]:
-        """(K, V) views of layer ``layer_idx`` over the current window: (B, Hkv, window, D) each."""
+        """(K, V) views of layer ``layer_idx`` over the current window: (B, Hkv, window, D) each.
+
+        Reads no Python int: the window is the shape of ``kv_cache`` (dynamic under torch.compile).
+        """
         if not 0 <= layer_idx < self.num_layers:
             raise IndexError(f"layer_idx {layer_idx} out of range for {self.num_layers} layers")
-        w = self.window
-        return self.kv_cache[0, layer_idx, :, :, :w], self.kv_cache[1, layer_idx, :, :, :w]
+        return self.kv_cache[0, layer_idx], self.kv_cache[1, layer_idx]
 
     def step(self) -> int:
         """Claim the next position (returned) and grow by a bucket if it does not fit."""
@@ -160,10 +183,10 @@ class RightSizedKVCache:
         if self.capacity < need or self.capacity > need + self.bucket:
             self._move_to(need)  # fresh zeros: no clearing needed
         else:
-            self.kv_cache[..., n:, :].zero_()
+            self._storage[..., n:, :].zero_()
         for i, (k, v) in enumerate(kv_caches):
-            self.kv_cache[0, i, :, :, :n, :] = k
-            self.kv_cache[1, i, :, :, :n, :] = v
+            self._storage[0, i, :, :, :n, :] = k
+            self._storage[1, i, :, :, :n, :] = v
         self.current_length = n
         self._set_window()
 

@@ -372,7 +372,7 @@ def cache_bytes(model) -> dict:
     for name in ("base_lm", "residual_lm"):
         lm = getattr(model, name, None)
         if lm is not None and lm.kv_cache is not None:
-            kv = lm.kv_cache.kv_cache
-            out[name] = kv.numel() * kv.element_size()
+            c = lm.kv_cache
+            out[name] = c.nbytes if hasattr(c, "nbytes") else c.kv_cache.numel() * c.kv_cache.element_size()
     out["total"] = sum(out.values())
     return out

@@ -3,9 +3,10 @@
 Written in upstream's own style, with no dependency on fastattn. It changes two files:
 
 * ``voxcpm/modules/minicpm4/cache.py``: ``StaticKVCache`` keeps its name and
-  constructor (plus ``bucket=256``) but holds ``capacity`` slots grown by
-  buckets, zeroes only what a request uses, and hands out views over the live
-  window (the valid length rounded up to a bucket);
+  constructor (plus ``bucket=256``) but holds slots grown by buckets, zeroes
+  only what a request uses, and its ``kv_cache`` is a view over the live window
+  (the valid length rounded up to a bucket) whose size torch.compile treats as
+  dynamic;
 * ``voxcpm/modules/minicpm4/model.py``: ``MiniCPMAttention.forward_step`` keeps
   upstream's mask, now over that window (so O(length), shapes change only at
   bucket edges, bit-identical to attending over the whole cache), and calls
@@ -68,11 +69,12 @@ class StaticKVCache:
     """KV cache of the decode loop, sized to the request.
 
     Storage grows by ``bucket`` slots up to ``max_length`` instead of being allocated
-    and zero-filled for ``max_length`` tokens on every request. ``get_layer_cache``
-    returns views over the live window (the valid length rounded up to a bucket), so
-    a decode step attends over O(length) keys; slots past the valid length inside the
-    window are zeros and masked. Fetch the views after ``step()``: growing moves the
-    storage.
+    and zero-filled for ``max_length`` tokens on every request. ``kv_cache`` is a view
+    over the live window of the storage (the valid length rounded up to a bucket), so a
+    decode step attends over O(length) keys; slots past the valid length inside the
+    window are zeros and masked. The window's size is marked dynamic for torch.compile,
+    so a compiled decode step does not recompile at every bucket. Fetch the layer views
+    after ``step()``: growing moves the storage.
     """
 
     def __init__(
@@ -93,50 +95,52 @@ class StaticKVCache:
         self.device = device
         self.dtype = dtype
 
-        self.kv_cache = self._zeros(self._round(1))
         self.current_length = 0
-        self.window = self._round(1)
+        self.storage = self._zeros(self._round(1))
+        self._set_window()
 
     def _round(self, length: int) -> int:
-        return min((length + self.bucket - 1) // self.bucket * self.bucket, self.max_length)
+        return min((max(length, 1) + self.bucket - 1) // self.bucket * self.bucket, self.max_length)
 
     def _zeros(self, capacity: int) -> torch.Tensor:
         layers, batch, heads, dim = self.shape
         return torch.zeros(2, layers, batch, heads, capacity, dim, device=self.device, dtype=self.dtype)
 
-    def _resize(self, capacity: int):
-        kv_cache = self._zeros(capacity)
-        kv_cache[:, :, :, :, : self.current_length] = self.kv_cache[:, :, :, :, : self.current_length]
-        self.kv_cache = kv_cache
+    def _set_window(self):
+        self.window = min(self._round(self.current_length), self.storage.size(4))
+        self.kv_cache = self.storage[:, :, :, :, : self.window]
+        torch._dynamo.maybe_mark_dynamic(self.kv_cache, 4)
 
     def get_layer_cache(self, layer_idx: int) -> Tuple[torch.Tensor, torch.Tensor]:
-        return self.kv_cache[0, layer_idx, :, :, : self.window], self.kv_cache[1, layer_idx, :, :, : self.window]
+        return self.kv_cache[0, layer_idx], self.kv_cache[1, layer_idx]
 
     def step(self) -> int:
         if self.current_length >= self.max_length:
             raise ValueError("KV cache is full")
 
         ret = self.current_length
-        if ret >= self.kv_cache.size(4):
-            self._resize(self._round(ret + 1))
+        if ret >= self.storage.size(4):
+            storage = self._zeros(self._round(ret + 1))
+            storage[:, :, :, :, :ret] = self.storage[:, :, :, :, :ret]
+            self.storage = storage
         self.current_length += 1
-        self.window = self._round(self.current_length)
+        if self.current_length > self.window:
+            self._set_window()
         return ret
 
     def fill_caches(self, kv_caches: List[Tuple[torch.Tensor, torch.Tensor]]):
         length = kv_caches[0][0].size(2)
         capacity = self._round(length + 1)
-        self.current_length = 0
-        if self.kv_cache.size(4) != capacity:
-            self.kv_cache = self._zeros(capacity)
+        if self.storage.size(4) != capacity:
+            self.storage = self._zeros(capacity)
         else:
             # only what this request can read: the slots past its prefix
-            self.kv_cache[:, :, :, :, length:].zero_()
-        self.current_length = length
-        self.window = self._round(max(length, 1))
+            self.storage[:, :, :, :, length:].zero_()
         for i in range(self.num_layers):
-            self.kv_cache[0, i, :, :, :length, :] = kv_caches[i][0]
-            self.kv_cache[1, i, :, :, :length, :] = kv_caches[i][1]
+            self.storage[0, i, :, :, :length, :] = kv_caches[i][0]
+            self.storage[1, i, :, :, :length, :] = kv_caches[i][1]
+        self.current_length = length
+        self._set_window()
 '''
 
 

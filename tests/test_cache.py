@@ -69,10 +69,10 @@ def test_stale_values_never_reach_a_result():
     c.fill_caches(prefill(c, 100))
     for _ in range(50):
         c.step()
-    c.kv_cache[...] = float("nan")  # poison everything an earlier request could leave
+    c._storage[...] = float("nan")  # poison everything an earlier request could leave
     c.fill_caches(prefill(c, 20, seed=1))
     k, v = c.get_layer_cache(0)
-    assert torch.isfinite(c.kv_cache).all()
+    assert torch.isfinite(c._storage).all()
     p = c.step()
     k, v = c.get_layer_cache(0)
     q = torch.randn(1, 4, 1, 16)
