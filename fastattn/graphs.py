@@ -1,0 +1,146 @@
+"""Graph-safe decode: ``torch.compile`` (and CUDA graphs) on a patched VoxCPM model.
+
+Why upstream's compile and the published slice fix do not mix: slicing the cache by
+a tensor position is data-dependent (``Could not guard on data-dependent
+expression`` under ``fullgraph=True``), and reading the length as a Python int
+makes dynamo specialise on it, recompiling every step until the recompile limit
+(8) fails the decode.
+
+fastattn's ``exact`` path keeps every per-step value in tensors (the position,
+the mask built from it on the device) and lets only the bucketed window reach a
+shape: :class:`fastattn.RightSizedKVCache` exposes the window as the slot
+dimension of its ``kv_cache`` view, marked dynamic, so the compiled step is
+traced once with a symbolic window and reused across buckets. ``fast`` mode and
+``cache=False`` read the live length as a Python int and are not graph-safe.
+
+:func:`optimize` is the counterpart of voxcpm's ``optimize()`` for a patched
+model. CUDA graphs need the KV storage at a static address: the caches are
+marked with ``torch._dynamo.mark_static_address`` (again after every growth,
+which moves the storage and so makes a captured graph stale: it is re-recorded).
+Whether graphs are really replayed must be checked on a GPU (``graph_counts``),
+never assumed.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+from typing import Optional
+
+import torch
+
+__all__ = ["optimize", "deoptimize", "graph_counts", "reset_graph_counts"]
+
+log = logging.getLogger("fastattn")
+
+def _guarded(compiled, eager, name: str, report: dict):
+    """Call ``compiled``; on any failure except OOM log once and run ``eager`` from then on."""
+
+    def call(*args, **kwargs):
+        if report["failed"].get(name):
+            return eager(*args, **kwargs)
+        try:
+            return compiled(*args, **kwargs)
+        except torch.OutOfMemoryError:
+            raise
+        except Exception as exc:  # compile or lowering failure: keep serving, eagerly
+            report["failed"][name] = f"{type(exc).__name__}: {str(exc).splitlines()[0][:300] if str(exc) else ''}"
+            log.warning("fastattn.optimize: compiling %s failed (%s); running it eagerly from now on",
+                        name, report["failed"][name])
+            return eager(*args, **kwargs)
+
+    call.__fastattn_compiled__ = True
+    return call
+
+
+def optimize(model, *, compile_mode: Optional[str] = None, backend: str = "inductor", fullgraph: bool = True,
+             components=("base_lm", "residual_lm", "feat_encoder", "feat_decoder")):
+    """Compile a (patched) VoxCPM model's decode hot paths the way upstream's ``optimize()`` does.
+
+    Args:
+        model: a voxcpm VoxCPM/VoxCPM2 model, normally patched with
+            :func:`fastattn.patch_voxcpm` (``mode="exact"``, ``cache=True``) first.
+        compile_mode: torch.compile mode; default ``"reduce-overhead"`` (CUDA
+            graphs) on CUDA and inductor's default on CPU.
+        backend: torch.compile backend (``"eager"``/``"aot_eager"`` to prove
+            graph safety cheaply).
+        fullgraph: as upstream, so a graph break is an error, not a silent split.
+        components: which of upstream's compiled parts to compile.
+
+    Any compile failure (no C++ compiler, unsupported op) is logged once per
+    component and that component runs eagerly; out-of-memory still raises.
+    Returns the model; ``model.fastattn_compiled`` describes what was done.
+    """
+    device = str(getattr(model, "device", "cpu"))
+    if compile_mode is None:
+        compile_mode = "reduce-overhead" if device.startswith("cuda") and backend == "inductor" else None
+    report = {"mode": compile_mode, "backend": backend, "fullgraph": fullgraph, "compiled": [], "failed": {}}
+    opts = {"backend": backend, "fullgraph": fullgraph}
+    if compile_mode is not None:
+        opts["mode"] = compile_mode
+    for part, (obj, attr) in _parts(model).items():
+        if part not in components:
+            continue
+        current = obj.__dict__.get(attr)
+        if getattr(current, "__fastattn_compiled__", False):
+            continue  # already optimized
+        obj.__dict__.pop(attr, None)  # drop any earlier instance override (e.g. voxcpm's own optimize())
+        if part == "feat_encoder":  # voxcpm runs the (variable-length) prefill through the raw encoder
+            model.__dict__["_feat_encoder_raw"] = functools.partial(type(obj).forward, obj)
+        eager = getattr(obj, attr)
+        # Compile the class function with the object as an argument: compiling the bound
+        # method of a module whose instance ``forward`` is then replaced made dynamo skip it.
+        compiled = functools.partial(torch.compile(getattr(type(obj), attr), **opts), obj)
+        setattr(obj, attr, _guarded(compiled, eager, part, report))
+        report["compiled"].append(part)
+    if device.startswith("cuda"):
+        for lm_name in ("base_lm", "residual_lm"):
+            cache = getattr(getattr(model, lm_name, None), "kv_cache", None)
+            if hasattr(cache, "set_static_address"):
+                cache.set_static_address(True)
+    model.fastattn_compiled = report
+    return model
+
+
+def _parts(model) -> dict:
+    """{component: (object, attribute)} of the callables upstream's optimize() compiles.
+
+    LM decode steps are bound methods set on the LM instance (as upstream does);
+    modules get an instance ``forward`` so their parameters and state_dict keys stay as they are.
+    """
+    out = {}
+    for name in ("base_lm", "residual_lm"):
+        lm = getattr(model, name, None)
+        if lm is not None:
+            out[name] = (lm, "forward_step")
+    enc = model.__dict__.get("_modules", {}).get("feat_encoder")
+    if enc is not None:
+        out["feat_encoder"] = (enc, "forward")
+    dec = getattr(model, "feat_decoder", None)
+    if dec is not None and getattr(dec, "estimator", None) is not None:
+        out["feat_decoder"] = (dec.estimator, "forward")
+    return out
+
+
+def deoptimize(model):
+    """Undo :func:`optimize`: drop the compiled wrappers, back to the class functions."""
+    for obj, attr in _parts(model).values():
+        if getattr(obj.__dict__.get(attr), "__fastattn_compiled__", False):
+            del obj.__dict__[attr]
+    model.__dict__.pop("_feat_encoder_raw", None)
+    model.__dict__.pop("fastattn_compiled", None)
+    return model
+
+
+def graph_counts() -> dict:
+    """dynamo's counters: graphs compiled, graph breaks, recompiles (process-wide; see reset_graph_counts)."""
+    from torch._dynamo.utils import counters
+    return {"unique_graphs": counters["stats"].get("unique_graphs", 0),
+            "calls_captured": counters["stats"].get("calls_captured", 0),
+            "graph_breaks": sum(counters["graph_break"].values()),
+            "recompiles": sum(counters["recompiles"].values()) if "recompiles" in counters else 0}
+
+
+def reset_graph_counts() -> None:
+    from torch._dynamo.utils import counters
+    counters.clear()
