@@ -171,3 +171,19 @@ def load_voxcpm2(path, *, device: Optional[str] = None):
                            "device": model.device, "max_length": model.config.max_length,
                            "parameters": count_parameters(model)}
     return model
+
+
+def silence_progress(silent: bool = True) -> None:
+    """Turn voxcpm's per-generate tqdm bar off (or back on) so notebooks and logs stay readable.
+
+    Rebinds the ``tqdm`` name inside voxcpm's model modules; no file is touched.
+    """
+    import functools
+
+    from tqdm import tqdm
+
+    compat.ensure_torchaudio()
+    import voxcpm.model.voxcpm as v1
+    import voxcpm.model.voxcpm2 as v2
+    for mod in (v1, v2):
+        mod.tqdm = functools.partial(tqdm, disable=True) if silent else tqdm

@@ -35,6 +35,7 @@ import hashlib
 import inspect
 import threading
 import weakref
+from contextlib import contextmanager
 from typing import Optional
 
 from . import compat
@@ -199,6 +200,49 @@ def _make_setup_cache(bucket: int):
 
     setup_cache.__fastattn__ = ("MiniCPMModel.setup_cache", bucket)
     return setup_cache
+
+
+def variant_functions(mode: str = "exact", *, cache: bool = True, bucket: int = 256) -> dict:
+    """The class functions a patch with these settings installs, by name (for side-by-side benchmarks)."""
+    _modules()
+    fns = {"MiniCPMAttention.forward_step": _make_attention_forward_step(mode, bucket),
+           "MiniCPMModel.forward_step": _make_model_forward_step(mode, bucket)}
+    if cache:
+        fns["MiniCPMModel.setup_cache"] = _make_setup_cache(bucket)
+    return fns
+
+
+def original_functions() -> dict:
+    """Upstream's class functions (the saved originals while a patch is applied)."""
+    m, _ = _modules()
+    fns = {"MiniCPMAttention.forward_step": m.MiniCPMAttention.__dict__["forward_step"],
+           "MiniCPMModel.forward_step": m.MiniCPMModel.__dict__["forward_step"],
+           "MiniCPMModel.setup_cache": m.MiniCPMModel.__dict__["setup_cache"]}
+    if _ACTIVE is not None:
+        fns.update(_ACTIVE._originals)
+    return fns
+
+
+@contextmanager
+def swapped(fns: dict):
+    """Install class functions by name for the duration of a block, then put back what was there.
+
+    A benchmark's tool for interleaving variants call by call; it bypasses the
+    fingerprint check, so use :func:`patch_voxcpm` for anything else.
+    """
+    m, _ = _modules()
+    saved = {}
+    for name, fn in fns.items():
+        cls_name, attr = name.split(".")
+        cls = getattr(m, cls_name)
+        saved[name] = cls.__dict__[attr]
+        setattr(cls, attr, fn)
+    try:
+        yield
+    finally:
+        for name, fn in saved.items():
+            cls_name, attr = name.split(".")
+            setattr(getattr(m, cls_name), attr, fn)
 
 
 # --------------------------------------------------------------------------- the handle

@@ -1,0 +1,184 @@
+"""Figures from records. Pure functions: they take records (dicts, lists of rows) and return
+matplotlib figures; they never run a benchmark or a model.
+"""
+
+from __future__ import annotations
+
+import csv
+from pathlib import Path
+from typing import Optional, Sequence
+
+import matplotlib.pyplot as plt
+
+__all__ = ["attention_sweep", "decode_step", "breakdown", "memory", "published_vs_ours", "exactness",
+           "backend_table", "load_published"]
+
+COLORS = {"reference": "#c0392b", "upstream": "#c0392b", "exact": "#2471a3", "patched": "#2471a3",
+          "fast": "#27ae60", "floor": "#7f8c8d"}
+
+
+def _rows(rec, **match):
+    return [r for r in rec["rows"] if all(r.get(k) == v for k, v in match.items())]
+
+
+def _title(rec, what: str) -> str:
+    env = rec.get("env", {})
+    return f"{what}\n{env.get('device_name', '')} · torch {env.get('torch', '')} · {env.get('threads', '')} threads"
+
+
+def attention_sweep(rec: dict, *, ax=None, log: bool = True, show_floor: bool = True):
+    """ms per attention call vs position for each mode, with the bandwidth floor."""
+    fig, ax = (ax.figure, ax) if ax is not None else plt.subplots(figsize=(7, 4.2))
+    for mode in rec["params"]["modes"]:
+        rows = _rows(rec, mode=mode)
+        ax.errorbar([r["position"] for r in rows], [r["median_ms"] for r in rows],
+                    yerr=[[r["median_ms"] - r["p10_ms"] for r in rows], [r["p90_ms"] - r["median_ms"] for r in rows]],
+                    marker="o", ms=4, capsize=2, label=mode, color=COLORS.get(mode))
+    if show_floor:
+        rows = _rows(rec, mode=rec["params"]["modes"][0])
+        ax.plot([r["position"] for r in rows], [r["floor_ms"] for r in rows], ls="--", color=COLORS["floor"],
+                label=f"floor: live K/V at {rec['bandwidth']['gb_per_s']:.1f} GB/s")
+    ax.set_xlabel("position p (length p + 1)")
+    ax.set_ylabel("ms per call (median, p10-p90)")
+    if log:
+        ax.set_yscale("log")
+    p = rec["params"]
+    ax.set_title(_title(rec, f"one decode attention call: capacity {p['capacity']}, {p['dtype']}, "
+                             f"{p['hq']}/{p['hkv']} heads, d {p['head_dim']}"), fontsize=9)
+    ax.legend(fontsize=8)
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    return fig
+
+
+def decode_step(rec: dict, *, ax=None):
+    """Per-token decode-step time vs position, upstream vs patched."""
+    fig, ax = (ax.figure, ax) if ax is not None else plt.subplots(figsize=(7, 4))
+    for v in ("upstream", "patched"):
+        rows = _rows(rec, variant=v)
+        ax.errorbar([r["position"] for r in rows], [r["median_ms"] for r in rows],
+                    yerr=[[r["median_ms"] - r["p10_ms"] for r in rows], [r["p90_ms"] - r["median_ms"] for r in rows]],
+                    marker="o", ms=4, capsize=2, label=v, color=COLORS[v])
+    p = rec["params"]
+    ax.set_xlabel("position p")
+    ax.set_ylabel(f"ms per token ({p['layers']} layers)")
+    ax.set_ylim(bottom=0)
+    ax.set_title(_title(rec, f"MiniCPM decode step, hidden {p['hidden']}, {p['heads']}/{p['kv_heads']} heads, "
+                             f"{p['dtype']}"), fontsize=9)
+    ax.legend(fontsize=8)
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    return fig
+
+
+PARTS = ("base_lm_s", "residual_lm_s", "local_dit_s", "local_encoder_s", "rest_s")
+
+
+def breakdown(rec: dict, *, ax=None):
+    """Stacked per-component time of a whole decode, per variant (median over repeats)."""
+    import statistics
+    fig, ax = (ax.figure, ax) if ax is not None else plt.subplots(figsize=(7, 4))
+    variants = ["upstream", "patched"]
+    bottoms = [0.0, 0.0]
+    cmap = plt.get_cmap("tab10")
+    for i, part in enumerate(PARTS):
+        vals = [statistics.median(r[part] for r in _rows(rec, variant=v)) for v in variants]
+        ax.bar(variants, vals, bottom=bottoms, label=part[:-2].replace("_", " "), color=cmap(i))
+        bottoms = [b + x for b, x in zip(bottoms, vals)]
+    att = [statistics.median(r["lm_attention_s"] for r in _rows(rec, variant=v)) for v in variants]
+    for i, a in enumerate(att):
+        ax.annotate(f"LM decode attention: {a:.2f} s", (i, bottoms[i]), ha="center", va="bottom", fontsize=8)
+    p = rec["params"]
+    ax.set_ylabel("seconds (median over repeats)")
+    ax.set_title(_title(rec, f"whole decode: {p['preset']} preset, {p['dtype']}, {p['steps']} steps, "
+                             f"{p['inference_timesteps']} DiT steps"), fontsize=9)
+    ax.legend(fontsize=8, loc="upper right")
+    fig.tight_layout()
+    return fig
+
+
+def memory(kv: dict, *, published: Optional[list] = None, ax=None):
+    """KV bytes of one request, upstream vs patched (and the seed's figures when given)."""
+    fig, ax = (ax.figure, ax) if ax is not None else plt.subplots(figsize=(6, 3.6))
+    labels = ["upstream (8192 slots)", "patched (right-sized)"]
+    vals = [kv["upstream_bytes"] / 1e6, kv["patched_bytes"] / 1e6]
+    ax.bar(labels, vals, color=[COLORS["upstream"], COLORS["patched"]])
+    for i, v in enumerate(vals):
+        ax.annotate(f"{v:.1f} MB", (i, v), ha="center", va="bottom", fontsize=8)
+    p = kv["params"]
+    ax.set_ylabel("KV cache MB (both LMs)")
+    ax.set_title(f"KV of one request: {p['preset']} preset, {p['dtype']}, prefill {p['prefill']} + "
+                 f"{p['steps']} steps", fontsize=9)
+    fig.tight_layout()
+    return fig
+
+
+def load_published(name: str) -> list[dict]:
+    """Rows of one CSV under data/published/."""
+    from .paths import data_dir
+    with (Path(data_dir()) / "published" / name).open() as f:
+        return list(csv.DictReader(f))
+
+
+def published_vs_ours(published: Sequence[dict], ours: Optional[dict] = None, *, ax=None):
+    """Seed 000's per-position ms/step (GPU) beside our decode-step sweep (this device)."""
+    fig, ax = (ax.figure, ax) if ax is not None else plt.subplots(figsize=(7, 4))
+    for v, style in (("upstream", "-"), ("slice fix", "-")):
+        rows = [r for r in published if r["variant"] == v]
+        ax.plot([int(r["position"]) for r in rows], [float(r["ms_per_step"]) for r in rows], ls=style, marker="s",
+                color=COLORS["upstream" if v == "upstream" else "fast"], label=f"seed 000 ({rows[0]['platform']}): {v}")
+    if ours is not None:
+        for v in ("upstream", "patched"):
+            rows = _rows(ours, variant=v)
+            ax.plot([r["position"] for r in rows], [r["median_ms"] for r in rows], ls=":", marker="o",
+                    color=COLORS[v], label=f"ours ({ours['env'].get('device_name', '')[:28]}, "
+                                           f"{ours['params']['layers']} layers): {v}")
+    ax.set_xlabel("position")
+    ax.set_ylabel("ms per decode step")
+    ax.set_yscale("log")
+    ax.set_title("published (different hardware and model depth) beside ours: the shape, not the level, compares",
+                 fontsize=9)
+    ax.legend(fontsize=7)
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    return fig
+
+
+def exactness(rows: Sequence[dict], *, ax=None):
+    """|fast - reference| and |exact - reference| vs position, with bit-identity shown as markers."""
+    fig, axes = plt.subplots(1, 2, figsize=(10, 3.8)) if ax is None else (ax.figure, ax)
+    dtypes = sorted({r["dtype"] for r in rows})
+    for dt in dtypes:
+        rr = [r for r in rows if r["dtype"] == dt]
+        axes[0].semilogy([r["position"] for r in rr], [max(r["fast_max_abs"], 1e-12) for r in rr], ".", ms=2,
+                         label=f"fast vs reference, {dt}")
+        axes[0].semilogy([r["position"] for r in rr], [max(r["reference_vs_f64"], 1e-12) for r in rr], "-", lw=0.6,
+                         label=f"reference vs float64, {dt}")
+        axes[1].plot([r["position"] for r in rr], [r["exact_identical"] for r in rr], ".", ms=2,
+                     label=f"exact == reference ({sum(r['exact_identical'] for r in rr)}/{len(rr)}), {dt}")
+    axes[0].set_xlabel("position")
+    axes[0].set_ylabel("max |diff|")
+    axes[0].legend(fontsize=7)
+    axes[1].set_xlabel("position")
+    axes[1].set_ylabel("bit-identical (1 = yes)")
+    axes[1].set_ylim(-0.1, 1.1)
+    axes[1].legend(fontsize=7)
+    fig.tight_layout()
+    return fig
+
+
+def backend_table(rows: Sequence[dict]):
+    """A compact HTML table of backend_matrix rows (for notebooks)."""
+    from html import escape
+    cols = ["case", "dtype", "head_dim", "backend", "kernel", "helpers", "max_abs_err", "correct"]
+    head = "".join(f"<th>{c}</th>" for c in cols)
+    body = ""
+    for r in rows:
+        cells = []
+        for c in cols:
+            v = r[c]
+            v = f"{v:.2e}" if isinstance(v, float) else ", ".join(v) if isinstance(v, list) else v
+            v = str(v).replace("aten::_scaled_dot_product_", "sdpa::")
+            cells.append(f"<td>{escape(v)}</td>")
+        body += "<tr>" + "".join(cells) + "</tr>"
+    return f"<table><tr>{head}</tr>{body}</table>"
