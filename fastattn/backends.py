@@ -311,3 +311,38 @@ def backend_matrix(device="cpu", dtype=None, *, capacity: int = 8192, position: 
             run("is_causal=True with Lq=1 (top-left aligned)", dt, D, q, k[:, :, :n], v[:, :, :n], is_causal=True,
                 ref=ref)
     return rows
+
+
+def check_claims(rows: list, device="cpu") -> list[dict]:
+    """Seed 000's claims, checked one by one against ``backend_matrix`` rows from this device.
+
+    Returns ``[{claim, shows, verdict}]`` with verdict "holds", "does not hold" or "holds only on CUDA"...
+    """
+    dev = torch.device(device).type
+    by = lambda case, dt: next((r for r in rows if r["case"].startswith(case) and r["dtype"] == dt), None)
+    dts = [d for d in ("bfloat16", "float16", "float32") if by("upstream", d)]
+    dt = dts[0]
+    up, fast, exact = by("upstream", dt), by("fast", dt), by("exact", dt)
+    causal = by("is_causal", dt)
+    out = []
+    math_op = "aten::_scaled_dot_product_attention_math"
+    fell_back = up["kernel"] == math_op
+    out.append({"claim": "A bool attn_mask makes SDPA fall back to the math kernel",
+                "shows": f"{dt} upstream call ran {up['kernel']} (dispatcher: {up['backend']})",
+                "verdict": "holds" if fell_back else f"does not hold on {dev}: a fused kernel takes the mask but "
+                                                     f"still reads all {up['keys']} keys"})
+    flash_ok = fast["kernel"] is not None and "flash" in fast["kernel"]
+    out.append({"claim": "Slicing the cache to position+1 (no mask) lets SDPA use flash attention",
+                "shows": f"{dt} sliced call ran {fast['kernel']}",
+                "verdict": "holds" if flash_ok else "does not hold"})
+    out.append({"claim": "The sliced result differs from upstream only by rounding (~1e-6)",
+                "shows": f"fast vs float64: {fast['max_abs_err']:.2e}; upstream vs float64: {up['max_abs_err']:.2e}",
+                "verdict": "holds" if fast["correct"] else "does not hold"})
+    out.append({"claim": "(fastattn) A window rounded up to a bucket, mask kept inside it, runs the same kernel",
+                "shows": f"{dt} exact call ran {exact['kernel']} over {exact['keys']} keys",
+                "verdict": "holds" if exact["kernel"] == up["kernel"] else "differs: " + str(exact["kernel"])})
+    out.append({"claim": "is_causal=True is a safe way to drop the mask for a one-query decode step",
+                "shows": f"max |error| vs the correct decode attention: {causal['max_abs_err']:.2f}",
+                "verdict": "does not hold: top-left alignment attends to key 0 only" if not causal["correct"]
+                else "holds (unexpected)"})
+    return out

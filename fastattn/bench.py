@@ -457,6 +457,29 @@ def step_allocations(*, preset: str = "small", layers: int = 1, dtype="float32",
             "variants": out, "timing_check": rec["rows"]}
 
 
+def fill_cost(preset: str = "full", *, prefill: int = 100, dtype="bfloat16", device="cpu", max_length: int = 8192,
+              repeats: int = 5, warmup: int = 1) -> dict:
+    """Per-request cost of starting a request's cache (``fill_caches``) for the preset's base LM geometry:
+    upstream zeroes all ``max_length`` slots, the right-sized cache only what the request uses. Interleaved."""
+    from voxcpm.modules.minicpm4.cache import StaticKVCache
+    from .cache import RightSizedKVCache
+    from .models import voxcpm2_config
+    device, dt = _device(device), _dtype(dtype)
+    lm = voxcpm2_config(preset)["lm_config"]
+    geo = (lm["num_hidden_layers"], lm["num_key_value_heads"], lm["kv_channels"], 1, device, dt)
+    caches = {"upstream": StaticKVCache(*geo, max_length=max_length),
+              "patched": RightSizedKVCache(*geo, max_length=max_length)}
+    kv = [(torch.randn(1, geo[1], prefill, geo[2], dtype=dt, device=device),) * 2 for _ in range(geo[0])]
+    times = time_interleaved({n: (lambda c=c: c.fill_caches(kv)) for n, c in caches.items()}, repeats=repeats,
+                             warmup=warmup, device=device)
+    rows = [{"variant": n, **_stats_ms(times[n]),
+             "cache_bytes": c.nbytes if hasattr(c, "nbytes") else c.kv_cache.numel() * c.kv_cache.element_size()}
+            for n, c in caches.items()]
+    return {"kind": "fill_cost", "env": env_record(device, dt),
+            "params": {"preset": preset, "layers": geo[0], "prefill": prefill, "dtype": str(dt).replace("torch.", ""),
+                       "max_length": max_length}, "rows": rows}
+
+
 _RSS_SCRIPT = """
 import resource, sys, torch, fastattn
 from fastattn.models import build_voxcpm2, silence_progress

@@ -66,3 +66,47 @@ def first_divergence(a: torch.Tensor, b: torch.Tensor, *, axis: int = -1, chunk:
     first = int(nz[0, 0]) // chunk if len(nz) else None
     return {"identical": first is None and a.shape == b.shape, "first_diff_index": first,
             "max_abs_diff": diff.max().item() if diff.numel() else 0.0, "compared": n}
+
+
+def padded_batch_check(*, lengths=(37, 200, 5), Lq: int = 3, Lk: int = 256, hq: int = 8, hkv: int = 2,
+                       head_dim: int = 64, seed: int = 0) -> dict:
+    """A left-padded batch decoding Lq > 1 tokens through :func:`fastattn.attention` with
+    ``MaskInfo(keys, causal=True, padding="left")``: against SDPA with the dense mask (bit for bit),
+    against a float64 reference per row, and with ``check=True`` verifying the structure.
+    With left padding every row's real keys end at key Lk-1, so bottom-right causality is each row's own."""
+    from .masks import MaskInfo, attention
+    g = torch.Generator().manual_seed(seed)
+    B = len(lengths)
+    q = torch.randn(B, hq, Lq, head_dim, generator=g)
+    k = torch.randn(B, hkv, Lk, head_dim, generator=g)
+    v = torch.randn(B, hkv, Lk, head_dim, generator=g)
+    keys = torch.arange(Lk).view(1, -1) >= Lk - torch.tensor(lengths).view(-1, 1)
+    info = MaskInfo(keys=keys, causal=True, padding="left")
+    dense = info.dense(Lq, Lk)
+    out = attention(q, k, v, mask=dense, mask_info=info, enable_gqa=True, check=True)
+    sdpa = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=dense, enable_gqa=True)
+    ref = torch.stack([f64_attention(q[b:b + 1], k[b:b + 1, :, Lk - n:], v[b:b + 1, :, Lk - n:], n)[0]
+                       for b, n in enumerate(lengths)])
+    return {"lengths": list(lengths), "Lq": Lq, "structured_equals_dense_sdpa": bool(torch.equal(out, sdpa)),
+            "max_abs_vs_f64": (out.double() - ref).abs().max().item(),
+            "describes": info.describes(dense)}
+
+
+def stale_nan_check(*, capacity: int = 1024, length: int = 300, seed: int = 0) -> dict:
+    """NaN stored past ``length``: which modes it reaches, and whether RightSizedKVCache clears it."""
+    from .cache import RightSizedKVCache
+    g = torch.Generator().manual_seed(seed)
+    q = torch.randn(1, 16, 1, 128, generator=g)
+    k = torch.randn(1, 2, capacity, 128, generator=g)
+    v = torch.randn(1, 2, capacity, 128, generator=g)
+    k[:, :, length:] = float("nan")
+    v[:, :, length:] = float("nan")
+    finite = {m: bool(torch.isfinite(attention_step(q, k, v, length, mode=m)).all()) for m in ("reference", "exact", "fast")}
+    c = RightSizedKVCache(1, 2, 128, 1, "cpu", torch.float32, max_length=capacity)
+    c.fill_caches([(k[:, :, :length + 200], v[:, :, :length + 200])])  # an earlier, longer request ...
+    c._storage[...] = float("nan")  # ... leaving garbage everywhere
+    c.fill_caches([(k[:, :, :length], v[:, :, :length])])  # the next request
+    p = c.step()
+    kk, vv = c.get_layer_cache(0)
+    after = {m: bool(torch.isfinite(attention_step(q, kk, vv, p + 1, mode=m)).all()) for m in ("reference", "exact")}
+    return {"finite_output_with_nan_past_length": finite, "finite_after_rightsized_fill": after}

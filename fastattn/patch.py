@@ -420,3 +420,33 @@ def cache_bytes(model) -> dict:
             out[name] = c.nbytes if hasattr(c, "nbytes") else c.kv_cache.numel() * c.kv_cache.element_size()
     out["total"] = sum(out.values())
     return out
+
+
+def compare_with_upstream(model, *, text: str, steps: int, mode: str = "exact", cache: bool = True,
+                          streaming: bool = False, seed: int = 0, inference_timesteps: int = 2) -> dict:
+    """Decode ``text`` for ``steps`` steps unpatched, then patched; compare the outputs chunk by chunk.
+
+    Returns ``identical`` (whole output ``torch.equal``), per-chunk identity
+    (streaming: one chunk per decode step), the first differing chunk, the max
+    |difference| and both runs' KV bytes. The model is left unpatched.
+    """
+    if _ACTIVE is not None:
+        raise PatchError("compare_with_upstream needs voxcpm unpatched to start; revert() the active patch first")
+
+    def run():
+        torch_mod = __import__("torch")
+        torch_mod.manual_seed(seed)
+        kw = dict(min_len=steps, max_len=steps, inference_timesteps=inference_timesteps)
+        chunks = list(model.generate_streaming(text, **kw)) if streaming else [model.generate(text, **kw)]
+        return chunks, cache_bytes(model)["total"], model.base_lm.kv_cache.current_length
+
+    up, up_kv, length = run()
+    with patch_voxcpm(model, mode=mode, cache=cache):
+        ours, our_kv, _ = run()
+    per = [bool(a.shape == b.shape and (a == b).all()) for a, b in zip(up, ours)]
+    diffs = [float((a.double() - b.double()).abs().max()) if a.shape == b.shape else float("inf")
+             for a, b in zip(up, ours)]
+    return {"mode": mode, "cache": cache, "streaming": streaming, "steps": steps, "final_length": length,
+            "identical": len(up) == len(ours) and all(per), "chunks": len(up), "chunks_identical": sum(per),
+            "first_diff_chunk": next((i for i, ok in enumerate(per) if not ok), None),
+            "max_abs_diff": max(diffs) if diffs else 0.0, "upstream_kv_bytes": up_kv, "patched_kv_bytes": our_kv}

@@ -1,0 +1,295 @@
+"""The headless runner (``python -m fastattn workbook``) and the helpers every notebook calls.
+
+Runner: executes ``notebooks/NN_*.ipynb`` in order with papermill's Python API,
+on a kernel that is *this* interpreter (a kernelspec written into the run
+folder, so a user's global ``python3`` kernel never substitutes another torch),
+into a new folder ``reports/<UTC time>-<device>/`` that is never reused. It
+writes the executed notebooks, an HTML rendering of each, every notebook's
+figures and records (``<stem>/``), ``summary.json`` and ``index.html``.
+
+Notebook helpers: :func:`check_params` (fail early, clearly), :func:`provenance`
+(doctor summary, commit, parameters, random-weights statement), :func:`save_figure`,
+:func:`save`, :func:`findings` (the closing cell, written for the summary).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Optional
+
+import torch
+
+from .paths import notebooks_dir, reports_dir
+
+__all__ = ["check_params", "resolve_device", "provenance", "save_figure", "save", "findings", "run_workbook",
+           "notebooks", "PRESETS", "DTYPE_NAMES"]
+
+PRESETS = ("tiny", "small", "full")
+DTYPE_NAMES = ("float32", "bfloat16", "float16")
+
+
+# --------------------------------------------------------------------------- notebook helpers
+def resolve_device(device: str) -> str:
+    if device == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    return device
+
+
+def check_params(**params) -> dict:
+    """Validate a notebook's parameters; raise ValueError naming the parameter. Returns them resolved.
+
+    Knows: device, dtype, preset, capacity, positions, repeats, seed, out_dir,
+    interactive, checkpoint_path, steps. Others pass through unchecked.
+    """
+    p = dict(params)
+    if "device" in p:
+        dev = str(p["device"])
+        if dev not in ("auto", "cpu", "cuda") and not dev.startswith("cuda:"):
+            raise ValueError(f"parameter device={dev!r}: expected 'cpu', 'cuda', 'cuda:N' or 'auto'")
+        if dev.startswith("cuda") and not torch.cuda.is_available():
+            raise ValueError(f"parameter device={dev!r}, but CUDA is not available on this machine "
+                             "(use device='cpu' or 'auto')")
+        p["device"] = resolve_device(dev)
+    if "dtype" in p and p["dtype"] not in DTYPE_NAMES:
+        raise ValueError(f"parameter dtype={p['dtype']!r}: expected one of {', '.join(DTYPE_NAMES)}")
+    if "preset" in p and p["preset"] not in PRESETS:
+        raise ValueError(f"parameter preset={p['preset']!r}: expected one of {', '.join(PRESETS)}")
+    for name in ("capacity", "repeats", "steps"):
+        if name in p and (isinstance(p[name], bool) or not isinstance(p[name], int) or p[name] < 1):
+            raise ValueError(f"parameter {name}={p[name]!r}: expected a positive int")
+    if "positions" in p:
+        pos = p["positions"]
+        if isinstance(pos, str):
+            pos = [int(x) for x in pos.replace(" ", "").split(",") if x]
+        if not pos or not all(isinstance(x, int) and x >= 0 for x in pos):
+            raise ValueError(f"parameter positions={p['positions']!r}: expected a non-empty list of ints >= 0")
+        cap = p.get("capacity")
+        if cap is not None and max(pos) >= cap:
+            raise ValueError(f"parameter positions: {max(pos)} is beyond capacity={cap} (positions must be < capacity)")
+        p["positions"] = list(pos)
+    if p.get("checkpoint_path"):
+        cp = Path(str(p["checkpoint_path"])).expanduser()
+        if not cp.is_dir():
+            raise ValueError(f"parameter checkpoint_path={str(cp)!r} is not an existing directory")
+    if "out_dir" in p:
+        out = Path(p["out_dir"] or (reports_dir() / f"interactive-{datetime.now(timezone.utc):%Y%m%dT%H%M%SZ}"))
+        out.mkdir(parents=True, exist_ok=True)
+        p["out_dir"] = str(out)
+    return p
+
+
+def provenance(params: dict, *, random_weights: Optional[bool] = None) -> None:
+    """Print where and how this notebook ran: doctor summary, commit, parameters, weights."""
+    from .doctor import doctor
+    from .models import silence_progress
+    silence_progress()
+    d = doctor()
+    keys = ("torch", "voxcpm", "fastattn", "git_commit", "device", "device_name", "compute_capability",
+            "cudnn_version", "threads", "cpu_capability", "torchaudio_placeholder")
+    print("Provenance")
+    for k in keys:
+        print(f"  {k:<22} {d.get(k)}")
+    print(f"  {'run at (UTC)':<22} {datetime.now(timezone.utc):%Y-%m-%d %H:%M:%S}")
+    print("Parameters")
+    for k, v in params.items():
+        print(f"  {k:<22} {v!r}")
+    if random_weights:
+        print("Weights: random (built from data/voxcpm2_architecture.json with a seed). Timings are real; "
+              "any audio is noise.")
+    elif random_weights is False:
+        print("Weights: a local checkpoint.")
+
+
+def save_figure(fig, out_dir, name: str) -> Path:
+    """Save a figure as PNG into the notebook's output folder (never overwriting) and return the path."""
+    out = Path(out_dir) / "figures"
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / f"{name}.png"
+    i = 1
+    while path.exists():
+        i += 1
+        path = out / f"{name}-{i}.png"
+    fig.savefig(path, dpi=110, bbox_inches="tight")
+    return path
+
+
+def save(record: dict, out_dir, name: str) -> Path:
+    """Save a record (JSON + CSV of rows) into the notebook's output folder, never overwriting."""
+    from .bench import save_record
+    return save_record(record, Path(out_dir) / "records", name)
+
+
+def findings(out_dir, items: dict) -> None:
+    """Print the closing "Findings" and write them (``findings.json``) for the run summary.
+
+    ``items`` maps a short claim to its measured value (numbers, booleans, short text).
+    """
+    print("Findings (measured in this run)")
+    for k, v in items.items():
+        vv = f"{v:.4g}" if isinstance(v, float) else v
+        print(f"  - {k}: {vv}")
+    Path(out_dir, "findings.json").write_text(json.dumps(items, indent=1, default=str))
+
+
+# --------------------------------------------------------------------------- runner
+def notebooks() -> list[Path]:
+    return sorted(p for p in notebooks_dir().glob("[0-9][0-9]_*.ipynb"))
+
+
+def _kernelspec(run_dir: Path) -> str:
+    """A kernelspec for this interpreter, in the run folder, found first through JUPYTER_PATH."""
+    name = "fastattn-runner"
+    kdir = run_dir / ".jupyter" / "kernels" / name
+    kdir.mkdir(parents=True, exist_ok=True)
+    (kdir / "kernel.json").write_text(json.dumps({
+        "argv": [sys.executable, "-m", "ipykernel_launcher", "-f", "{connection_file}"],
+        "display_name": f"fastattn ({sys.executable})", "language": "python",
+        "env": {"PYTHONUNBUFFERED": "1", "TQDM_DISABLE": "1"},
+    }))
+    os.environ["JUPYTER_PATH"] = os.pathsep.join([str(run_dir / ".jupyter"), os.environ.get("JUPYTER_PATH", "")])
+    return name
+
+
+def _new_run_dir(device: str, base: Optional[Path]) -> Path:
+    base = Path(base) if base else reports_dir()
+    stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ")
+    run = base / f"{stamp}-{device.replace(':', '')}"
+    i = 1
+    while run.exists():
+        i += 1
+        run = base / f"{stamp}-{device.replace(':', '')}-{i}"
+    run.mkdir(parents=True)
+    return run
+
+
+def _html(executed: Path) -> Path:
+    import nbformat
+    from nbconvert import HTMLExporter
+    body, _ = HTMLExporter().from_notebook_node(nbformat.read(str(executed), as_version=4))
+    out = executed.with_suffix(".html")
+    out.write_text(body)
+    return out
+
+
+def _index(run_dir: Path, summary: dict) -> None:
+    from html import escape
+    rows = ""
+    for nb in summary["notebooks"]:
+        f = "".join(f"<li>{escape(str(k))}: {escape(str(v))}</li>" for k, v in nb.get("findings", {}).items())
+        err = f"<pre>{escape(nb['error'])}</pre>" if nb.get("error") else ""
+        rows += (f"<tr><td><a href='{escape(nb['html'] or nb['executed'])}'>{escape(nb['name'])}</a></td>"
+                 f"<td>{escape(nb['status'])}</td><td>{nb['duration_s']:.1f} s</td><td><ul>{f}</ul>{err}</td></tr>")
+    (run_dir / "index.html").write_text(
+        f"<html><head><meta charset='utf-8'><title>fastattn workbook {escape(run_dir.name)}</title></head><body>"
+        f"<h1>fastattn workbook run {escape(run_dir.name)}</h1><p>{escape(json.dumps(summary['parameters']))}</p>"
+        f"<table border=1 cellpadding=4><tr><th>notebook</th><th>status</th><th>time</th><th>findings</th></tr>"
+        f"{rows}</table></body></html>")
+
+
+def run_workbook(params: Optional[dict] = None, *, only: Optional[list] = None, keep_going: bool = False,
+                 out: Optional[Path] = None, timeout: int = 1800, log=print) -> tuple[Path, dict]:
+    """Run the notebooks; return (run folder, summary). A failure stops the run unless ``keep_going``."""
+    import papermill as pm
+    from papermill.exceptions import PapermillExecutionError
+
+    params = dict(params or {})
+    device = resolve_device(str(params.get("device", "auto")))
+    if device.startswith("cuda") and not torch.cuda.is_available():
+        raise ValueError(f"device={device!r} but CUDA is not available on this machine")
+    nbs = notebooks()
+    if only:
+        nbs = [p for p in nbs if any(p.name.startswith(o) or p.stem == o for o in only)]
+        if not nbs:
+            raise ValueError(f"--only {only}: no notebook matches (have: {', '.join(p.name for p in notebooks())})")
+    run_dir = _new_run_dir(device, out)
+    kernel = _kernelspec(run_dir)
+    summary = {"run": run_dir.name, "parameters": params, "device": device, "started_utc":
+               datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"), "notebooks": []}
+    failed = False
+    for nb in nbs:
+        declared = pm.inspect_notebook(str(nb))
+        nb_params = {k: v for k, v in params.items() if k in declared}
+        nb_out = run_dir / nb.stem
+        nb_out.mkdir()
+        if "out_dir" in declared:
+            nb_params["out_dir"] = str(nb_out)
+        executed = run_dir / nb.name
+        entry = {"name": nb.name, "executed": executed.name, "html": None, "parameters": nb_params}
+        log(f"[fastattn] running {nb.name} ...")
+        t0 = time.perf_counter()
+        try:
+            pm.execute_notebook(str(nb), str(executed), parameters=nb_params, kernel_name=kernel,
+                                cwd=str(nb.parent), progress_bar=False, execution_timeout=timeout)
+            entry["status"] = "ok"
+        except PapermillExecutionError as exc:
+            entry["status"] = "failed"
+            entry["error"] = f"{nb.name}, cell {exc.exec_count}: {exc.ename}: {exc.evalue}"
+            failed = True
+        except Exception as exc:  # kernel died, timeout, ...
+            entry["status"] = "failed"
+            entry["error"] = f"{nb.name}: {type(exc).__name__}: {exc}"
+            failed = True
+        entry["duration_s"] = time.perf_counter() - t0
+        if executed.exists():
+            try:
+                entry["html"] = _html(executed).name
+            except Exception as exc:  # keep the executed notebook even when rendering fails
+                entry["html_error"] = str(exc)
+        fj = nb_out / "findings.json"
+        entry["findings"] = json.loads(fj.read_text()) if fj.exists() else {}
+        summary["notebooks"].append(entry)
+        log(f"[fastattn] {nb.name}: {entry['status']} in {entry['duration_s']:.1f} s"
+            + (f"\n[fastattn] ERROR {entry['error']}" if entry.get("error") else ""))
+        if entry["status"] != "ok" and not keep_going:
+            break
+    summary["finished_utc"] = datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+    summary["status"] = "failed" if failed else "ok"
+    (run_dir / "summary.json").write_text(json.dumps(summary, indent=1, default=str))
+    _index(run_dir, summary)
+    return run_dir, summary
+
+
+def _parse_value(text: str):
+    import yaml
+    try:
+        return yaml.safe_load(text)
+    except yaml.YAMLError:
+        return text
+
+
+def main(argv=None) -> int:
+    import argparse
+    ap = argparse.ArgumentParser(prog="python -m fastattn workbook",
+                                 description="Run the workbook's notebooks headless into reports/<UTC time>-<device>/.")
+    ap.add_argument("-p", "--param", nargs=2, action="append", default=[], metavar=("NAME", "VALUE"),
+                    help="a parameter for every notebook that declares it (repeatable), e.g. -p device cuda")
+    ap.add_argument("--params", help="YAML file of parameters")
+    ap.add_argument("--only", action="append", help="run only notebooks starting with this (e.g. 03); repeatable")
+    ap.add_argument("--keep-going", action="store_true", help="continue after a failing notebook")
+    ap.add_argument("--out", help="parent folder of the run folder (default: reports/)")
+    ap.add_argument("--timeout", type=int, default=1800, help="per-cell timeout in seconds")
+    args = ap.parse_args(argv)
+    params = {}
+    if args.params:
+        import yaml
+        params.update(yaml.safe_load(Path(args.params).read_text()) or {})
+    params.update({k: _parse_value(v) for k, v in args.param})
+    try:
+        run_dir, summary = run_workbook(params, only=args.only, keep_going=args.keep_going,
+                                        out=Path(args.out) if args.out else None, timeout=args.timeout)
+    except ValueError as exc:
+        print(f"[fastattn] error: {exc}", file=sys.stderr)
+        return 2
+    print(f"[fastattn] run folder: {run_dir}")
+    print(f"[fastattn] index: {run_dir / 'index.html'}")
+    if summary["status"] != "ok":
+        bad = [n for n in summary["notebooks"] if n["status"] != "ok"]
+        for n in bad:
+            print(f"[fastattn] FAILED {n.get('error')}", file=sys.stderr)
+        return 1
+    return 0
