@@ -18,12 +18,12 @@ from . import compat as _compat
 _compat.ensure_torchaudio()
 
 from .attention import MODES, attention_step, check_exactness, exactness_report, window_for  # noqa: E402
+from .cache import RightSizedKVCache  # noqa: E402
+from .masks import MaskInfo, attention  # noqa: E402  (the function; the module is fastattn.attention in sys.modules)
 
 __version__ = "0.1.0"
 
 _LAZY = {
-    "MaskInfo": "masks", "attention": "masks",
-    "RightSizedKVCache": "cache",
     "explain_sdpa": "backends", "backend_matrix": "backends", "SDPAReport": "backends",
     "doctor": "doctor",
     "patch_voxcpm": "patch", "patch_status": "patch", "upstream_diff": "upstream",
@@ -31,10 +31,17 @@ _LAZY = {
     "optimize": "graphs",
 }
 
-__all__ = ["MODES", "attention_step", "check_exactness", "exactness_report", "window_for", *_LAZY]
+__all__ = ["MODES", "attention_step", "check_exactness", "exactness_report", "window_for", "RightSizedKVCache",
+           "MaskInfo", "attention", *_LAZY]
+
+
+_SUBMODULES = {"masks", "cache", "backends", "doctor", "patch", "models", "graphs", "bench", "plots",
+               "checks", "workbook", "upstream", "paths", "compat"}
 
 
 def __getattr__(name):
+    if name in _SUBMODULES:
+        return import_module(f".{name}", __name__)
     mod = _LAZY.get(name)
     if mod is None:
         raise AttributeError(f"module 'fastattn' has no attribute {name!r}")
@@ -44,4 +51,4 @@ def __getattr__(name):
 
 
 def __dir__():
-    return sorted(set(globals()) | set(_LAZY))
+    return sorted(set(globals()) | set(_LAZY) | _SUBMODULES)

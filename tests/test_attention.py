@@ -151,7 +151,8 @@ def test_stale_garbage_past_length(bad):
 
 
 def test_exactness_self_check_reports_and_warns(monkeypatch):
-    from fastattn import attention as A
+    import importlib
+    A = importlib.import_module("fastattn.attention")
     A.reset_exactness_cache()
     q, k, v = rand_cache(1, 16, 2, 512, 128, torch.float32)
     with warnings.catch_warnings():
