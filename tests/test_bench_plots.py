@@ -1,0 +1,137 @@
+"""Benchmarks and plots on tiny sizes: records have their fields, interleaving and repeats are honoured,
+plots build from records, the floor math, no CUDA touched without CUDA. No test asserts a timing."""
+
+import json
+
+import matplotlib
+import pytest
+import torch
+
+matplotlib.use("Agg")
+
+from fastattn import bench, plots  # noqa: E402
+
+
+def test_time_interleaved_honours_repeats_and_rotates_order():
+    calls = []
+    fns = {n: (lambda n=n: calls.append(n)) for n in "abc"}
+    out = bench.time_interleaved(fns, repeats=4, warmup=1)
+    assert {n: len(v) for n, v in out.items()} == {"a": 4, "b": 4, "c": 4}
+    timed = calls[3:]  # after one warm-up round
+    assert [timed[i * 3] for i in range(4)] == ["a", "b", "c", "a"]  # each repeat starts with a different variant
+    with pytest.raises(ValueError, match="repeats must be >= 1"):
+        bench.time_interleaved(fns, repeats=0)
+
+
+def test_floor_math():
+    assert bench.live_kv_bytes(1000, 2, 128, "float32") == 2 * 2 * 1000 * 128 * 4
+    assert bench.live_kv_bytes(1000, 2, 128, "bfloat16") == 2 * 2 * 1000 * 128 * 2
+    assert bench.floor_ms(1000, 2, 128, "float32", gb_per_s=2.048) == pytest.approx(1.0)
+
+
+BW = {"gb_per_s": 10.0, "llc_bytes": 1 << 20}
+
+
+def test_attention_sweep_record_fields():
+    rec = bench.attention_sweep([0, 40, 200], capacity=256, hq=4, hkv=2, head_dim=16, repeats=2, warmup=0,
+                                bw=BW, progress=False)
+    assert rec["kind"] == "attention" and len(rec["rows"]) == 9
+    for key in ("torch", "voxcpm", "device_name", "dtype", "threads", "git_commit", "time_utc"):
+        assert key in rec["env"]
+    r = rec["rows"][0]
+    for key in ("mode", "position", "length", "window", "median_ms", "p10_ms", "p90_ms", "floor_ms", "x_floor",
+                "floor_meaningful", "n"):
+        assert key in r
+    assert all(r["n"] == 2 for r in rec["rows"])
+    assert {r["window"] for r in rec["rows"] if r["mode"] == "reference"} == {256}
+    assert [r["window"] for r in rec["rows"] if r["mode"] == "fast"] == [1, 41, 201]
+    json.dumps(rec)
+    with pytest.raises(ValueError, match=r"positions must be in \[0, capacity=256\)"):
+        bench.attention_sweep([256], capacity=256, bw=BW, progress=False)
+
+
+def test_decode_step_sweep_tiny_is_bit_identical():
+    rec = bench.decode_step_sweep([0, 5, 300], preset="tiny", dtype="float32", repeats=2, warmup=0,
+                                  max_length=512, progress=False)
+    assert {(r["variant"], r["position"]) for r in rec["rows"]} == {(v, p) for v in ("upstream", "patched")
+                                                                       for p in (0, 5, 300)}
+    assert all(r["bit_identical"] for r in rec["rows"])
+    assert rec["params"]["hidden"] == 64
+
+
+def test_whole_decode_tiny_breakdown():
+    rec = bench.whole_decode("tiny", steps=6, dtype="float32", inference_timesteps=2, repeats=2, progress=False)
+    assert rec["identical"] is True
+    assert len(rec["rows"]) == 4 and {r["variant"] for r in rec["rows"]} == {"upstream", "patched"}
+    for r in rec["rows"]:
+        assert r["base_lm_s"] > 0 and r["residual_lm_s"] > 0 and r["local_dit_s"] > 0 and r["lm_attention_s"] > 0
+        assert r["lm_attention_s"] <= r["base_lm_s"] + r["residual_lm_s"]
+    up = [r for r in rec["rows"] if r["variant"] == "upstream"][0]
+    pa = [r for r in rec["rows"] if r["variant"] == "patched"][0]
+    assert pa["kv_bytes"] * 10 <= up["kv_bytes"]
+    # instrumentation is removed afterwards
+    from fastattn.models import build_voxcpm2  # noqa: F401
+    import torch.nn.functional as F
+    assert F.scaled_dot_product_attention is torch._C._nn.scaled_dot_product_attention or \
+        getattr(F.scaled_dot_product_attention, "__name__", "") == "scaled_dot_product_attention"
+
+
+def test_kv_memory_and_allocations():
+    kv = bench.kv_memory("full", prefill=100, steps=200)
+    assert kv["upstream_bytes"] == 36 * 2 * 2 * 128 * 2 * 8192  # the 302 MB of RESEARCH.md, bf16
+    assert kv["ratio"] <= 0.1
+    al = bench.step_allocations(preset="tiny", layers=1, position=100, max_length=1024)
+    assert al["variants"]["upstream"]["allocated_bytes"] > al["variants"]["patched"]["allocated_bytes"]
+
+
+def test_save_record_never_overwrites(tmp_path):
+    rec = {"kind": "x", "env": {"device": "cpu", "dtype": "float32"}, "rows": [{"a": 1, "b": [1]}]}
+    p1, p2 = bench.save_record(rec, tmp_path), bench.save_record(rec, tmp_path)
+    assert p1 != p2 and p1.exists() and p2.exists() and p1.with_suffix(".csv").exists()
+    assert bench.load_record(p1) == rec
+
+
+def test_check_targets_from_records():
+    att = {"rows": [{"mode": "reference", "position": 256, "median_ms": 10.0},
+                    {"mode": "exact", "position": 256, "median_ms": 0.9},
+                    {"mode": "fast", "position": 256, "median_ms": 0.6},
+                    {"mode": "fast", "position": 2048, "median_ms": 1.0, "x_floor": 2.5, "floor_meaningful": False}]}
+    t = bench.check_targets({"attention_fp32": att})
+    assert [x["passed"] for x in t] == [True, False, True]
+    assert "last-level cache" in t[2]["note"]
+
+
+def test_no_cuda_touched_without_cuda(monkeypatch):
+    if torch.cuda.is_available():
+        pytest.skip("has CUDA")
+    def boom(*a, **k):
+        raise AssertionError("CUDA was touched")
+    monkeypatch.setattr(torch.cuda, "synchronize", boom)
+    monkeypatch.setattr(torch.cuda, "Event", boom)
+    bench.attention_sweep([3], capacity=64, hq=2, hkv=1, head_dim=16, repeats=1, warmup=0, bw=BW, progress=False,
+                          device="auto")
+    with pytest.raises(ValueError, match="CUDA is not available"):
+        bench.attention_sweep([3], capacity=64, device="cuda", bw=BW, progress=False)
+
+
+def test_plots_build_from_records():
+    att = bench.attention_sweep([0, 100], capacity=128, hq=4, hkv=2, head_dim=16, repeats=1, warmup=0, bw=BW,
+                                progress=False)
+    dec = bench.decode_step_sweep([0, 50], preset="tiny", dtype="float32", repeats=1, warmup=0, max_length=256,
+                                  progress=False)
+    whole = bench.whole_decode("tiny", steps=3, dtype="float32", inference_timesteps=2, repeats=1, progress=False)
+    figs = [plots.attention_sweep(att), plots.decode_step(dec), plots.breakdown(whole),
+            plots.memory(bench.kv_memory("tiny")),
+            plots.published_vs_ours(plots.load_published("seed000_forward_step.csv"), dec),
+            plots.exactness([{"dtype": "float32", "position": 0, "fast_max_abs": 0.0, "reference_vs_f64": 1e-7,
+                              "exact_identical": True}])]
+    for f in figs:
+        assert f.axes
+    assert "<table>" in plots.backend_table([{"case": "c", "dtype": "float32", "head_dim": 128, "backend": "MATH",
+                                              "kernel": "k", "helpers": [], "max_abs_err": 0.0, "correct": True}])
+
+
+def test_published_numbers_have_sources():
+    for name in ("seed000_forward_step.csv", "seed003_per_request.csv", "pr199.csv"):
+        rows = plots.load_published(name)
+        assert rows and all(r["source"] for r in rows)

@@ -1,0 +1,105 @@
+"""Every notebook executes headless through papermill with smoke parameters; the runner's folder has what
+it promises; bad parameters fail early and clearly; source notebooks carry no outputs."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import nbformat
+import papermill as pm
+import pytest
+
+from fastattn import workbook as wb
+
+ROOT = Path(__file__).resolve().parents[1]
+NOTEBOOKS = sorted((ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb"))
+
+SMOKE = {
+    "01_root_cause": {"positions": [0, 100, 500], "capacity": 1024, "repeats": 2},
+    "02_backend_selection": {"capacity": 1024, "position": 100},
+    "03_causality_checks": {"capacity": 512, "positions": "0:512:16"},
+    "04_patch_application": {"dtype": "float32", "steps": 40},
+    "05_profiling": {"positions": [0, 256], "capacity": 1024, "repeats": 2, "preset": "tiny", "steps": 4},
+}
+
+
+def test_five_notebooks_in_order():
+    assert [p.stem for p in NOTEBOOKS] == list(SMOKE)
+
+
+@pytest.mark.parametrize("nb", NOTEBOOKS, ids=lambda p: p.stem)
+def test_notebook_structure(nb):
+    cells = nbformat.read(str(nb), as_version=4).cells
+    code = [c for c in cells if c.cell_type == "code"]
+    assert "parameters" in code[0].metadata.get("tags", [])
+    assert cells[0].cell_type == "markdown"
+    assert "findings(" in code[-1].source, "each notebook ends with a Findings cell"
+    params = pm.inspect_notebook(str(nb))
+    assert {"device", "out_dir"} <= set(params)
+    assert all(p["help"] for p in params.values()), "every parameter is documented with a comment"
+    assert all(p["inferred_type_name"] != "None" for p in params.values()), "every parameter is typed"
+    for c in code:
+        assert len(c.source.splitlines()) <= 14, f"{nb.name}: logic belongs in fastattn, not in a long cell"
+
+
+@pytest.mark.slow
+def test_runner_executes_all_notebooks(tmp_path):
+    """The whole workbook through the runner, smoke-sized, one notebook at a time with its own parameters."""
+    for stem, params in SMOKE.items():
+        run_dir, summary = wb.run_workbook(params, only=[stem], out=tmp_path, log=lambda *_: None)
+        nb = summary["notebooks"][0]
+        assert summary["status"] == "ok", nb.get("error")
+        assert (run_dir / f"{stem}.ipynb").exists() and (run_dir / f"{stem}.html").exists()
+        assert (run_dir / "summary.json").exists() and (run_dir / "index.html").exists()
+        assert nb["findings"], f"{stem} wrote no findings"
+        executed = nbformat.read(str(run_dir / f"{stem}.ipynb"), as_version=4)
+        text = json.dumps(executed)
+        assert "it/s]" not in text, "progress-bar spam in the executed notebook"
+        if stem in ("01_root_cause", "03_causality_checks", "05_profiling"):
+            assert list((run_dir / stem / "figures").glob("*.png"))
+            assert "image/png" in text
+    assert len({p.name for p in tmp_path.iterdir()}) == len(SMOKE), "a run folder was reused"
+
+
+def test_bad_parameter_fails_early_and_clearly(tmp_path):
+    r = subprocess.run([sys.executable, "-m", "fastattn", "workbook", "--only", "01", "-p", "dtype", "int3",
+                        "--out", str(tmp_path)], capture_output=True, text=True, timeout=600)
+    assert r.returncode != 0
+    assert "01_root_cause.ipynb, cell" in r.stderr and "dtype='int3'" in r.stderr
+    run = next(tmp_path.iterdir())
+    assert (run / "01_root_cause.ipynb").exists(), "the partial executed notebook is kept"
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["status"] == "failed"
+
+
+def test_runner_rejects_unknown_notebook_and_cuda_without_cuda(tmp_path):
+    import torch
+    with pytest.raises(ValueError, match="no notebook matches"):
+        wb.run_workbook({}, only=["99"], out=tmp_path)
+    if not torch.cuda.is_available():
+        with pytest.raises(ValueError, match="CUDA is not available"):
+            wb.run_workbook({"device": "cuda"}, out=tmp_path)
+
+
+@pytest.mark.parametrize("kw,match", [
+    (dict(device="cuda:7x"), "device='cuda:7x'" if False else "CUDA is not available|expected"),
+    (dict(dtype="int8"), "dtype='int8'"),
+    (dict(preset="huge"), "preset='huge'"),
+    (dict(positions=[0, 9000], capacity=8192), "9000 is beyond capacity=8192"),
+    (dict(repeats=0), "repeats=0"),
+    (dict(checkpoint_path="/nonexistent/ckpt"), "not an existing directory"),
+])
+def test_check_params(kw, match):
+    with pytest.raises(ValueError, match=match):
+        wb.check_params(**kw)
+
+
+def test_plain_papermill_from_another_folder(tmp_path):
+    """papermill run from any working directory finds fastattn and data/ through the package."""
+    out = tmp_path / "out.ipynb"
+    r = subprocess.run([sys.executable, "-m", "papermill", str(ROOT / "notebooks" / "02_backend_selection.ipynb"),
+                        str(out), "-p", "capacity", "512", "-p", "position", "10", "-p", "out_dir", str(tmp_path)],
+                       cwd=tmp_path, capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert (tmp_path / "findings.json").exists()
