@@ -283,6 +283,72 @@ def decode_step_sweep(positions: Sequence[int], *, preset: str = "small", layers
             "rows": rows}
 
 
+def compiled_step_sweep(positions: Sequence[int], *, preset: str = "tiny", layers: Optional[int] = None,
+                        dtype="float32", device="cpu", backend: str = "inductor", mode: Optional[str] = None,
+                        max_length: int = 8192, bucket: int = 256, repeats: int = 7, warmup: int = 3,
+                        seed: int = 0, progress: bool = True) -> dict:
+    """Per-token decode step: eager upstream, eager patched, compiled upstream, compiled patched.
+
+    Compiled the way voxcpm's ``optimize()`` does (``fullgraph=True``; ``mode``
+    defaults to ``reduce-overhead`` on CUDA). Calls interleaved; the record also
+    carries dynamo's graph counts (one per variant expected, never one per position).
+    """
+    from voxcpm.modules.minicpm4 import MiniCPMModel
+    from voxcpm.modules.minicpm4.cache import StaticKVCache
+    from .cache import RightSizedKVCache
+    from .graphs import graph_counts, reset_graph_counts
+    from .patch import original_functions, swapped, variant_functions
+
+    device, dt = _device(device), _dtype(dtype)
+    mode = mode if mode is not None else ("reduce-overhead" if device.type == "cuda" else None)
+    cfg = _lm_config(preset, layers)
+    torch.manual_seed(seed)
+    with swapped(original_functions()):
+        lm = MiniCPMModel(cfg).to(device=device, dtype=dt).eval()
+    D = cfg.kv_channels or cfg.hidden_size // cfg.num_attention_heads
+    geo = (cfg.num_hidden_layers, cfg.num_key_value_heads, D, 1, device, dt)
+    static, right = StaticKVCache(*geo, max_length=max_length), RightSizedKVCache(*geo, max_length=max_length, bucket=bucket)
+    if device.type == "cuda":
+        torch._dynamo.mark_static_address(static.kv_cache)
+        right.set_static_address(True)
+    fns = {"upstream": original_functions(), "patched": variant_functions("exact", bucket=bucket)}
+    opts = {"backend": backend, "fullgraph": True, **({"mode": mode} if mode else {})}
+    step = {}
+    for v in fns:
+        fn = fns[v]["MiniCPMModel.forward_step"]
+        step[f"eager {v}"] = (v, fn.__get__(lm))
+        step[f"compiled {v}"] = (v, torch.compile(fn.__get__(lm), **opts))
+    torch._dynamo.reset()
+    reset_graph_counts()
+    g = torch.Generator().manual_seed(seed + 1)
+    x = torch.randn(1, cfg.hidden_size, generator=g).to(device=device, dtype=dt)
+    rows = []
+    for p in _progress(positions, progress, "compiled step"):
+        kv = [(torch.randn(1, geo[1], max(p, 1), D, generator=g).to(device=device, dtype=dt),) * 2
+              for _ in range(geo[0])]
+        for c in (static, right):
+            c.fill_caches([(a[:, :, :p], b[:, :, :p]) for a, b in kv])
+            c.step()
+        pos = torch.tensor([p], device=device)
+
+        def call(name):
+            v, f = step[name]
+            def run():
+                lm.kv_cache = static if v == "upstream" else right
+                with swapped(fns[v]), torch.inference_mode():
+                    return f(x, pos)
+            return run
+
+        times = time_interleaved({n: call(n) for n in step}, repeats=repeats, warmup=warmup, device=device)
+        for n in step:
+            rows.append({"variant": n, "position": p, **_stats_ms(times[n])})
+    return {"kind": "compiled_step", "env": env_record(device, dt), "graphs": graph_counts(),
+            "params": {"preset": preset, "layers": cfg.num_hidden_layers, "hidden": cfg.hidden_size,
+                       "dtype": str(dt).replace("torch.", ""), "backend": backend, "mode": mode,
+                       "positions": list(positions), "bucket": bucket, "repeats": repeats},
+            "rows": rows}
+
+
 # --------------------------------------------------------------------------- whole decode
 class _Timers:
     """Per-component times within a decode, without extra syncs (CUDA events; perf_counter on CPU)."""
@@ -620,7 +686,7 @@ def _ints(s: str) -> list[int]:
 def main(argv=None) -> int:
     import argparse
     ap = argparse.ArgumentParser(prog="python -m fastattn bench", description=__doc__.split("\n\n")[0])
-    ap.add_argument("what", choices=["attention", "decode-step", "decode", "memory", "bandwidth", "all"])
+    ap.add_argument("what", choices=["attention", "decode-step", "decode", "compiled", "memory", "bandwidth", "all"])
     ap.add_argument("--device", default="auto")
     ap.add_argument("--dtype", default=None, help="float32 | bfloat16 (default: both for sweeps, bf16 for decode)")
     ap.add_argument("--positions", type=_ints, default=[0, 16, 256, 512, 1024, 2048, 4096, 8000])
@@ -648,6 +714,10 @@ def main(argv=None) -> int:
     if args.what in ("decode", "all"):
         written.append(save_record(whole_decode(args.preset or "tiny", steps=args.steps, dtype=args.dtype or "bfloat16",
                                                 device=str(device)), out))
+    if args.what in ("compiled", "all"):
+        written.append(save_record(compiled_step_sweep(args.positions, preset=args.preset or "tiny",
+                                                       dtype=args.dtype or "float32", device=device,
+                                                       repeats=args.repeats), out))
     if args.what in ("memory", "all"):
         written.append(save_record(kv_memory("full", dtype=args.dtype or "bfloat16"), out, "kv_memory-full"))
         written.append(save_record(step_allocations(device=str(device)), out, "step_allocations"))
