@@ -678,6 +678,36 @@ def headline(att: dict, dec: dict, whole: dict, targets: list, position: int = 2
     }
 
 
+def reference_run(out, *, device="cpu", positions=(0, 16, 256, 512, 1024, 2048, 4096, 8000), repeats: int = 7,
+                  whole_preset: str = "full", compiled_preset: str = "tiny") -> list[Path]:
+    """The reference set this project commits under data/results/: every sweep, the whole decode of the
+    ``full`` preset in bf16 (12 steps, 10 DiT steps), memory, the compiled step, and the targets judged."""
+    out = Path(out)
+    written = []
+    bw = bandwidth(device)
+    written.append(save_record({"kind": "bandwidth", "env": env_record(device), **bw}, out, "bandwidth"))
+    att = {dt: attention_sweep(positions, dtype=dt, device=device, repeats=repeats, bw=bw) for dt in ("float32", "bfloat16")}
+    dec = {dt: decode_step_sweep(positions, preset="small", dtype=dt, device=device, repeats=repeats)
+           for dt in ("bfloat16", "float32")}
+    for dt in att:
+        written.append(save_record(att[dt], out, f"attention_{dt}"))
+        written.append(save_record(dec[dt], out, f"decode_step_{dt}"))
+    kv = kv_memory("full", prefill=100, steps=200, dtype="bfloat16")
+    written.append(save_record(kv, out, "kv_memory_full"))
+    written.append(save_record(fill_cost("full", device=device), out, "fill_cost_full"))
+    written.append(save_record(step_allocations(device=device), out, "step_allocations"))
+    written.append(save_record(peak_rss("small", steps=8), out, "peak_rss_small"))
+    mode = "reduce-overhead" if str(device).startswith("cuda") else None
+    written.append(save_record(compiled_step_sweep(positions[:5], preset=compiled_preset, device=device, mode=mode,
+                                                   repeats=repeats), out, f"compiled_step_{compiled_preset}"))
+    whole = whole_decode(whole_preset, steps=12, dtype="bfloat16", device=device, inference_timesteps=10, repeats=2)
+    written.append(save_record(whole, out, f"whole_decode_{whole_preset}"))
+    targets = check_targets({"attention_fp32": att["float32"], "decode_bf16": dec["bfloat16"],
+                             "decode_fp32": dec["float32"], "kv": kv, "whole": whole})
+    written.append(save_record({"kind": "targets", "env": env_record(device), "rows": targets}, out, "targets"))
+    return written
+
+
 # --------------------------------------------------------------------------- CLI
 def _ints(s: str) -> list[int]:
     return [int(x) for x in s.split(",") if x.strip()]
@@ -686,7 +716,9 @@ def _ints(s: str) -> list[int]:
 def main(argv=None) -> int:
     import argparse
     ap = argparse.ArgumentParser(prog="python -m fastattn bench", description=__doc__.split("\n\n")[0])
-    ap.add_argument("what", choices=["attention", "decode-step", "decode", "compiled", "memory", "bandwidth", "all"])
+    ap.add_argument("what", choices=["attention", "decode-step", "decode", "compiled", "memory", "bandwidth", "all",
+                                     "reference"],
+                    help="'reference' runs the committed reference set (full preset decode included: ~10 GB peak)")
     ap.add_argument("--device", default="auto")
     ap.add_argument("--dtype", default=None, help="float32 | bfloat16 (default: both for sweeps, bf16 for decode)")
     ap.add_argument("--positions", type=_ints, default=[0, 16, 256, 512, 1024, 2048, 4096, 8000])
@@ -697,6 +729,11 @@ def main(argv=None) -> int:
     ap.add_argument("--out", default=None, help="output folder (default: reports/bench-<UTC time>)")
     args = ap.parse_args(argv)
     device = _device(args.device)
+    if args.what == "reference":
+        out = Path(args.out) if args.out else Path("reports") / f"reference-{datetime.now(timezone.utc):%Y%m%dT%H%M%SZ}"
+        for p in reference_run(out, device=str(device), positions=args.positions, repeats=args.repeats):
+            print(p)
+        return 0
     out = Path(args.out) if args.out else Path("reports") / f"bench-{datetime.now(timezone.utc):%Y%m%dT%H%M%SZ}"
     dtypes = [args.dtype] if args.dtype else ["float32", "bfloat16"]
     written = []

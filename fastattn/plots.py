@@ -21,6 +21,21 @@ def _rows(rec, **match):
     return [r for r in rec["rows"] if all(r.get(k) == v for k, v in match.items())]
 
 
+def _spread(ax, rows, label, color):
+    """Median with a p10-p90 bar for each row, against position."""
+    ax.errorbar([r["position"] for r in rows], [r["median_ms"] for r in rows],
+                yerr=[[r["median_ms"] - r["p10_ms"] for r in rows], [r["p90_ms"] - r["median_ms"] for r in rows]],
+                marker="o", ms=4, capsize=2, label=label, color=color)
+
+
+def _finish(fig, ax, title: str):
+    ax.set_title(title, fontsize=9)
+    ax.legend(fontsize=8)
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    return fig
+
+
 def _title(rec, what: str) -> str:
     env = rec.get("env", {})
     return f"{what}\n{env.get('device_name', '')} · torch {env.get('torch', '')} · {env.get('threads', '')} threads"
@@ -30,10 +45,7 @@ def attention_sweep(rec: dict, *, ax=None, log: bool = True, show_floor: bool = 
     """ms per attention call vs position for each mode, with the bandwidth floor."""
     fig, ax = (ax.figure, ax) if ax is not None else plt.subplots(figsize=(7, 4.2))
     for mode in rec["params"]["modes"]:
-        rows = _rows(rec, mode=mode)
-        ax.errorbar([r["position"] for r in rows], [r["median_ms"] for r in rows],
-                    yerr=[[r["median_ms"] - r["p10_ms"] for r in rows], [r["p90_ms"] - r["median_ms"] for r in rows]],
-                    marker="o", ms=4, capsize=2, label=mode, color=COLORS.get(mode))
+        _spread(ax, _rows(rec, mode=mode), mode, COLORS.get(mode))
     if show_floor:
         rows = _rows(rec, mode=rec["params"]["modes"][0])
         ax.plot([r["position"] for r in rows], [r["floor_ms"] for r in rows], ls="--", color=COLORS["floor"],
@@ -43,32 +55,21 @@ def attention_sweep(rec: dict, *, ax=None, log: bool = True, show_floor: bool = 
     if log:
         ax.set_yscale("log")
     p = rec["params"]
-    ax.set_title(_title(rec, f"one decode attention call: capacity {p['capacity']}, {p['dtype']}, "
-                             f"{p['hq']}/{p['hkv']} heads, d {p['head_dim']}"), fontsize=9)
-    ax.legend(fontsize=8)
-    ax.grid(alpha=0.3)
-    fig.tight_layout()
-    return fig
+    return _finish(fig, ax, _title(rec, f"one decode attention call: capacity {p['capacity']}, {p['dtype']}, "
+                                        f"{p['hq']}/{p['hkv']} heads, d {p['head_dim']}"))
 
 
 def decode_step(rec: dict, *, ax=None):
     """Per-token decode-step time vs position, upstream vs patched."""
     fig, ax = (ax.figure, ax) if ax is not None else plt.subplots(figsize=(7, 4))
     for v in ("upstream", "patched"):
-        rows = _rows(rec, variant=v)
-        ax.errorbar([r["position"] for r in rows], [r["median_ms"] for r in rows],
-                    yerr=[[r["median_ms"] - r["p10_ms"] for r in rows], [r["p90_ms"] - r["median_ms"] for r in rows]],
-                    marker="o", ms=4, capsize=2, label=v, color=COLORS[v])
+        _spread(ax, _rows(rec, variant=v), v, COLORS[v])
     p = rec["params"]
     ax.set_xlabel("position p")
     ax.set_ylabel(f"ms per token ({p['layers']} layers)")
     ax.set_ylim(bottom=0)
-    ax.set_title(_title(rec, f"MiniCPM decode step, hidden {p['hidden']}, {p['heads']}/{p['kv_heads']} heads, "
-                             f"{p['dtype']}"), fontsize=9)
-    ax.legend(fontsize=8)
-    ax.grid(alpha=0.3)
-    fig.tight_layout()
-    return fig
+    return _finish(fig, ax, _title(rec, f"MiniCPM decode step, hidden {p['hidden']}, {p['heads']}/{p['kv_heads']} "
+                                        f"heads, {p['dtype']}"))
 
 
 PARTS = ("base_lm_s", "residual_lm_s", "local_dit_s", "local_encoder_s", "rest_s")
