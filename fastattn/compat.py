@@ -13,9 +13,9 @@ that:
 * carries a real ``ModuleSpec`` (transformers probes
   ``importlib.util.find_spec("torchaudio")``, which raises ``ValueError`` on a
   module whose ``__spec__`` is None);
-* raises :class:`TorchaudioUnavailable`, naming the attribute and the reason the
-  real package did not load, as soon as anything in it is used
-  (``torchaudio.load``, ``torchaudio.functional.resample``...).
+* raises :class:`TorchaudioUnavailable` (an AttributeError), naming the
+  attribute and the reason the real package did not load, as soon as anything
+  in it is used (``torchaudio.load``, ``torchaudio.functional.resample``...).
 
 Nothing on disk is touched; :func:`disengage` removes the placeholder.
 """
@@ -33,8 +33,14 @@ __all__ = ["TorchaudioUnavailable", "ensure_torchaudio", "shim_engaged", "shim_r
 _MARK = "__fastattn_placeholder__"
 
 
-class TorchaudioUnavailable(ImportError):
-    """Raised when code touches the torchaudio placeholder."""
+class TorchaudioUnavailable(AttributeError):
+    """Raised when code touches the torchaudio placeholder.
+
+    An AttributeError, so that probes such as ``getattr(mod, name, default)``,
+    ``hasattr`` and pickle's module scan (which walk every module in
+    ``sys.modules``; inductor's cache pickles graphs) see "no such attribute"
+    and move on, while a real call gets this message.
+    """
 
 
 class _Placeholder(types.ModuleType):

@@ -177,3 +177,14 @@ def test_placeholder_is_idempotent_and_reversible():
         print('ok')
     """)
     assert r.returncode == 0 and r.stdout.strip() == "ok", r.stderr
+
+
+def test_placeholder_survives_module_scans():
+    """pickle's whichmodule (used by inductor's cache) walks every module with getattr: the placeholder
+    must answer "no such attribute", not raise something else."""
+    r = _run("""
+        import pickle, fastattn, voxcpm, torchaudio
+        print(pickle.whichmodule(object(), "no_such_name_anywhere"), getattr(torchaudio, "torch", "default"))
+    """)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.split() == ["__main__", "default"]

@@ -18,9 +18,10 @@ NOTEBOOKS = sorted((ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb"))
 SMOKE = {
     "01_root_cause": {"positions": [0, 100, 500], "capacity": 1024, "repeats": 2},
     "02_backend_selection": {"capacity": 1024, "position": 100},
-    "03_causality_checks": {"capacity": 512, "positions": "0:512:16"},
+    "03_causality_checks": {"capacity": 512, "positions": "0:512:16", "interactive": True},
     "04_patch_application": {"dtype": "float32", "steps": 40},
-    "05_profiling": {"positions": [0, 256], "capacity": 1024, "repeats": 2, "preset": "tiny", "steps": 4},
+    "05_profiling": {"positions": [0, 256], "capacity": 1024, "repeats": 2, "preset": "tiny", "steps": 4,
+                     "interactive": True},
 }
 
 
