@@ -184,19 +184,27 @@ def attention_step(
         if window is not None and length > window:
             raise ValueError(f"length ({length}) exceeds window ({window})")
 
+    return _attend(q, k_cache, v_cache, length, mode, bucket, window)
+
+
+def _attend(q, k_cache, v_cache, length, mode: str, bucket: int, window):
+    """``attention_step`` after validation. Callers that guarantee the contract (fastattn's patched
+    decode step: shapes from the model, length from its position tensor) call this directly, so the
+    per-layer hot path does not re-validate 36 times a token."""
+    lq, capacity = q.shape[2], k_cache.shape[2]
     if mode == "reference":
         return _sdpa(q, k_cache, v_cache, _mask(capacity, lq, length, q.device))
 
     if mode == "exact":
         if window is None:
-            n = int(length) if kind == "int" else _host_length(length, lq, capacity)
+            n = length if isinstance(length, int) else _host_length(length, lq, capacity)
             window = window_for(n, capacity, bucket)
         _self_check_once(q, k_cache, bucket)
         k, v = k_cache[:, :, :window], v_cache[:, :, :window]
         return _sdpa(q, k, v, _mask(window, lq, length, q.device))
 
     # fast
-    n = int(length) if kind == "int" else _host_length(length, lq, capacity)
+    n = length if isinstance(length, int) else _host_length(length, lq, capacity)
     k, v = k_cache[:, :, :n], v_cache[:, :, :n]
     if lq == 1 or lq == n:
         # Lq == n: bottom-right == top-left alignment, so is_causal is correct here.

@@ -22,7 +22,6 @@ Nothing here changes process state except inside ``sdpa_kernel`` blocks, which r
 
 from __future__ import annotations
 
-import math
 import os
 import sys
 import warnings
@@ -36,6 +35,7 @@ import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from .attention import window_for
+from .checks import f64_attention
 
 __all__ = ["SDPAReport", "explain_sdpa", "backend_matrix", "device_backends", "KERNEL_OPS"]
 
@@ -232,15 +232,6 @@ def explain_sdpa(q, k, v, *, attn_mask=None, is_causal=False, enable_gqa=False, 
     return report
 
 
-def _f64(q, k, v, mask):
-    g = q.shape[1] // k.shape[1]
-    kk, vv = k.double().repeat_interleave(g, 1), v.double().repeat_interleave(g, 1)
-    s = q.double() @ kk.transpose(-1, -2) / math.sqrt(q.shape[-1])
-    if mask is not None:
-        s = s.masked_fill(~mask, float("-inf"))
-    return torch.softmax(s, -1) @ vv
-
-
 def _dtypes_for(device) -> list:
     return [torch.float32, torch.bfloat16, torch.float16]
 
@@ -295,7 +286,7 @@ def backend_matrix(device="cpu", dtype=None, *, capacity: int = 8192, position: 
                 continue
             n = position + 1
             bool_mask = (torch.arange(capacity, device=device) <= position).view(1, 1, 1, -1)
-            ref = _f64(q.cpu(), k[:, :, :n].cpu(), v[:, :, :n].cpu(), None)
+            ref = f64_attention(q.cpu(), k.cpu(), v.cpu(), n)
             tag = "" if D == head_dim else f" (head_dim {D})"
             run("upstream: bool mask over full cache + GQA" + tag, dt, D, q, k, v, bool_mask, ref=ref)
             run("fast: slice to length, no mask" + tag, dt, D, q, k[:, :, :n], v[:, :, :n], ref=ref)

@@ -214,6 +214,41 @@ def _lm_config(preset: str, layers: Optional[int]):
     return MiniCPM4Config.model_validate(cfg)
 
 
+def _lm_and_caches(preset: str, layers: Optional[int], dt, device, max_length: int, bucket: int, seed: int):
+    """A MiniCPMModel with the preset's LM geometry (random weights, built with voxcpm's own classes) and
+    the two caches to compare: upstream's StaticKVCache and a RightSizedKVCache of the same geometry."""
+    from voxcpm.modules.minicpm4 import MiniCPMModel
+    from voxcpm.modules.minicpm4.cache import StaticKVCache
+    from .cache import RightSizedKVCache
+    from .patch import original_functions, swapped
+
+    cfg = _lm_config(preset, layers)
+    state = torch.random.get_rng_state()
+    torch.manual_seed(seed)
+    with swapped(original_functions()):
+        lm = MiniCPMModel(cfg).to(device=device, dtype=dt).eval()
+    torch.random.set_rng_state(state)
+    D = cfg.kv_channels or cfg.hidden_size // cfg.num_attention_heads
+    geo = (cfg.num_hidden_layers, cfg.num_key_value_heads, D, 1, device, dt)
+    caches = {"upstream": StaticKVCache(*geo, max_length=max_length),
+              "patched": RightSizedKVCache(*geo, max_length=max_length, bucket=bucket)}
+    return lm, cfg, D, caches
+
+
+def _start_request(caches: dict, kv: list, p: int) -> None:
+    """Put every cache at position ``p``: the prefill ``kv`` (p slots per layer) filled, position p claimed."""
+    for c in caches.values():
+        c.fill_caches([(a[:, :, :p], b[:, :, :p]) for a, b in kv])
+        if c.step() != p:
+            raise RuntimeError(f"cache did not start at position {p}")
+
+
+def _prefill(cfg, D: int, p: int, g, device, dt) -> list:
+    return [(torch.randn(1, cfg.num_key_value_heads, p, D, generator=g).to(device=device, dtype=dt),
+             torch.randn(1, cfg.num_key_value_heads, p, D, generator=g).to(device=device, dtype=dt))
+            for _ in range(cfg.num_hidden_layers)]
+
+
 def decode_step_sweep(positions: Sequence[int], *, preset: str = "small", layers: Optional[int] = None,
                       dtype="bfloat16", device="cpu", max_length: int = 8192, bucket: int = 256,
                       repeats: int = 7, warmup: int = 2, seed: int = 0, progress: bool = True) -> dict:
@@ -224,42 +259,20 @@ def decode_step_sweep(positions: Sequence[int], *, preset: str = "small", layers
     same prefill, calls interleaved. Rows per variant and position: per-token
     and per-layer medians.
     """
-    from voxcpm.modules.minicpm4 import MiniCPMModel
-    from voxcpm.modules.minicpm4.cache import StaticKVCache
-    from .cache import RightSizedKVCache
     from .patch import original_functions, swapped, variant_functions
 
     device, dt = _device(device), _dtype(dtype)
-    cfg = _lm_config(preset, layers)
     for p in positions:
         if not 0 <= p < max_length:
             raise ValueError(f"positions must be in [0, max_length={max_length}), got {p}")
-    state = torch.random.get_rng_state()
-    torch.manual_seed(seed)
-    with swapped(original_functions()):
-        lm = MiniCPMModel(cfg).to(device=device, dtype=dt).eval()
-    torch.random.set_rng_state(state)
-    D = cfg.kv_channels or cfg.hidden_size // cfg.num_attention_heads
-    geo = (cfg.num_hidden_layers, cfg.num_key_value_heads, D, 1, device, dt)
-    caches = {"upstream": StaticKVCache(*geo, max_length=max_length),
-              "patched": RightSizedKVCache(*geo, max_length=max_length, bucket=bucket)}
+    lm, cfg, D, caches = _lm_and_caches(preset, layers, dt, device, max_length, bucket, seed)
     fns = {"upstream": original_functions(), "patched": variant_functions("exact", bucket=bucket)}
     g = torch.Generator().manual_seed(seed + 1)
     x = torch.randn(1, cfg.hidden_size, generator=g).to(device=device, dtype=dt)
     rows = []
     for p in _progress(positions, progress, f"decode step {dtype}"):
-        kv = [(torch.randn(1, cfg.num_key_value_heads, p, D, generator=g).to(device=device, dtype=dt),
-               torch.randn(1, cfg.num_key_value_heads, p, D, generator=g).to(device=device, dtype=dt))
-              for _ in range(cfg.num_hidden_layers)]
+        _start_request(caches, _prefill(cfg, D, p, g, device, dt), p)
         pos = torch.tensor([p], device=device)
-        for name, c in caches.items():
-            if p == 0:
-                c.current_length = 0
-                if isinstance(c, RightSizedKVCache):
-                    c._set_window()
-            else:
-                c.fill_caches(kv)
-            assert c.step() == p
 
         def call(name):
             def run():
@@ -293,21 +306,13 @@ def compiled_step_sweep(positions: Sequence[int], *, preset: str = "tiny", layer
     defaults to ``reduce-overhead`` on CUDA). Calls interleaved; the record also
     carries dynamo's graph counts (one per variant expected, never one per position).
     """
-    from voxcpm.modules.minicpm4 import MiniCPMModel
-    from voxcpm.modules.minicpm4.cache import StaticKVCache
-    from .cache import RightSizedKVCache
     from .graphs import graph_counts, reset_graph_counts
     from .patch import original_functions, swapped, variant_functions
 
     device, dt = _device(device), _dtype(dtype)
     mode = mode if mode is not None else ("reduce-overhead" if device.type == "cuda" else None)
-    cfg = _lm_config(preset, layers)
-    torch.manual_seed(seed)
-    with swapped(original_functions()):
-        lm = MiniCPMModel(cfg).to(device=device, dtype=dt).eval()
-    D = cfg.kv_channels or cfg.hidden_size // cfg.num_attention_heads
-    geo = (cfg.num_hidden_layers, cfg.num_key_value_heads, D, 1, device, dt)
-    static, right = StaticKVCache(*geo, max_length=max_length), RightSizedKVCache(*geo, max_length=max_length, bucket=bucket)
+    lm, cfg, D, caches = _lm_and_caches(preset, layers, dt, device, max_length, bucket, seed)
+    static, right = caches["upstream"], caches["patched"]
     if device.type == "cuda":
         torch._dynamo.mark_static_address(static.kv_cache)
         right.set_static_address(True)
@@ -324,11 +329,7 @@ def compiled_step_sweep(positions: Sequence[int], *, preset: str = "tiny", layer
     x = torch.randn(1, cfg.hidden_size, generator=g).to(device=device, dtype=dt)
     rows = []
     for p in _progress(positions, progress, "compiled step"):
-        kv = [(torch.randn(1, geo[1], max(p, 1), D, generator=g).to(device=device, dtype=dt),) * 2
-              for _ in range(geo[0])]
-        for c in (static, right):
-            c.fill_caches([(a[:, :, :p], b[:, :, :p]) for a, b in kv])
-            c.step()
+        _start_request(caches, _prefill(cfg, D, p, g, device, dt), p)
         pos = torch.tensor([p], device=device)
 
         def call(name):
@@ -486,31 +487,19 @@ def step_allocations(*, preset: str = "small", layers: int = 1, dtype="float32",
     """Bytes allocated by one decode step (profiler ``profile_memory``), upstream vs patched."""
     from torch.profiler import ProfilerActivity, profile
     from .backends import _quiet_native_stderr
-    rec = decode_step_sweep([position], preset=preset, layers=layers, dtype=dtype, device=device,
-                            max_length=max_length, repeats=1, warmup=0, progress=False)
-    # Re-run each variant once under the profiler, with the sweep's setup.
-    from voxcpm.modules.minicpm4 import MiniCPMModel
-    from voxcpm.modules.minicpm4.cache import StaticKVCache
-    from .cache import RightSizedKVCache
     from .patch import original_functions, swapped, variant_functions
     device, dt = _device(device), _dtype(dtype)
-    cfg = _lm_config(preset, layers)
-    with swapped(original_functions()):
-        lm = MiniCPMModel(cfg).to(device=device, dtype=dt).eval()
-    D = cfg.kv_channels
-    geo = (cfg.num_hidden_layers, cfg.num_key_value_heads, D, 1, device, dt)
+    lm, cfg, D, caches = _lm_and_caches(preset, layers, dt, device, max_length, 256, 0)
+    g = torch.Generator().manual_seed(1)
+    _start_request(caches, _prefill(cfg, D, position, g, device, dt), position)
+    x = torch.randn(1, cfg.hidden_size, generator=g).to(device=device, dtype=dt)
+    pos = torch.tensor([position], device=device)
     out = {}
-    for name, cache, fns in (("upstream", StaticKVCache(*geo, max_length=max_length), original_functions()),
-                             ("patched", RightSizedKVCache(*geo, max_length=max_length), variant_functions("exact"))):
-        kv = [(torch.randn(1, cfg.num_key_value_heads, position, D, dtype=dt, device=device),) * 2
-              for _ in range(cfg.num_hidden_layers)]
-        cache.fill_caches(kv)
-        cache.step()
+    for name, fns in (("upstream", original_functions()), ("patched", variant_functions("exact"))):
+        cache = caches[name]
         lm.kv_cache = cache
-        x = torch.randn(1, cfg.hidden_size, dtype=dt, device=device)
-        pos = torch.tensor([position], device=device)
         with swapped(fns), torch.inference_mode():
-            lm.forward_step(x, pos)
+            lm.forward_step(x, pos)  # warm
             with _quiet_native_stderr(), profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
                 lm.forward_step(x, pos)
         allocs = [e for e in prof.events() if e.cpu_memory_usage > 0]
@@ -520,7 +509,7 @@ def step_allocations(*, preset: str = "small", layers: int = 1, dtype="float32",
                      cache.kv_cache.numel() * cache.kv_cache.element_size()}
     return {"kind": "step_allocations", "env": env_record(device, dt),
             "params": {"preset": preset, "layers": layers, "dtype": dtype, "position": position},
-            "variants": out, "timing_check": rec["rows"]}
+            "variants": out}
 
 
 def fill_cost(preset: str = "full", *, prefill: int = 100, dtype="bfloat16", device="cpu", max_length: int = 8192,

@@ -39,7 +39,7 @@ from contextlib import contextmanager
 from typing import Optional
 
 from . import compat
-from .attention import MODES, attention_step, window_for
+from .attention import MODES, _attend, window_for
 from .cache import RightSizedKVCache
 
 __all__ = ["patch_voxcpm", "patch_status", "VoxcpmPatch", "PatchError", "fingerprints", "VERIFIED"]
@@ -138,14 +138,14 @@ def _make_attention_forward_step(mode: str, bucket: int):
             key_cache = key_cache.contiguous()
             value_cache = value_cache.contiguous()
 
+        # fastattn.attention_step's computation without its argument checks (shapes come from the model).
         n_keys = key_cache.size(2)
         if mode == "fast":  # the views hold exactly the live keys
-            attn_output = attention_step(query_states, key_cache, value_cache, n_keys, mode="fast")
+            attn_output = _attend(query_states, key_cache, value_cache, n_keys, "fast", bucket, None)
         else:
             length = position_id + 1  # a device tensor in voxcpm's loop: no host sync
             window = n_keys if mode == "exact" else None
-            attn_output = attention_step(query_states, key_cache, value_cache, length, mode=mode, bucket=bucket,
-                                         window=window)
+            attn_output = _attend(query_states, key_cache, value_cache, length, mode, bucket, window)
 
         attn_output = attn_output.transpose(1, 2).contiguous()
         attn_output = attn_output.reshape(bsz, self.num_heads * self.head_dim)

@@ -24,13 +24,14 @@ from typing import Optional
 
 import torch
 
+from . import models as _models
 from .paths import notebooks_dir, reports_dir
 
 __all__ = ["check_params", "resolve_device", "provenance", "save_figure", "save", "findings", "run_workbook",
            "notebooks", "PRESETS", "DTYPE_NAMES"]
 
-PRESETS = ("tiny", "small", "full")
-DTYPE_NAMES = ("float32", "bfloat16", "float16")
+PRESETS = _models.PRESETS
+DTYPE_NAMES = tuple(_models.DTYPES)
 
 
 # --------------------------------------------------------------------------- notebook helpers

@@ -135,3 +135,12 @@ def test_published_numbers_have_sources():
     for name in ("seed000_forward_step.csv", "seed003_per_request.csv", "pr199.csv"):
         rows = plots.load_published(name)
         assert rows and all(r["source"] for r in rows)
+
+
+def test_compiled_step_sweep_one_graph_per_variant():
+    rec = bench.compiled_step_sweep([0, 40, 300], preset="tiny", backend="aot_eager", repeats=1, warmup=1,
+                                    max_length=512, bucket=16, progress=False)
+    assert {r["variant"] for r in rec["rows"]} == {"eager upstream", "compiled upstream", "eager patched",
+                                                   "compiled patched"}
+    assert rec["graphs"]["graph_breaks"] == 0
+    assert rec["graphs"]["unique_graphs"] <= 2 + 1  # one per variant (+1 if the window's first size specialises)
