@@ -30,12 +30,12 @@ from typing import Callable, Optional, Sequence
 import torch
 
 from .attention import MODES, attention_step
+from .models import DTYPES
 
 __all__ = ["env_record", "time_interleaved", "attention_sweep", "decode_step_sweep", "whole_decode",
-           "kv_memory", "step_allocations", "peak_rss", "bandwidth", "floor_ms", "llc_bytes",
+           "resolve_device", "kv_memory", "step_allocations", "peak_rss", "bandwidth", "floor_ms", "llc_bytes",
            "save_record", "load_record", "check_targets", "DTYPES"]
 
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
 def _progress(it, enabled: bool, desc: str):
@@ -53,7 +53,8 @@ def _dtype(dtype) -> torch.dtype:
     return DTYPES[dtype]
 
 
-def _device(device) -> torch.device:
+def resolve_device(device) -> torch.device:
+    """``"auto"`` -> CUDA when present, else CPU; ``"cuda"`` without CUDA is a ValueError."""
     device = torch.device("cuda" if device == "auto" and torch.cuda.is_available() else
                           "cpu" if device == "auto" else device)
     if device.type == "cuda" and not torch.cuda.is_available():
@@ -139,7 +140,7 @@ def llc_bytes() -> int:
 
 def bandwidth(device="cpu", *, nbytes: int = 512 * 2**20, repeats: int = 7) -> dict:
     """This box's memory bandwidth: a large copy, counting bytes read plus written. GB/s = 1e9 B/s."""
-    device = _device(device)
+    device = resolve_device(device)
     n = nbytes // 4
     src = torch.rand(n, device=device)
     dst = torch.empty_like(src)
@@ -171,7 +172,7 @@ def attention_sweep(positions: Sequence[int], *, capacity: int = 8192, dtype="fl
     False where the live K/V fit in the last-level cache (the loop re-reads
     them warm, so the DRAM floor does not bind).
     """
-    device, dt = _device(device), _dtype(dtype)
+    device, dt = resolve_device(device), _dtype(dtype)
     for p in positions:
         if not 0 <= p < capacity:
             raise ValueError(f"positions must be in [0, capacity={capacity}), got {p}")
@@ -261,7 +262,7 @@ def decode_step_sweep(positions: Sequence[int], *, preset: str = "small", layers
     """
     from .patch import original_functions, swapped, variant_functions
 
-    device, dt = _device(device), _dtype(dtype)
+    device, dt = resolve_device(device), _dtype(dtype)
     for p in positions:
         if not 0 <= p < max_length:
             raise ValueError(f"positions must be in [0, max_length={max_length}), got {p}")
@@ -309,7 +310,7 @@ def compiled_step_sweep(positions: Sequence[int], *, preset: str = "tiny", layer
     from .graphs import graph_counts, reset_graph_counts
     from .patch import original_functions, swapped, variant_functions
 
-    device, dt = _device(device), _dtype(dtype)
+    device, dt = resolve_device(device), _dtype(dtype)
     mode = mode if mode is not None else ("reduce-overhead" if device.type == "cuda" else None)
     lm, cfg, D, caches = _lm_and_caches(preset, layers, dt, device, max_length, bucket, seed)
     static, right = caches["upstream"], caches["patched"]
@@ -429,7 +430,7 @@ def whole_decode(preset: str = "tiny", *, steps: int = 12, dtype="bfloat16", dev
     """
     from .models import build_voxcpm2, silence_progress
     from .patch import cache_bytes, patch_voxcpm
-    device = _device(device)
+    device = resolve_device(device)
     model = model or build_voxcpm2(preset, seed=seed, device=str(device), dtype=dtype)
     silence_progress()
     runs, wav = [], {}
@@ -488,7 +489,7 @@ def step_allocations(*, preset: str = "small", layers: int = 1, dtype="float32",
     from torch.profiler import ProfilerActivity, profile
     from .backends import _quiet_native_stderr
     from .patch import original_functions, swapped, variant_functions
-    device, dt = _device(device), _dtype(dtype)
+    device, dt = resolve_device(device), _dtype(dtype)
     lm, cfg, D, caches = _lm_and_caches(preset, layers, dt, device, max_length, 256, 0)
     g = torch.Generator().manual_seed(1)
     _start_request(caches, _prefill(cfg, D, position, g, device, dt), position)
@@ -519,7 +520,7 @@ def fill_cost(preset: str = "full", *, prefill: int = 100, dtype="bfloat16", dev
     from voxcpm.modules.minicpm4.cache import StaticKVCache
     from .cache import RightSizedKVCache
     from .models import voxcpm2_config
-    device, dt = _device(device), _dtype(dtype)
+    device, dt = resolve_device(device), _dtype(dtype)
     lm = voxcpm2_config(preset)["lm_config"]
     geo = (lm["num_hidden_layers"], lm["num_key_value_heads"], lm["kv_channels"], 1, device, dt)
     caches = {"upstream": StaticKVCache(*geo, max_length=max_length),
@@ -734,7 +735,7 @@ def main(argv=None) -> int:
     ap.add_argument("--repeats", type=int, default=7)
     ap.add_argument("--out", default=None, help="output folder (default: reports/bench-<UTC time>)")
     args = ap.parse_args(argv)
-    device = _device(args.device)
+    device = resolve_device(args.device)
     if args.what == "reference":
         out = Path(args.out) if args.out else Path("reports") / f"reference-{datetime.now(timezone.utc):%Y%m%dT%H%M%SZ}"
         for p in reference_run(out, device=str(device), positions=args.positions, repeats=args.repeats):

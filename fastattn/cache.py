@@ -42,6 +42,8 @@ from typing import List, Tuple
 
 import torch
 
+from .attention import _check_bucket
+
 __all__ = ["RightSizedKVCache"]
 
 
@@ -68,8 +70,7 @@ class RightSizedKVCache:
         self.dim_kv_head = _pos_int(dim_kv_head, "dim_kv_head")
         self.batch_size = _pos_int(batch_size, "batch_size")
         self.max_length = _pos_int(max_length, "max_length")
-        if isinstance(bucket, bool) or not isinstance(bucket, int) or bucket <= 0 or bucket % 16:
-            raise ValueError(f"bucket must be a positive multiple of 16, got {bucket!r}")
+        _check_bucket(bucket)
         if not isinstance(dtype, torch.dtype):
             raise TypeError(f"dtype must be a torch.dtype, got {type(dtype).__name__}")
         self.bucket = bucket

@@ -38,8 +38,10 @@ import weakref
 from contextlib import contextmanager
 from typing import Optional
 
+import torch
+
 from . import compat
-from .attention import MODES, _attend, window_for
+from .attention import MODES, _attend, _check_bucket, window_for
 from .cache import RightSizedKVCache
 
 __all__ = ["patch_voxcpm", "patch_status", "VoxcpmPatch", "PatchError", "fingerprints", "VERIFIED"]
@@ -377,8 +379,7 @@ def patch_voxcpm(model=None, *, mode: str = "exact", cache: bool = True, force: 
         raise ValueError(f"mode must be one of {', '.join(map(repr, MODES))}; got {mode!r}")
     if not isinstance(cache, bool):
         raise TypeError(f"cache must be a bool, got {type(cache).__name__}")
-    if isinstance(bucket, bool) or not isinstance(bucket, int) or bucket <= 0 or bucket % 16:
-        raise ValueError(f"bucket must be a positive multiple of 16, got {bucket!r}")
+    _check_bucket(bucket)
     with _LOCK:
         if _ACTIVE is not None:
             want = {"mode": mode, "cache": cache, "bucket": bucket}
@@ -434,8 +435,7 @@ def compare_with_upstream(model, *, text: str, steps: int, mode: str = "exact", 
         raise PatchError("compare_with_upstream needs voxcpm unpatched to start; revert() the active patch first")
 
     def run():
-        torch_mod = __import__("torch")
-        torch_mod.manual_seed(seed)
+        torch.manual_seed(seed)
         kw = dict(min_len=steps, max_len=steps, inference_timesteps=inference_timesteps)
         chunks = list(model.generate_streaming(text, **kw)) if streaming else [model.generate(text, **kw)]
         return chunks, cache_bytes(model)["total"], model.base_lm.kv_cache.current_length

@@ -36,9 +36,9 @@ DTYPE_NAMES = tuple(_models.DTYPES)
 
 # --------------------------------------------------------------------------- notebook helpers
 def resolve_device(device: str) -> str:
-    if device == "auto":
-        return "cuda" if torch.cuda.is_available() else "cpu"
-    return device
+    """The device name a notebook runs on (``auto`` resolved); see :func:`fastattn.bench.resolve_device`."""
+    from .bench import resolve_device as resolve
+    return str(resolve(device))
 
 
 def check_params(**params) -> dict:
@@ -152,7 +152,6 @@ def _kernelspec(run_dir: Path) -> str:
         "display_name": f"fastattn ({sys.executable})", "language": "python",
         "env": {"PYTHONUNBUFFERED": "1", "TQDM_DISABLE": "1"},
     }))
-    os.environ["JUPYTER_PATH"] = os.pathsep.join([str(run_dir / ".jupyter"), os.environ.get("JUPYTER_PATH", "")])
     return name
 
 
@@ -195,13 +194,8 @@ def _index(run_dir: Path, summary: dict) -> None:
 def run_workbook(params: Optional[dict] = None, *, only: Optional[list] = None, keep_going: bool = False,
                  out: Optional[Path] = None, timeout: int = 1800, log=print) -> tuple[Path, dict]:
     """Run the notebooks; return (run folder, summary). A failure stops the run unless ``keep_going``."""
-    import papermill as pm
-    from papermill.exceptions import PapermillExecutionError
-
     params = dict(params or {})
-    device = resolve_device(str(params.get("device", "auto")))
-    if device.startswith("cuda") and not torch.cuda.is_available():
-        raise ValueError(f"device={device!r} but CUDA is not available on this machine")
+    device = resolve_device(str(params.get("device", "auto")))  # ValueError for cuda without CUDA
     nbs = notebooks()
     if only:
         nbs = [p for p in nbs if any(p.name.startswith(o) or p.stem == o for o in only)]
@@ -209,6 +203,24 @@ def run_workbook(params: Optional[dict] = None, *, only: Optional[list] = None, 
             raise ValueError(f"--only {only}: no notebook matches (have: {', '.join(p.name for p in notebooks())})")
     run_dir = _new_run_dir(device, out)
     kernel = _kernelspec(run_dir)
+    saved_path = os.environ.get("JUPYTER_PATH")
+    os.environ["JUPYTER_PATH"] = os.pathsep.join(p for p in (str(run_dir / ".jupyter"), saved_path) if p)
+    try:
+        summary = _run_all(nbs, params, run_dir, device, kernel, keep_going, timeout, log)
+    finally:
+        if saved_path is None:
+            os.environ.pop("JUPYTER_PATH", None)
+        else:
+            os.environ["JUPYTER_PATH"] = saved_path
+    (run_dir / "summary.json").write_text(json.dumps(summary, indent=1, default=str))
+    _index(run_dir, summary)
+    return run_dir, summary
+
+
+def _run_all(nbs, params, run_dir: Path, device: str, kernel: str, keep_going: bool, timeout: int, log) -> dict:
+    import papermill as pm
+    from papermill.exceptions import PapermillExecutionError
+
     summary = {"run": run_dir.name, "parameters": params, "device": device, "started_utc":
                datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"), "notebooks": []}
     failed = False
@@ -250,9 +262,7 @@ def run_workbook(params: Optional[dict] = None, *, only: Optional[list] = None, 
             break
     summary["finished_utc"] = datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
     summary["status"] = "failed" if failed else "ok"
-    (run_dir / "summary.json").write_text(json.dumps(summary, indent=1, default=str))
-    _index(run_dir, summary)
-    return run_dir, summary
+    return summary
 
 
 def _parse_value(text: str):

@@ -110,3 +110,12 @@ def test_cuda_masked_call_is_not_flash():
     s = explain_sdpa(q, k[:, :, :101], v[:, :, :101], enable_gqa=True)
     assert s.eligibility["FLASH_ATTENTION"]["eligible"]
     assert doctor()["compute_capability"].startswith("sm_")
+
+
+def test_seed_claims_checked_on_cpu():
+    from fastattn.backends import check_claims
+    rows = backend_matrix("cpu", capacity=1024, position=100)
+    verdicts = {c["claim"]: c["verdict"] for c in check_claims(rows, "cpu")}
+    assert verdicts["A bool attn_mask makes SDPA fall back to the math kernel"].startswith("does not hold on cpu")
+    assert verdicts["Slicing the cache to position+1 (no mask) lets SDPA use flash attention"] == "holds"
+    assert verdicts["is_causal=True is a safe way to drop the mask for a one-query decode step"].startswith("does not hold")

@@ -133,3 +133,14 @@ def test_bad_fill_and_layer():
         c.get_layer_cache(2)
     with pytest.raises(TypeError, match="dtype must be a torch.dtype"):
         RightSizedKVCache(1, 1, 16, 1, "cpu", "float32")
+
+
+def test_static_address_survives_growth():
+    """For CUDA graphs the storage must stay marked static after every move (checked on CPU tensors)."""
+    c = make(max_length=1024, bucket=16)
+    c.set_static_address(True)
+    c.fill_caches(prefill(c, 10))
+    for _ in range(40):
+        c.step()
+    assert c.generation >= 2
+    assert getattr(c._storage, "_dynamo_static_input_type", None) is not None
