@@ -17,7 +17,8 @@ from . import compat as _compat
 
 _compat.ensure_torchaudio()
 
-from .attention import MODES, attention_step, check_exactness, exactness_report, window_for  # noqa: E402
+from .attention import MODES, attention_step, check_exactness, window_for  # noqa: E402
+from .exactness import calibrate_exact, exactness_report, reset_exactness_cache  # noqa: E402
 from .cache import RightSizedKVCache  # noqa: E402
 from .masks import MaskInfo, attention  # noqa: E402  (the function; the module is fastattn.attention in sys.modules)
 
@@ -31,11 +32,12 @@ _LAZY = {
     "optimize": "graphs",
 }
 
-__all__ = ["MODES", "attention_step", "check_exactness", "exactness_report", "window_for", "RightSizedKVCache",
+__all__ = ["MODES", "attention_step", "calibrate_exact", "check_exactness", "exactness_report", "reset_exactness_cache",
+           "window_for", "RightSizedKVCache",
            "MaskInfo", "attention", *_LAZY]
 
 
-_SUBMODULES = {"masks", "cache", "backends", "doctor", "patch", "models", "graphs", "bench", "plots",
+_SUBMODULES = {"exactness", "masks", "cache", "backends", "doctor", "patch", "models", "graphs", "bench", "plots",
                "checks", "workbook", "upstream", "paths", "compat"}
 
 

@@ -17,12 +17,18 @@ Three modes:
     upstream VoxCPM2's computation, reproduced exactly: a bool mask over the
     whole capacity and SDPA with ``enable_gqa=True``. O(capacity) per call.
 ``exact`` (default)
-    keys ``[0, W)`` with ``W = min(ceil(length / bucket) * bucket, capacity)``
-    and the mask sliced to that window. O(length + bucket). Bit-identical to
-    ``reference`` wherever the device's kernel splits its key loop on multiples
-    of 16 (checked at first use per device/dtype/geometry; see
-    :func:`exactness_report`). Shapes change only at bucket boundaries, so the
-    step is friendly to ``torch.compile`` and CUDA graphs.
+    bit-identical to ``reference`` on the device it runs on, by construction.
+    Keys ``[0, W)`` with ``W = min(ceil(length / G) * G, capacity)`` and the
+    mask kept inside the window, where ``G`` is the granularity calibrated for
+    this device, dtype, head geometry, capacity and query length
+    (:mod:`fastattn.exactness`: on CPU the flash kernel's 512-key block,
+    confirmed by a dense random-data check at first use). Where no window is
+    provably exact (``G`` is ``None``: CUDA's kernels, CPU's math kernel),
+    ``exact`` attends over the whole capacity: upstream's computation. O(length
+    + G) where a window is exact. Shapes change only at ``G`` boundaries, so
+    the step is friendly to ``torch.compile`` and CUDA graphs. An explicit int
+    ``bucket`` overrides ``G`` (not guaranteed exact: a first-use self-check
+    warns where it is not).
 ``fast``
     keys sliced to exactly ``length`` and, for ``Lq == 1``, no mask at all so a
     fused kernel (flash / cuDNN on CUDA) can run. Equal to ``reference`` within
@@ -41,14 +47,14 @@ capacity-sized mask outside ``reference``.
 
 from __future__ import annotations
 
-import threading
 import warnings
 from typing import Optional, Union
 
 import torch
 import torch.nn.functional as F
 
-__all__ = ["MODES", "attention_step", "window_for", "exactness_report", "check_exactness", "reset_exactness_cache"]
+__all__ = ["MODES", "attention_step", "window_for", "exactness_report", "check_exactness", "reset_exactness_cache",
+           "calibrate_exact"]
 
 MODES = ("reference", "exact", "fast")
 
@@ -78,9 +84,12 @@ def _check_tensors(q, k_cache, v_cache) -> None:
         raise ValueError(f"devices differ: q {q.device}, k_cache {k_cache.device}, v_cache {v_cache.device}")
 
 
-def _check_bucket(bucket) -> None:
+def _check_bucket(bucket, *, allow_none: bool = False) -> None:
+    if bucket is None and allow_none:
+        return
     if isinstance(bucket, bool) or not isinstance(bucket, int) or bucket <= 0 or bucket % 16:
-        raise ValueError(f"bucket must be a positive multiple of 16, got {bucket!r}")
+        expected = "None (calibrated) or a positive multiple of 16" if allow_none else "a positive multiple of 16"
+        raise ValueError(f"bucket must be {expected}, got {bucket!r}")
 
 
 def _check_length_int(length: int, lq: int, capacity: int, name: str = "length") -> None:
@@ -139,7 +148,7 @@ def attention_step(
     length: Length,
     *,
     mode: str = "exact",
-    bucket: int = 256,
+    bucket: Optional[int] = None,
     window: Optional[int] = None,
 ) -> torch.Tensor:
     """Attention of ``q`` over the first ``length`` keys of a preallocated cache.
@@ -150,14 +159,18 @@ def attention_step(
             Only keys ``[0, length)`` are attended to (bottom-right causal
             for Lq > 1).
         length: valid keys, ``Lq <= length <= capacity``: a Python int, or a
-            one-element integer tensor on the cache's device. A tensor without
-            ``window`` is read back to the host for ``exact`` and ``fast``
-            (one device-to-host sync on CUDA); with ``window`` ``exact`` stays on
-            the device.
-        mode: ``"exact"`` (default, bit-identical to ``reference`` where the
-            device allows), ``"reference"`` (upstream), ``"fast"`` (opt-in,
-            within rounding). See the module docstring.
-        bucket: positive multiple of 16; ``exact``'s window is rounded up to it.
+            one-element integer tensor on the cache's device (range-checked
+            like an int: on CPU at no cost, on CUDA by a device-side assert). A
+            tensor without ``window`` is read back to the host for a windowed
+            ``exact`` and for ``fast`` (one device-to-host sync on CUDA).
+        mode: ``"exact"`` (default, bit-identical to ``reference`` on this
+            device), ``"reference"`` (upstream), ``"fast"`` (opt-in, within
+            rounding). See the module docstring.
+        bucket: ``exact``'s window granularity. ``None`` (default): the
+            granularity calibrated for this call (exact by construction and
+            measurement; see :func:`fastattn.calibrate_exact`). An int (a positive
+            multiple of 16): that granularity, self-checked at first use and
+            warned about where it is not bit-identical.
         window: ``exact`` only: the caller's bucketed key count (a Python int,
             ``Lq <= window <= capacity``) so that a tensor ``length`` needs no
             host sync. The caller guarantees ``length <= window``; keys past
@@ -169,7 +182,7 @@ def attention_step(
     _check_tensors(q, k_cache, v_cache)
     if mode not in MODES:
         raise ValueError(f"mode must be one of {', '.join(map(repr, MODES))}; got {mode!r}")
-    _check_bucket(bucket)
+    _check_bucket(bucket, allow_none=True)
     lq, capacity = q.shape[2], k_cache.shape[2]
     kind = _length_kind(length, k_cache.device)
 
@@ -179,27 +192,59 @@ def attention_step(
         _check_length_int(window, lq, capacity, name="window")
         if mode == "fast":
             raise ValueError("window= is for mode='exact' (and 'reference' ignores it); 'fast' slices to length exactly")
+    upper = window if window is not None else capacity
     if kind == "int":
         _check_length_int(length, lq, capacity)
-        if window is not None and length > window:
+        if length > upper:
             raise ValueError(f"length ({length}) exceeds window ({window})")
-
+    else:
+        _check_length_tensor(length, lq, capacity, upper)
+    if mode == "exact" and window is not None and bucket is None:
+        _check_window_granularity(q, k_cache, window)
     return _attend(q, k_cache, v_cache, length, mode, bucket, window)
 
 
-def _attend(q, k_cache, v_cache, length, mode: str, bucket: int, window):
+def _check_length_tensor(length: torch.Tensor, lq: int, capacity: int, upper: int) -> None:
+    """The int checks for a length tensor: exact on CPU (no sync there), a device-side assert elsewhere."""
+    if length.device.type == "cpu":
+        n = int(length.reshape(()))
+        _check_length_int(n, lq, capacity)
+        if n > upper:
+            raise ValueError(f"length ({n}) exceeds window ({upper})")
+    elif length.device.type != "meta":
+        torch._assert_async(((length >= lq) & (length <= upper)).reshape(()),
+                            f"length must satisfy Lq ({lq}) <= length <= {upper}")
+
+
+def _check_window_granularity(q, k_cache, window: int) -> None:
+    """A caller-chosen window must end on a calibrated block edge (or be the capacity) to stay exact."""
+    capacity = k_cache.shape[2]
+    g = _exactness.exact_granularity(q.device, q.dtype, hq=q.shape[1], hkv=k_cache.shape[1], head_dim=q.shape[3],
+                                     capacity=capacity, lq=q.shape[2])
+    if window != capacity and (g is None or window % g):
+        key = ("window", str(q.device), q.dtype, g)
+        if key not in _exactness._WARNED:
+            _exactness._WARNED.add(key)
+            warnings.warn(f"fastattn: window={window} is not a multiple of the calibrated exact granularity ({g}) "
+                          f"nor the capacity ({capacity}): the result is within rounding of mode='reference', "
+                          "not guaranteed bit-identical.", RuntimeWarning, stacklevel=3)
+
+
+def _attend(q, k_cache, v_cache, length, mode: str, bucket, window):
     """``attention_step`` after validation. Callers that guarantee the contract (fastattn's patched
-    decode step: shapes from the model, length from its position tensor) call this directly, so the
-    per-layer hot path does not re-validate 36 times a token."""
+    decode step: shapes from the model, length from its position tensor, a calibrated window) call
+    this directly, so the per-layer hot path does not re-validate 36 times a token."""
     lq, capacity = q.shape[2], k_cache.shape[2]
     if mode == "reference":
         return _sdpa(q, k_cache, v_cache, _mask(capacity, lq, length, q.device))
 
     if mode == "exact":
+        if bucket is not None:
+            _self_check_once(q, k_cache, bucket)
         if window is None:
-            n = length if isinstance(length, int) else _host_length(length, lq, capacity)
-            window = window_for(n, capacity, bucket)
-        _self_check_once(q, k_cache, bucket)
+            window = _exact_window(q, k_cache, length, bucket)
+        if window == capacity:  # the whole cache: upstream's call, no host sync
+            return _sdpa(q, k_cache, v_cache, _mask(capacity, lq, length, q.device))
         k, v = k_cache[:, :, :window], v_cache[:, :, :window]
         return _sdpa(q, k, v, _mask(window, lq, length, q.device))
 
@@ -212,6 +257,17 @@ def _attend(q, k_cache, v_cache, length, mode: str, bucket: int, window):
     return _sdpa(q, k, v, _mask(n, lq, n, q.device))
 
 
+def _exact_window(q, k_cache, length, bucket) -> int:
+    """``exact``'s key count: the length rounded up to the granularity, or the whole capacity."""
+    capacity = k_cache.shape[2]
+    g = bucket if bucket is not None else _exactness.exact_granularity(
+        q.device, q.dtype, hq=q.shape[1], hkv=k_cache.shape[1], head_dim=q.shape[3], capacity=capacity, lq=q.shape[2])
+    if g is None or g >= capacity:
+        return capacity
+    n = length if isinstance(length, int) else _host_length(length, q.shape[2], capacity)
+    return window_for(n, capacity, g)
+
+
 def _host_length(length: torch.Tensor, lq: int, capacity: int) -> int:
     """Read a length tensor back (a device-to-host sync on CUDA) and range-check it."""
     n = int(length.reshape(()).item())
@@ -219,41 +275,28 @@ def _host_length(length: torch.Tensor, lq: int, capacity: int) -> int:
     return n
 
 
-# --------------------------------------------------------------------------- exactness self-check
-_LOCK = threading.Lock()
-_EXACTNESS: dict = {}
-
-
-def _geometry_key(q: torch.Tensor, k: torch.Tensor, bucket: int) -> tuple:
-    dev = q.device
-    dev_name = dev.type if dev.type == "cpu" else f"{dev.type}:{dev.index if dev.index is not None else torch.cuda.current_device()}"
-    return (dev_name, str(q.dtype).replace("torch.", ""), q.shape[1], k.shape[1], q.shape[3], bucket)
-
-
-def _capturing_or_compiling() -> bool:
-    if torch.compiler.is_compiling():
-        return True
-    return bool(torch.cuda.is_available() and torch.cuda.is_current_stream_capturing())
-
-
+# --------------------------------------------------------------------------- int-bucket self-check
 def _self_check_once(q: torch.Tensor, k_cache: torch.Tensor, bucket: int) -> None:
-    if _capturing_or_compiling():
+    """An explicit int bucket: check it once per device/dtype/geometry/bucket and warn where it differs."""
+    if _exactness._capturing_or_compiling() or q.device.type == "meta":
         return
-    key = _geometry_key(q, k_cache, bucket)
-    if key in _EXACTNESS:
-        return
-    with _LOCK:
-        if key in _EXACTNESS:
+    key = (_exactness._device_name(q.device), _exactness._dtype_name(q.dtype), q.shape[1], k_cache.shape[1],
+           q.shape[3], bucket)
+    if key in _exactness._SELF_CHECKS or bucket >= k_cache.shape[2]:
+        return  # a bucket at or above capacity always windows the whole cache: upstream's call
+    with _exactness._LOCK:
+        if key in _exactness._SELF_CHECKS:
             return
-        result = check_exactness(q.device, q.dtype, hq=q.shape[1], hkv=k_cache.shape[1], head_dim=q.shape[3], bucket=bucket)
-        _EXACTNESS[key] = result
+        result = check_exactness(q.device, q.dtype, hq=q.shape[1], hkv=k_cache.shape[1], head_dim=q.shape[3],
+                                 bucket=bucket)
+        _exactness._SELF_CHECKS[key] = result
     if not result["bit_identical"]:
         warnings.warn(
             "fastattn: mode='exact' is NOT bit-identical to mode='reference' on "
             f"{key[0]} {key[1]} (Hq={key[2]}, Hkv={key[3]}, D={key[4]}, bucket={bucket}): "
             f"max |diff| {result['max_abs_diff']:.3g} over {result['positions_checked']} positions "
             f"(first differing position {result['first_diff_position']}). Results stay within rounding; "
-            "use mode='reference' where bits must match upstream.",
+            "use bucket=None (calibrated) or mode='reference' where bits must match upstream.",
             RuntimeWarning,
             stacklevel=3,
         )
@@ -262,14 +305,15 @@ def _self_check_once(q: torch.Tensor, k_cache: torch.Tensor, bucket: int) -> Non
 @torch.no_grad()
 def check_exactness(device, dtype, *, hq: int = 16, hkv: int = 2, head_dim: int = 128, bucket: int = 256,
                     capacity: Optional[int] = None, positions=None, seed: int = 0) -> dict:
-    """Compare ``exact`` against ``reference`` with random data on ``device``/``dtype``.
+    """Compare an int-``bucket`` ``exact`` against ``reference`` with random data on ``device``/``dtype``.
 
-    Runs Lq=1 decode calls at positions around the bucket edges (p = 0, 1,
-    bucket-1, bucket, ...) of a cache of ``capacity`` (default 4 buckets) and
-    returns ``{"bit_identical", "max_abs_diff", "positions_checked",
-    "first_diff_position", ...}``. Used by the first ``exact`` call per
-    geometry; callable directly.
+    A quick check (one draw, Lq=1, positions around the bucket edges of a cache
+    of ``capacity``, default 4 buckets): it can pass a granularity that is not
+    exact at other lengths or draws. :func:`fastattn.calibrate_exact` is the
+    dense check the default ``bucket=None`` relies on. Returns
+    ``{"bit_identical", "max_abs_diff", "positions_checked", "first_diff_position", ...}``.
     """
+    _check_bucket(bucket)
     device = torch.device(device)
     capacity = capacity or 4 * bucket
     if positions is None:
@@ -289,7 +333,7 @@ def check_exactness(device, dtype, *, hq: int = 16, hkv: int = 2, head_dim: int 
             max_diff = max(max_diff, d)
             first = p if first is None else first
     return {
-        "device": str(device), "dtype": str(dtype).replace("torch.", ""), "hq": hq, "hkv": hkv,
+        "device": str(device), "dtype": _exactness._dtype_name(dtype), "hq": hq, "hkv": hkv,
         "head_dim": head_dim, "bucket": bucket, "capacity": capacity,
         "bit_identical": first is None, "max_abs_diff": max_diff,
         "positions_checked": len(positions), "first_diff_position": first,
@@ -297,13 +341,5 @@ def check_exactness(device, dtype, *, hq: int = 16, hkv: int = 2, head_dim: int 
     }
 
 
-def exactness_report() -> list[dict]:
-    """What the first-use self-checks of ``exact`` mode found in this process, one dict per geometry."""
-    with _LOCK:
-        return [dict(v) for v in _EXACTNESS.values()]
-
-
-def reset_exactness_cache() -> None:
-    """Forget the self-check results (tests; a new device/driver in a long process)."""
-    with _LOCK:
-        _EXACTNESS.clear()
+from . import exactness as _exactness  # noqa: E402  (imports _mask from this module)
+from .exactness import calibrate_exact, exactness_report, reset_exactness_cache  # noqa: E402,F401

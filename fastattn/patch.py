@@ -16,10 +16,15 @@ VoxCPM 1 and 2, built before or after, gets it):
 * with ``cache=True``, ``MiniCPMModel.setup_cache`` builds a
   :class:`fastattn.RightSizedKVCache` instead of an 8192-slot ``StaticKVCache``.
 
-Sizing policy (``cache=True``): a request's cache holds its prefill rounded up
-to a bucket (256 slots) and grows by one bucket whenever decoding reaches the
-end; a later shorter request shrinks it back. So a request of prefill P and N
-steps holds at most ``ceil((P + N + 1) / 256) * 256`` slots instead of 8192.
+Granularity (``bucket=None``, the default): calibrated per model geometry,
+device and dtype when a cache is built or converted
+(:func:`fastattn.exactness.exact_granularity`: on CPU the flash kernel's
+512-key block). The right-sized cache's windows end on that granularity, so
+``exact`` stays bit-identical to upstream's 8192-slot call. Where no window is
+provably exact (CUDA), the cache holds ``max_length`` slots allocated once and
+cleared only where a request wrote, and ``exact`` attends over all of them:
+upstream's computation without its per-request full zero-fill.
+:func:`patch_status` reports each choice.
 
 Safety: each patched function's installed source is fingerprinted and must
 match a version verified here (voxcpm 2.0.3), else the patch refuses unless
@@ -42,6 +47,7 @@ import torch
 
 from . import compat
 from .attention import MODES, _attend, _check_bucket, window_for
+from .exactness import exact_granularity, exactness_report
 from .cache import RightSizedKVCache
 
 __all__ = ["patch_voxcpm", "patch_status", "VoxcpmPatch", "PatchError", "fingerprints", "VERIFIED"]
@@ -113,6 +119,9 @@ def _verify(force: bool) -> dict:
 
 
 # --------------------------------------------------------------------------- patched functions
+_MODEL_STEP = threading.local()  # .cut: the patched model step is handing its layers views cut to the live keys
+
+
 def _make_attention_forward_step(mode: str, bucket: int):
     from voxcpm.modules.minicpm4.model import apply_rotary_pos_emb
 
@@ -132,6 +141,11 @@ def _make_attention_forward_step(mode: str, bucket: int):
             query_states, key_states = apply_rotary_pos_emb(query_states, key_states, cos, sin)
 
         key_cache, value_cache = kv_cache  # views cut by the model step (see _make_model_forward_step)
+        if mode == "fast" and not getattr(_MODEL_STEP, "cut", False):
+            # called directly (not from the patched model step, whose views hold exactly the live keys):
+            # never attend past the position. Reads the position (free on CPU, a sync on CUDA).
+            n = _live(position_id)
+            key_cache, value_cache = key_cache[:, :, :n], value_cache[:, :, :n]
         key_cache[:, :, position_id, :] = key_states
         value_cache[:, :, position_id, :] = value_states
 
@@ -163,19 +177,25 @@ def _make_model_forward_step(mode: str, bucket: int):
         position_emb = self.rope_emb(position_id) if self.rope_emb is not None else None
         hidden_states = inputs_embeds
         cache = self.kv_cache
-        cut = _keys_for(cache, mode, bucket)
-        for i, decoder_layer in enumerate(self.layers):
-            k, v = cache.get_layer_cache(i)
-            if cut is not None:
-                k, v = k[:, :, :cut], v[:, :, :cut]
-            hidden_states = decoder_layer.forward_step(hidden_states, position_emb, position_id, (k, v))
+        cut = _keys_for(self, cache, mode, bucket)
+        if mode == "fast":  # tell the layers their views hold exactly the live keys (fast is not graph-safe)
+            _MODEL_STEP.cut = True
+        try:
+            for i, decoder_layer in enumerate(self.layers):
+                k, v = cache.get_layer_cache(i)
+                if cut is not None:
+                    k, v = k[:, :, :cut], v[:, :, :cut]
+                hidden_states = decoder_layer.forward_step(hidden_states, position_emb, position_id, (k, v))
+        finally:
+            if mode == "fast":
+                _MODEL_STEP.cut = False
         return self.norm(hidden_states)
 
     forward_step.__fastattn__ = ("MiniCPMModel.forward_step", mode, bucket)
     return forward_step
 
 
-def _keys_for(cache, mode: str, bucket: int) -> Optional[int]:
+def _keys_for(lm, cache, mode: str, bucket) -> Optional[int]:
     """How many keys of the cache's views the layers get; None = the views as they are.
 
     Reads only the cache's host-side bookkeeping. ``current_length`` is the
@@ -185,26 +205,54 @@ def _keys_for(cache, mode: str, bucket: int) -> Optional[int]:
         return None
     if mode == "exact":
         if isinstance(cache, RightSizedKVCache):
-            return None  # its views are already the bucketed window (changes only at bucket edges)
-        return window_for(cache.current_length, cache.max_length, bucket)
+            return None  # its views are already the calibrated window (changes only at granularity edges)
+        g = getattr(cache, "_fastattn_granularity", False)
+        if g is False:  # upstream's StaticKVCache: calibrate once for this cache's geometry
+            k = cache.kv_cache
+            g = bucket if bucket is not None else _granularity(lm.config, k.device, k.dtype, cache.max_length)
+            cache._fastattn_granularity = g
+        return None if g is None else window_for(cache.current_length, cache.max_length, g)
     return cache.current_length  # fast: exactly the live keys
 
 
-def _make_setup_cache(bucket: int):
+def _head_dim(config) -> int:
+    return config.hidden_size // config.num_attention_heads if config.kv_channels is None else config.kv_channels
+
+
+def _granularity(config, device, dtype, max_length: int) -> Optional[int]:
+    """Calibrated exact window granularity for one decode step (Lq = 1) of this LM's geometry."""
+    return exact_granularity(torch.device(device), dtype, hq=config.num_attention_heads,
+                             hkv=config.num_key_value_heads, head_dim=_head_dim(config), capacity=max_length, lq=1)
+
+
+def _cache_bucket(config, device, dtype, max_length: int, bucket) -> int:
+    """The right-sized cache's granularity: the caller's int, the calibrated one, or the whole
+    ``max_length`` (rounded up to 16) where no window is exact."""
+    if bucket is not None:
+        return bucket
+    g = _granularity(config, device, dtype, max_length)
+    return g if g is not None else -(-max_length // 16) * 16
+
+
+def _live(position_id) -> int:
+    return int(position_id.reshape(-1)[-1]) + 1 if isinstance(position_id, torch.Tensor) else int(position_id) + 1
+
+
+def _make_setup_cache(bucket):
     def setup_cache(self, batch_size, max_length, device, dtype):
         self.kv_cache = RightSizedKVCache(
             num_layers=self.config.num_hidden_layers,
             num_kv_heads=self.config.num_key_value_heads,
-            dim_kv_head=(self.config.hidden_size // self.config.num_attention_heads
-                         if self.config.kv_channels is None else self.config.kv_channels),
-            batch_size=batch_size, device=device, dtype=dtype, max_length=max_length, bucket=bucket,
+            dim_kv_head=_head_dim(self.config),
+            batch_size=batch_size, device=device, dtype=dtype, max_length=max_length,
+            bucket=_cache_bucket(self.config, device, dtype, max_length, bucket),
         )
 
     setup_cache.__fastattn__ = ("MiniCPMModel.setup_cache", bucket)
     return setup_cache
 
 
-def variant_functions(mode: str = "exact", *, cache: bool = True, bucket: int = 256) -> dict:
+def variant_functions(mode: str = "exact", *, cache: bool = True, bucket: Optional[int] = None) -> dict:
     """The class functions a patch with these settings installs, by name (for side-by-side benchmarks)."""
     _modules()
     fns = {"MiniCPMAttention.forward_step": _make_attention_forward_step(mode, bucket),
@@ -272,10 +320,11 @@ def _check_not_compiled(model) -> None:
             )
 
 
-def _static_to_rightsized(cache, bucket):
+def _static_to_rightsized(lm, cache, bucket):
     k = cache.kv_cache  # (2, layers, B, Hkv, max_length, D)
     return RightSizedKVCache(k.shape[1], k.shape[3], k.shape[5], k.shape[2], k.device, k.dtype,
-                             max_length=cache.max_length, bucket=bucket)
+                             max_length=cache.max_length,
+                             bucket=_cache_bucket(lm.config, k.device, k.dtype, cache.max_length, bucket))
 
 
 class VoxcpmPatch:
@@ -314,7 +363,7 @@ class VoxcpmPatch:
         _, c = _modules()
         for lm in lms:
             if isinstance(lm.kv_cache, c.StaticKVCache):
-                lm.kv_cache = _static_to_rightsized(lm.kv_cache, self.bucket)
+                lm.kv_cache = _static_to_rightsized(lm, lm.kv_cache, self.bucket)
                 self._converted.add(lm)
 
     def revert(self) -> None:
@@ -342,6 +391,10 @@ class VoxcpmPatch:
                 "voxcpm": _voxcpm_version(), "patched": sorted(self._originals) if self.applied else [],
                 "converted_models": len(self._converted),
                 "exact_default": self.mode == "exact",
+                "granularity": ("calibrated" if self.bucket is None else f"int bucket {self.bucket} (self-checked)"),
+                "calibrations": [{k: c[k] for k in ("device", "dtype", "hq", "hkv", "head_dim", "capacity", "kernel",
+                                                    "bucket")}
+                                 for c in exactness_report() if c["check"] == "calibration" and c["lq"] == 1],
                 "note": ("fast mode trades bit-identity for speed (within rounding)" if self.mode == "fast" else
                          "reference mode is upstream's computation" if self.mode == "reference" else
                          "exact mode: bit-identical to upstream where the device's kernels allow (self-checked)")}
@@ -357,7 +410,8 @@ class VoxcpmPatch:
         return f"<fastattn voxcpm patch {state}: mode={self.mode!r} cache={self.cache} bucket={self.bucket}>"
 
 
-def patch_voxcpm(model=None, *, mode: str = "exact", cache: bool = True, force: bool = False, bucket: int = 256):
+def patch_voxcpm(model=None, *, mode: str = "exact", cache: bool = True, force: bool = False,
+                 bucket: Optional[int] = None):
     """Patch voxcpm's MiniCPM decode step (and, with ``cache=True``, its KV cache) in place.
 
     Args:
@@ -368,7 +422,10 @@ def patch_voxcpm(model=None, *, mode: str = "exact", cache: bool = True, force: 
             allows), ``"fast"`` (opt-in: within rounding) or ``"reference"``.
         cache: also right-size the KV caches.
         force: patch even if the installed voxcpm's sources are not a verified version.
-        bucket: window and cache growth granularity (a positive multiple of 16).
+        bucket: window and cache granularity. ``None`` (default): calibrated per model
+            geometry, device and dtype, so ``exact`` stays bit-identical to upstream. An int
+            (a positive multiple of 16): that granularity, self-checked and warned about
+            where it is not bit-identical.
 
     Returns the :class:`VoxcpmPatch` handle (a context manager). Applying again
     with the same settings returns the same handle; different settings while
@@ -379,7 +436,7 @@ def patch_voxcpm(model=None, *, mode: str = "exact", cache: bool = True, force: 
         raise ValueError(f"mode must be one of {', '.join(map(repr, MODES))}; got {mode!r}")
     if not isinstance(cache, bool):
         raise TypeError(f"cache must be a bool, got {type(cache).__name__}")
-    _check_bucket(bucket)
+    _check_bucket(bucket, allow_none=True)
     with _LOCK:
         if _ACTIVE is not None:
             want = {"mode": mode, "cache": cache, "bucket": bucket}

@@ -99,6 +99,57 @@ def test_fast_mode_one_step_error_within_tolerance():
     assert 0 <= rel <= 1e-5, rel
 
 
+def test_calibrated_granularity_is_reported_and_sizes_the_cache():
+    fastattn.reset_exactness_cache()
+    model = build_voxcpm2("tiny", dtype="float32")
+    with patch_voxcpm(model) as h:
+        assert h.bucket is None
+        s = patch_status()
+        cal = [c for c in s["calibrations"] if c["hq"] == model.base_lm.config.num_attention_heads]
+        assert s["granularity"] == "calibrated" and cal and cal[0]["capacity"] == 8192
+        c = model.base_lm.kv_cache
+        g = cal[0]["bucket"]
+        assert c.bucket == (g if g is not None else 8192)
+        decode(model, steps=20)
+        assert c.window % c.bucket == 0 or c.window == c.max_length  # never inside a partial kernel block
+
+
+@pytest.mark.parametrize("multiple", [1024, None], ids=["1024-multiples-exact", "only-full-capacity-exact"])
+def test_model_path_follows_the_calibration_of_an_order_sensitive_kernel(monkeypatch, multiple):
+    """Under a kernel whose rounding depends on the key count, the default patch still decodes
+    bit-identically to upstream (run under the same kernel): the calibration picks the granularity."""
+    import torch.nn.functional as F
+
+    from .helpers import order_sensitive
+
+    monkeypatch.setattr(F, "scaled_dot_product_attention", order_sensitive(multiple, capacity=8192))
+    fastattn.reset_exactness_cache()
+    model = build_voxcpm2("tiny", dtype="float32")
+    ref = decode(model, steps=120)
+    with patch_voxcpm(model):
+        assert torch.equal(decode(model, steps=120), ref)
+        assert model.base_lm.kv_cache.bucket == (multiple or 8192)
+    fastattn.reset_exactness_cache()
+
+
+def test_fast_layer_called_directly_with_full_views_is_not_wrong():
+    """PR #395's test shape: the fast layer handed full-capacity views attends only to [0, position]."""
+    model = build_voxcpm2("tiny", dtype="float32")
+    lm = model.base_lm
+    g = torch.Generator().manual_seed(5)
+    _, kv = lm(torch.randn(1, 200, lm.config.hidden_size, generator=g), is_causal=True)
+    lm.kv_cache.fill_caches(kv)
+    pos = torch.tensor([lm.kv_cache.step()])
+    x = torch.randn(1, lm.config.hidden_size, generator=g)
+    layer, emb = lm.layers[0].self_attn, lm.rope_emb(pos)
+    k, v = lm.kv_cache.get_layer_cache(0)
+    assert k.shape[2] == 8192  # the whole upstream cache
+    ref = layer.forward_step(x, emb, pos, (k, v))
+    with patch_voxcpm(mode="fast", cache=False):
+        out = layer.forward_step(x, emb, pos, (k, v))
+    assert (out - ref).abs().max().item() <= 1e-5 * ref.abs().max().item()
+
+
 def test_revert_restores_identity_and_is_idempotent():
     from voxcpm.modules.minicpm4.model import MiniCPMAttention, MiniCPMModel
     originals = (MiniCPMAttention.__dict__["forward_step"], MiniCPMModel.__dict__["forward_step"],
@@ -156,7 +207,7 @@ def test_unknown_voxcpm_source_is_refused_unless_forced(monkeypatch):
 def test_bad_arguments():
     with pytest.raises(ValueError, match="'reference', 'exact', 'fast'"):
         patch_voxcpm(mode="flash")
-    with pytest.raises(ValueError, match="bucket must be a positive multiple of 16"):
+    with pytest.raises(ValueError, match=r"bucket must be None \(calibrated\) or a positive multiple of 16"):
         patch_voxcpm(bucket=100)
     with pytest.raises(TypeError, match="base_lm"):
         patch_voxcpm(object())

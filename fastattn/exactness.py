@@ -1,0 +1,260 @@
+"""Where a key window gives upstream's bits: exactness by construction, confirmed by measurement.
+
+``exact`` mode attends over keys ``[0, W)`` with the mask kept inside the
+window, instead of over the whole capacity. Whether that changes a single bit
+depends on how the kernel that runs walks the keys:
+
+* torch's CPU flash kernel (``aten/src/ATen/native/cpu/FlashAttentionKernel.cpp``,
+  the kernel SDPA picks on CPU for upstream's masked call) processes keys in
+  blocks of ``kvSplitSize = 512`` (or the whole key count when shorter), one
+  block after another, with an online softmax per query row. A window that is a
+  multiple of 512 hands it the same blocks with the same contents as the
+  full-capacity call; the full call's extra blocks are fully masked and add
+  exact zeros (``exp(-inf) = 0``, a rescale by ``exp(0) = 1``). Any other
+  window changes the last block's shape, and with it the reduction order: the
+  results then agree within rounding, not bit for bit (measured: 6 of 212
+  lengths with a 256 window and Lq > 1 on an AMD EPYC; a window of 80 keys
+  even for Lq = 1 on a Xeon).
+* Every other kernel (CUDA's flash/efficient/cuDNN/math, CPU's math) has no such
+  argument here: ``exact`` attends over the full capacity there. That is
+  upstream's computation exactly, minus upstream's per-request zero-fill.
+
+:func:`calibrate_exact` confirms the construction on the device: several random
+draws (in the batch dimension), every length around each block edge, the
+call's real capacity and query length, against the full-capacity call, for
+each candidate granularity. The smallest candidate that is both eligible by
+construction and measured identical becomes the granularity of the default
+``exact`` call (``bucket=None``). Calibrations are cached per process, keyed by
+device, dtype, head geometry, capacity, query length, thread count and the
+identity of ``torch.nn.functional.scaled_dot_product_attention`` (a replaced
+kernel is recalibrated); :func:`exactness_report` lists them.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+import warnings
+from typing import Optional
+
+import torch
+import torch.nn.functional as F
+
+__all__ = ["CPU_FLASH_KEY_BLOCK", "calibrate_exact", "exact_granularity", "kernel_key_block",
+           "exactness_report", "reset_exactness_cache"]
+
+#: torch's CPU flash-attention kernel walks keys in blocks of this many (kvSplitSize, every qSize).
+CPU_FLASH_KEY_BLOCK = 512
+
+_LOCK = threading.RLock()
+_CALIBRATIONS: dict = {}   # geometry key -> calibration dict
+_SELF_CHECKS: dict = {}    # (int-bucket) self-check key -> check_exactness dict
+_WARNED: set = set()
+
+
+def _dtype_name(dtype) -> str:
+    return str(dtype).replace("torch.", "")
+
+
+def _device_name(device: torch.device) -> str:
+    if device.type == "cuda" and device.index is None and torch.cuda.is_available():
+        return f"cuda:{torch.cuda.current_device()}"
+    return str(device)
+
+
+def _check_geometry(hq, hkv, head_dim, capacity, lq) -> None:
+    for name, value in (("hq", hq), ("hkv", hkv), ("head_dim", head_dim), ("capacity", capacity), ("lq", lq)):
+        if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+            raise ValueError(f"{name} must be a positive int, got {value!r}")
+    if hq % hkv:
+        raise ValueError(f"hq ({hq}) must be a multiple of hkv ({hkv})")
+    if lq > capacity:
+        raise ValueError(f"lq ({lq}) must not exceed capacity ({capacity})")
+
+
+def _masked_sdpa(q, k, v, n_keys: int, length: int):
+    """Upstream's call over the first ``n_keys`` keys: bool mask, bottom-right causal, GQA.
+
+    ``F.scaled_dot_product_attention`` is looked up at call time (a test may replace it).
+    """
+    from .attention import _mask
+
+    return F.scaled_dot_product_attention(q, k[:, :, :n_keys], v[:, :, :n_keys],
+                                          attn_mask=_mask(n_keys, q.shape[2], length, q.device), enable_gqa=True)
+
+
+# --------------------------------------------------------------------------- which kernel, which block
+def kernel_key_block(device, dtype, *, hq: int, hkv: int, head_dim: int, lq: int = 1) -> tuple:
+    """``(key_block, kernel)``: the kernel SDPA picks for upstream's masked call on this device, and
+    the key block that makes a window provably exact there (``None``: no such argument)."""
+    device = torch.device(device)
+    if device.type == "meta":
+        return None, "meta (no kernel runs)"
+    n = max(lq, 16)
+    q = torch.zeros(1, hq, lq, head_dim, device=device, dtype=dtype)
+    k = torch.zeros(1, hkv, n, head_dim, device=device, dtype=dtype)
+    mask = torch.ones(1, 1, lq, n, device=device, dtype=torch.bool)
+    try:
+        from torch.nn.attention import SDPBackend
+
+        kernel = SDPBackend(torch._fused_sdp_choice(q, k, k, mask, 0.0, False, scale=None, enable_gqa=True)).name
+    except Exception as exc:  # noqa: BLE001 - an unknown dispatcher means no construction argument
+        return None, f"unknown ({type(exc).__name__})"
+    if device.type == "cpu" and kernel == "FLASH_ATTENTION":
+        return CPU_FLASH_KEY_BLOCK, "cpu FLASH_ATTENTION"
+    return None, f"{device.type} {kernel}"
+
+
+def _candidates(block: Optional[int], capacity: int, exhaustive: bool) -> list:
+    """Powers of two from the key block (eligible) below capacity; with ``exhaustive``, also the
+    half block (ineligible, measured to show why construction matters)."""
+    base = block or CPU_FLASH_KEY_BLOCK
+    out = [base // 2] if exhaustive else []
+    c = base
+    while c < capacity:
+        out.append(c)
+        c *= 2
+    return [c for c in out if c < capacity]
+
+
+def _lengths(step: int, capacity: int, lq: int) -> list:
+    """Every length around each multiple of ``step`` (edge-1, edge, edge+1), plus the ends."""
+    edges = range(step, capacity + 1, step)
+    picks = {lq, lq + 1, capacity} | {e + d for e in edges for d in (-1, 0, 1)}
+    return sorted(n for n in picks if lq <= n <= capacity)
+
+
+# --------------------------------------------------------------------------- calibration
+@torch.no_grad()
+def calibrate_exact(device, dtype, *, hq: int, hkv: int, head_dim: int, capacity: int, lq: int = 1,
+                    draws: int = 3, seed: int = 0, exhaustive: bool = True) -> dict:
+    """Measure which key-window granularity keeps ``exact`` bit-identical to the full-capacity call.
+
+    For each candidate granularity ``c`` and each checked length ``L``, the
+    window ``min(ceil(L / c) * c, capacity)`` with the mask kept inside it is
+    compared (``torch.equal``) with upstream's call over all ``capacity`` keys,
+    on ``draws`` random draws at once (batch dimension), a fresh query per length.
+
+    Args:
+        device, dtype: where and in what the real call runs.
+        hq, hkv, head_dim, capacity, lq: the real call's geometry (query heads,
+            KV heads, head dim, cache slots, queries per call).
+        draws: random draws per length (the batch of the probe).
+        exhaustive: measure every candidate at every length (the ladder a notebook
+            shows). ``False`` (what ``exact`` uses at first call) stops at the first
+            eligible candidate found identical and at a candidate's first difference.
+
+    Returns:
+        ``{"bucket", "ladder", "kernel", "key_block", ...}``: ``bucket`` is the smallest
+        candidate eligible by construction and measured identical, or ``None`` when only
+        the full capacity is (``exact`` then attends over all of it). Each ladder row:
+        ``candidate, eligible, reason, measured, bit_identical, max_abs_diff,
+        lengths_checked, draws, first_diff_length``.
+    """
+    _check_geometry(hq, hkv, head_dim, capacity, lq)
+    if isinstance(draws, bool) or not isinstance(draws, int) or draws <= 0:
+        raise ValueError(f"draws must be a positive int, got {draws!r}")
+    device, t0 = torch.device(device), time.perf_counter()
+    block, kernel = kernel_key_block(device, dtype, hq=hq, hkv=hkv, head_dim=head_dim, lq=lq)
+    cands = _candidates(block, capacity, exhaustive)
+    # Lengths around every key-block edge: L = e - 1 and e fill the window's last block, L = e + 1 opens a
+    # new one with a single live key; a sub-block window ends inside a block at e + 1 too.
+    lengths = _lengths(block or (min(cands) if cands else capacity), capacity, lq)
+    ladder = [{"candidate": c, "eligible": bool(block and c % block == 0),
+               "reason": (f"multiple of the {kernel} key block ({block})" if block and c % block == 0 else
+                          f"not a multiple of the {kernel} key block ({block})" if block else
+                          f"{kernel}: no key-block argument, only the full capacity is exact by construction"),
+               "measured": False, "bit_identical": None, "max_abs_diff": None, "lengths_checked": 0,
+               "draws": draws, "first_diff_length": None} for c in cands]
+    if device.type != "meta" and ladder:
+        _measure(ladder, lengths, device, dtype, hq, hkv, head_dim, capacity, lq, draws, seed, exhaustive)
+    chosen = next((r["candidate"] for r in ladder if r["eligible"] and r["bit_identical"]), None)
+    return {"device": _device_name(device), "dtype": _dtype_name(dtype), "hq": hq, "hkv": hkv, "head_dim": head_dim,
+            "capacity": capacity, "lq": lq, "draws": draws, "threads": torch.get_num_threads(),
+            "kernel": kernel, "key_block": block, "bucket": chosen, "ladder": ladder,
+            "lengths": len(lengths), "exhaustive": exhaustive, "torch": torch.__version__,
+            "cpu_capability": torch.backends.cpu.get_cpu_capability(),
+            "seconds": round(time.perf_counter() - t0, 3)}
+
+
+def _measure(ladder, lengths, device, dtype, hq, hkv, head_dim, capacity, lq, draws, seed, exhaustive) -> None:
+    gen = torch.Generator(device="cpu").manual_seed(seed)
+    k = torch.randn(draws, hkv, capacity, head_dim, generator=gen).to(device=device, dtype=dtype)
+    v = torch.randn(draws, hkv, capacity, head_dim, generator=gen).to(device=device, dtype=dtype)
+    qs = [torch.randn(draws, hq, lq, head_dim, generator=gen).to(device=device, dtype=dtype) for _ in lengths]
+    refs: dict = {}
+    order = sorted(range(len(ladder)), key=lambda i: (not ladder[i]["eligible"], ladder[i]["candidate"]))
+    for i in order:
+        row = ladder[i]
+        if not exhaustive and not row["eligible"]:
+            continue
+        row["measured"], worst = True, 0.0
+        for j, n in enumerate(lengths):
+            w = min(-(-n // row["candidate"]) * row["candidate"], capacity)
+            if j not in refs:
+                refs[j] = _masked_sdpa(qs[j], k, v, capacity, n)
+            row["lengths_checked"] += 1
+            if w == capacity:
+                continue  # the same call as the reference
+            out = _masked_sdpa(qs[j], k, v, w, n)
+            if not torch.equal(out, refs[j]):
+                worst = max(worst, (out.double() - refs[j].double()).abs().max().item())
+                row["first_diff_length"] = row["first_diff_length"] or n
+                if not exhaustive:
+                    break
+        row["bit_identical"], row["max_abs_diff"] = row["first_diff_length"] is None, worst
+        if not exhaustive and row["eligible"] and row["bit_identical"]:
+            return
+
+
+# --------------------------------------------------------------------------- the cached choice
+def _capturing_or_compiling() -> bool:
+    if torch.compiler.is_compiling():
+        return True
+    return bool(torch.cuda.is_available() and torch.cuda.is_current_stream_capturing())
+
+
+def _key(device, dtype, hq, hkv, head_dim, capacity, lq) -> tuple:
+    return (_device_name(torch.device(device)), _dtype_name(dtype), hq, hkv, head_dim, capacity, lq,
+            torch.get_num_threads(), id(F.scaled_dot_product_attention))
+
+
+def exact_granularity(device, dtype, *, hq: int, hkv: int, head_dim: int, capacity: int, lq: int = 1) -> Optional[int]:
+    """The calibrated window granularity for this call geometry (calibrating on first use), or
+    ``None`` when ``exact`` must attend over the whole capacity. Says so once when that makes
+    ``exact`` no faster than ``reference``. Inside a compile or a CUDA-graph capture an
+    uncalibrated geometry gets ``None`` (exact by construction)."""
+    key = _key(device, dtype, hq, hkv, head_dim, capacity, lq)
+    hit = _CALIBRATIONS.get(key)
+    if hit is not None:
+        return hit["bucket"]
+    if _capturing_or_compiling():
+        return None
+    with _LOCK:
+        if key not in _CALIBRATIONS:
+            _CALIBRATIONS[key] = calibrate_exact(device, dtype, hq=hq, hkv=hkv, head_dim=head_dim,
+                                                 capacity=capacity, lq=lq, exhaustive=False)
+        cal = _CALIBRATIONS[key]
+    quiet = torch.device(device).type == "meta" or capacity <= 2 * CPU_FLASH_KEY_BLOCK
+    if cal["bucket"] is None and not quiet and key[:2] not in _WARNED:
+        _WARNED.add(key[:2])
+        why = next((r["reason"] for r in cal["ladder"] if not r["eligible"]), "no window was bit-identical")
+        warnings.warn(f"fastattn: mode='exact' attends over the whole capacity on {key[0]} {key[1]} "
+                      f"({cal['kernel']}): {why}. It stays bit-identical to upstream but is no faster than "
+                      "mode='reference' there; mode='fast' is the opt-in speed path.", RuntimeWarning, stacklevel=3)
+    return cal["bucket"]
+
+
+def exactness_report() -> list:
+    """Every exactness calibration (``bucket=None``) and int-bucket self-check made in this process."""
+    with _LOCK:
+        return [dict(v, check="calibration") for v in _CALIBRATIONS.values()] + \
+               [dict(v, check="self-check") for v in _SELF_CHECKS.values()]
+
+
+def reset_exactness_cache() -> None:
+    """Forget every calibration and self-check (tests; a new device or driver in a long process)."""
+    with _LOCK:
+        _CALIBRATIONS.clear()
+        _SELF_CHECKS.clear()
+        _WARNED.clear()
