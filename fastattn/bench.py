@@ -163,15 +163,17 @@ def floor_ms(length: int, hkv: int, head_dim: int, dtype, gb_per_s: float) -> fl
 # --------------------------------------------------------------------------- attention sweep
 def attention_sweep(positions: Sequence[int], *, capacity: int = 8192, dtype="float32", device="cpu",
                     hq: int = 16, hkv: int = 2, head_dim: int = 128, modes: Sequence[str] = MODES,
-                    bucket: int = 256, repeats: int = 7, warmup: int = 2, seed: int = 0,
+                    bucket: Optional[int] = None, repeats: int = 7, warmup: int = 2, seed: int = 0,
                     bw: Optional[dict] = None, progress: bool = True) -> dict:
     """One ``attention_step`` call per mode at each position (length = position + 1), interleaved.
 
     Rows: ``{mode, position, length, window, median_ms, p10_ms, p90_ms, min_ms,
     live_bytes, floor_ms, floor_meaningful, x_floor}``; ``floor_meaningful`` is
     False where the live K/V fit in the last-level cache (the loop re-reads
-    them warm, so the DRAM floor does not bind).
+    them warm, so the DRAM floor does not bind). ``bucket=None`` measures the
+    default ``exact`` (the calibrated granularity, recorded in params).
     """
+    from .attention import _exact_window
     device, dt = resolve_device(device), _dtype(dtype)
     for p in positions:
         if not 0 <= p < capacity:
@@ -195,12 +197,13 @@ def attention_sweep(positions: Sequence[int], *, capacity: int = 8192, dtype="fl
         for m in modes:
             st = _stats_ms(times[m])
             rows.append({"mode": m, "position": p, "length": n,
-                         "window": {"reference": capacity, "fast": n}.get(m, min(-(-n // bucket) * bucket, capacity)),
+                         "window": {"reference": capacity, "fast": n}.get(m) or _exact_window(q, k, n, bucket),
                          **st, "live_bytes": live, "floor_ms": fl, "floor_meaningful": live > llc,
                          "x_floor": st["median_ms"] / fl})
     return {"kind": "attention", "env": env_record(device, dt),
             "params": {"positions": list(positions), "capacity": capacity, "dtype": str(dt).replace("torch.", ""),
-                       "hq": hq, "hkv": hkv, "head_dim": head_dim, "bucket": bucket, "repeats": repeats,
+                       "hq": hq, "hkv": hkv, "head_dim": head_dim, "bucket": bucket,
+                       "exact_granularity": _granularity_of(q, k, bucket), "repeats": repeats,
                        "warmup": warmup, "modes": list(modes)},
             "bandwidth": bw, "rows": rows}
 
@@ -215,13 +218,20 @@ def _lm_config(preset: str, layers: Optional[int]):
     return MiniCPM4Config.model_validate(cfg)
 
 
-def _lm_and_caches(preset: str, layers: Optional[int], dt, device, max_length: int, bucket: int, seed: int):
+def _granularity_of(q, k, bucket):
+    """The window granularity ``exact`` used: the int bucket, the calibrated one, or None (whole cache)."""
+    from .exactness import exact_granularity
+    return bucket if bucket is not None else exact_granularity(
+        q.device, q.dtype, hq=q.shape[1], hkv=k.shape[1], head_dim=q.shape[3], capacity=k.shape[2], lq=q.shape[2])
+
+
+def _lm_and_caches(preset: str, layers: Optional[int], dt, device, max_length: int, bucket, seed: int):
     """A MiniCPMModel with the preset's LM geometry (random weights, built with voxcpm's own classes) and
     the two caches to compare: upstream's StaticKVCache and a RightSizedKVCache of the same geometry."""
     from voxcpm.modules.minicpm4 import MiniCPMModel
     from voxcpm.modules.minicpm4.cache import StaticKVCache
     from .cache import RightSizedKVCache
-    from .patch import original_functions, swapped
+    from .patch import _cache_bucket, original_functions, swapped
 
     cfg = _lm_config(preset, layers)
     state = torch.random.get_rng_state()
@@ -232,7 +242,8 @@ def _lm_and_caches(preset: str, layers: Optional[int], dt, device, max_length: i
     D = cfg.kv_channels or cfg.hidden_size // cfg.num_attention_heads
     geo = (cfg.num_hidden_layers, cfg.num_key_value_heads, D, 1, device, dt)
     caches = {"upstream": StaticKVCache(*geo, max_length=max_length),
-              "patched": RightSizedKVCache(*geo, max_length=max_length, bucket=bucket)}
+              "patched": RightSizedKVCache(*geo, max_length=max_length,
+                                           bucket=_cache_bucket(cfg, device, dt, max_length, bucket))}
     return lm, cfg, D, caches
 
 
@@ -251,7 +262,7 @@ def _prefill(cfg, D: int, p: int, g, device, dt) -> list:
 
 
 def decode_step_sweep(positions: Sequence[int], *, preset: str = "small", layers: Optional[int] = None,
-                      dtype="bfloat16", device="cpu", max_length: int = 8192, bucket: int = 256,
+                      dtype="bfloat16", device="cpu", max_length: int = 8192, bucket: Optional[int] = None,
                       repeats: int = 7, warmup: int = 2, seed: int = 0, progress: bool = True) -> dict:
     """One MiniCPM decode step (``MiniCPMModel.forward_step``, the preset's LM geometry), upstream vs patched.
 
@@ -299,7 +310,7 @@ def decode_step_sweep(positions: Sequence[int], *, preset: str = "small", layers
 
 def compiled_step_sweep(positions: Sequence[int], *, preset: str = "tiny", layers: Optional[int] = None,
                         dtype="float32", device="cpu", backend: str = "inductor", mode: Optional[str] = None,
-                        max_length: int = 8192, bucket: int = 256, repeats: int = 7, warmup: int = 3,
+                        max_length: int = 8192, bucket: Optional[int] = None, repeats: int = 7, warmup: int = 3,
                         seed: int = 0, progress: bool = True) -> dict:
     """Per-token decode step: eager upstream, eager patched, compiled upstream, compiled patched.
 
@@ -469,16 +480,22 @@ def whole_decode(preset: str = "tiny", *, steps: int = 12, dtype="bfloat16", dev
 
 # --------------------------------------------------------------------------- memory
 def kv_memory(preset: str = "full", *, prefill: int = 100, steps: int = 200, dtype="bfloat16",
-              max_length: int = 8192, bucket: int = 256) -> dict:
-    """KV bytes of one request, both LMs, upstream (max_length slots) vs patched (right-sized), from the config."""
+              max_length: int = 8192, bucket: Optional[int] = None) -> dict:
+    """KV bytes of one request, both LMs, upstream (max_length slots) vs patched (right-sized), from the config
+    and the cache's sizing policy (granularity ``bucket``, default the CPU flash kernel's 512-key block)."""
+    from .cache import fill_capacity, step_capacity
+    from .exactness import CPU_FLASH_KEY_BLOCK
     from .models import voxcpm2_config
     cfg = voxcpm2_config(preset)
     lm = cfg["lm_config"]
     layers = lm["num_hidden_layers"] + cfg["residual_lm_num_layers"]
     per_slot = 2 * layers * lm["num_key_value_heads"] * lm["kv_channels"] * _dtype(dtype).itemsize
-    slots = min(-(-(prefill + steps + 1) // bucket) * bucket, max_length)
+    g = bucket or CPU_FLASH_KEY_BLOCK
+    slots = fill_capacity(prefill, 0, g, max_length)
+    for pos in range(prefill, min(prefill + steps, max_length)):
+        slots = step_capacity(pos, slots, g, max_length)
     return {"kind": "kv_memory", "params": {"preset": preset, "prefill": prefill, "steps": steps, "dtype": dtype,
-                                            "max_length": max_length, "bucket": bucket, "layers": layers},
+                                            "max_length": max_length, "bucket": g, "layers": layers},
             "per_token_bytes": per_slot, "upstream_bytes": per_slot * max_length, "patched_bytes": per_slot * slots,
             "ratio": slots / max_length}
 

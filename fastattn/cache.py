@@ -6,25 +6,32 @@ reply of a few hundred tokens that is ~600 MB resident (fp32, both LMs) and a
 full-capacity memset per request.
 
 :class:`RightSizedKVCache` keeps the same interface and semantics but holds
-``capacity`` slots, a multiple of ``bucket`` (never above ``max_length``):
+``capacity`` slots, a multiple of the granularity ``bucket`` (or ``max_length``).
+The sizing policy is three pure functions, :func:`fill_capacity`,
+:func:`step_capacity` and :func:`window_slots`; the upstream diff's
+``StaticKVCache`` is generated from the same functions
+(:mod:`fastattn.upstream`), so the library and the diff size every request alike:
 
-* storage is zeroed when it is allocated or grown, never per request up to
-  ``max_length``;
-* ``fill_caches`` copies the prefill prefix and clears only what lies past it
-  within the current capacity, O(request) — stale values (a NaN left by an
-  earlier request) would otherwise poison the masked ``reference``/``exact``
-  attention, which multiplies them by zero weight;
-* ``step()`` grows by whole buckets when the next position does not fit and
-  raises ``ValueError("KV cache is full")`` past ``max_length``, like upstream;
-* ``get_layer_cache(i)`` returns views over the current *window*: the first
-  ``ceil(current_length / bucket) * bucket`` slots (clamped to capacity). Keys
-  past ``current_length`` inside the window are zeros; upstream's masked
-  ``forward_step`` over these views is therefore exactly ``exact`` mode.
+* a request starts (``fill_caches``) with its prefill plus one slot, rounded up
+  to the granularity; the capacity it inherits is kept only when it is enough and
+  at most ``max(2 * prefill, bucket)``, so a shorter later request shrinks it back;
+* ``step()`` doubles the capacity when the next position does not fit (rounded
+  to the granularity, clamped to ``max_length``): a request of N steps moves its
+  storage O(log N) times, not N / bucket times; past ``max_length`` it raises
+  ``ValueError("KV cache is full")`` like upstream.
 
-A request of prefill P and N decode steps allocates at most
-``ceil((P + N + 1) / bucket) * bucket`` slots. A longer earlier request does
-not make a later short one hold more: ``fill_caches`` reallocates when the
-capacity exceeds what the new prefill needs by more than one bucket.
+Bound, after every ``fill_caches`` and every ``step()``:
+``capacity <= min(max(2 * current_length, bucket), max_length)`` (a ``reserve()``
+for the coming request may hold more, until the next request).
+
+``get_layer_cache(i)`` returns views over the current *window*: the first
+``ceil(current_length / bucket) * bucket`` slots (clamped to capacity). Keys
+past ``current_length`` inside the window are zeros; upstream's masked
+``forward_step`` over these views is therefore exactly ``exact`` mode, and
+with the calibrated granularity (``fastattn.exactness``) bit-identical to the
+8192-slot call. Slots are cleared only where an earlier request wrote (a
+high-water mark), so even a cache that holds all of ``max_length`` (where no
+window is exact) never zero-fills it per request.
 
 Fresh views: growth moves the storage. Views returned by ``get_layer_cache``
 before a growth point into the old storage, which is filled with NaN when it
@@ -44,7 +51,33 @@ import torch
 
 from .attention import _check_bucket
 
-__all__ = ["RightSizedKVCache"]
+__all__ = ["RightSizedKVCache", "fill_capacity", "step_capacity", "window_slots"]
+
+
+# --------------------------------------------------------------------------- the sizing policy (ints only)
+def fill_capacity(length: int, capacity: int, granularity: int, max_length: int) -> int:
+    """Slots a request with ``length`` prefill tokens starts with, given the ``capacity`` held now."""
+    need = min(-(-(length + 1) // granularity) * granularity, max_length)
+    if need <= capacity <= max(2 * length, granularity):
+        return capacity  # enough, and at most twice what is live: keep it (no move)
+    return need
+
+
+def step_capacity(position: int, capacity: int, granularity: int, max_length: int) -> int:
+    """Slots after claiming ``position``: unchanged while it fits, else doubled (rounded, clamped)."""
+    if position < capacity:
+        return capacity
+    need = -(-(position + 1) // granularity) * granularity
+    return min(max(2 * capacity, need), max_length)
+
+
+def window_slots(length: int, capacity: int, granularity: int) -> int:
+    """Slots the layers see: the live length rounded up to the granularity, clamped to capacity."""
+    return min(-(-max(length, 1) // granularity) * granularity, capacity)
+
+
+def _same_device(a: torch.device, b: torch.device) -> bool:
+    return a.type == b.type and (a.index is None or b.index is None or a.index == b.index)
 
 
 def _pos_int(value, name: str) -> int:
@@ -54,7 +87,7 @@ def _pos_int(value, name: str) -> int:
 
 
 class RightSizedKVCache:
-    """KV storage ``(2, num_layers, batch, num_kv_heads, capacity, dim_kv_head)`` grown by buckets.
+    """KV storage ``(2, num_layers, batch, num_kv_heads, capacity, dim_kv_head)``, sized by the module's policy.
 
     Same constructor and methods as ``voxcpm.modules.minicpm4.cache.StaticKVCache``
     plus ``bucket``, ``capacity``, ``window``, ``nbytes``, ``reserve()``,
@@ -79,7 +112,9 @@ class RightSizedKVCache:
         self.current_length = 0
         self.generation = 0
         self.static_address = False
-        self._storage = self._zeros(self._rounded(1))
+        self._dirty = 0      # slots [0, _dirty) may hold values; past it the storage is zeros
+        self._reserved = 0   # reserve() for the coming request
+        self._storage = self._zeros(fill_capacity(0, 0, bucket, self.max_length))
         self._set_window()
 
     # ------------------------------------------------------------------ sizing
@@ -99,7 +134,7 @@ class RightSizedKVCache:
         The view's slot dimension is marked dynamic for torch.compile, so a compiled
         step sees one symbolic window size instead of recompiling at every bucket.
         """
-        w = min(self._rounded(max(self.current_length, 1)), self.capacity)
+        w = window_slots(self.current_length, self.capacity, self.bucket)
         view = getattr(self, "kv_cache", None)
         if w != getattr(self, "window", None) or view is None or view.data_ptr() != self._storage.data_ptr():
             self.window = w
@@ -116,14 +151,16 @@ class RightSizedKVCache:
         """Bytes of K and V storage held now (the whole capacity, not just the window)."""
         return self._storage.numel() * self._storage.element_size()
 
-    def _move_to(self, capacity: int) -> None:
-        """Reallocate to ``capacity`` slots (zeros), keep the live prefix, poison the old storage."""
+    def _move_to(self, capacity: int, keep: int) -> None:
+        """Reallocate to ``capacity`` slots, keep the first ``keep``, zeros past them; poison the old storage."""
         old = self._storage
-        new = self._zeros(capacity)
-        keep = min(self.current_length, capacity)
-        if keep:
-            new[..., :keep, :] = old[..., :keep, :]
-        self._storage = new
+        new = torch.empty(*old.shape[:4], capacity, old.shape[5], device=self.device, dtype=self.dtype)
+        keep = min(keep, capacity)
+        new[..., :keep, :] = old[..., :keep, :]
+        new[..., keep:, :].zero_()
+        if self.static_address:
+            torch._dynamo.mark_static_address(new)
+        self._storage, self._dirty = new, keep
         self.generation += 1
         if old.is_floating_point():
             old.fill_(float("nan"))  # a stale view now yields NaN, never plausible numbers
@@ -135,13 +172,16 @@ class RightSizedKVCache:
             torch._dynamo.mark_static_address(self._storage)
 
     def reserve(self, n_tokens: int) -> None:
-        """Grow capacity to hold at least ``n_tokens`` (never shrinks; bucket-rounded, <= max_length)."""
+        """Hold at least ``n_tokens`` slots for the current or coming request (bucket-rounded, <= max_length).
+
+        Never shrinks; the next ``fill_caches`` keeps it, the one after that sizes by the policy again."""
         if isinstance(n_tokens, bool) or not isinstance(n_tokens, int) or n_tokens < 0:
             raise ValueError(f"n_tokens must be a non-negative int, got {n_tokens!r}")
         if n_tokens > self.max_length:
             raise ValueError(f"cannot reserve {n_tokens} tokens: max_length is {self.max_length}")
+        self._reserved = max(self._reserved, n_tokens)
         if n_tokens > self.capacity:
-            self._move_to(self._rounded(n_tokens))
+            self._move_to(self._rounded(n_tokens), keep=self._dirty)
             self._set_window()
 
     # ------------------------------------------------------------------ StaticKVCache interface
@@ -159,37 +199,59 @@ class RightSizedKVCache:
         if self.current_length >= self.max_length:
             raise ValueError("KV cache is full")
         ret = self.current_length
-        if ret >= self.capacity:
-            self._move_to(self._rounded(ret + 1))
-        self.current_length += 1
+        grown = step_capacity(ret, self.capacity, self.bucket, self.max_length)
+        if grown != self.capacity:
+            self._move_to(grown, keep=ret)
+        self.current_length = ret + 1
+        self._dirty = max(self._dirty, ret + 1)  # the layers write at position ret
         self._set_window()
         return ret
 
     def fill_caches(self, kv_caches: List[Tuple[torch.Tensor, torch.Tensor]]) -> None:
-        """Start a request from prefill K/V: per layer (B, Hkv, P, D) each.
+        """Start a request from prefill K/V: per layer (B, Hkv, P, D) each, the cache's dtype and device.
 
-        Copies the P-slot prefix and zeroes only slots [P, capacity) — O(request).
+        Every layer's K and V are checked before anything is written (a failed call leaves the
+        cache as it was). Copies the P-slot prefix and clears only slots an earlier request wrote
+        past it: O(request), never O(max_length).
         """
-        if len(kv_caches) != self.num_layers:
-            raise ValueError(f"kv_caches has {len(kv_caches)} layers, the cache {self.num_layers}")
-        k0 = kv_caches[0][0]
-        want = (self.batch_size, self.num_kv_heads, k0.shape[2] if k0.dim() == 4 else -1, self.dim_kv_head)
-        if k0.dim() != 4 or tuple(k0.shape) != want:
-            raise ValueError(f"kv_caches[0][0] must have shape (B={want[0]}, Hkv={want[1]}, P, D={want[3]}), got {tuple(k0.shape)}")
-        n = k0.shape[2]
-        if n > self.max_length:
-            raise ValueError("KV cache is full")  # upstream's slice assignment would fail here too
-        need = self._rounded(n + 1)  # the prefix plus the first decode position
-        self.current_length = 0
-        if self.capacity < need or self.capacity > need + self.bucket:
-            self._move_to(need)  # fresh zeros: no clearing needed
-        else:
-            self._storage[..., n:, :].zero_()
+        n = self._check_prefill(kv_caches)
+        target = fill_capacity(n, self.capacity, self.bucket, self.max_length)
+        if self._reserved:
+            target = max(target, self._rounded(self._reserved))
+            self._reserved = 0
+        if target != self.capacity:
+            self._move_to(target, keep=0)  # fresh zeros: nothing to clear
+        elif self._dirty > n:
+            self._storage[..., n:self._dirty, :].zero_()
         for i, (k, v) in enumerate(kv_caches):
             self._storage[0, i, :, :, :n, :] = k
             self._storage[1, i, :, :, :n, :] = v
-        self.current_length = n
+        self.current_length, self._dirty = n, n
         self._set_window()
+
+    def _check_prefill(self, kv_caches) -> int:
+        """The prefill length P, after checking every layer's K and V (shape, dtype, device)."""
+        if not isinstance(kv_caches, (list, tuple)) or len(kv_caches) != self.num_layers:
+            got = len(kv_caches) if isinstance(kv_caches, (list, tuple)) else type(kv_caches).__name__
+            raise ValueError(f"kv_caches must hold {self.num_layers} (K, V) pairs, one per layer; got {got}")
+        n = None
+        for i, pair in enumerate(kv_caches):
+            if not isinstance(pair, (list, tuple)) or len(pair) != 2:
+                raise ValueError(f"kv_caches[{i}] must be a (K, V) pair")
+            for j, t in enumerate(pair):
+                name = f"kv_caches[{i}][{j}]"
+                if not isinstance(t, torch.Tensor) or t.dim() != 4:
+                    raise ValueError(f"{name} must be a 4-D tensor (B, Hkv, P, D)")
+                n = t.shape[2] if n is None else n
+                want = (self.batch_size, self.num_kv_heads, n, self.dim_kv_head)
+                if tuple(t.shape) != want:
+                    raise ValueError(f"{name} must have shape (B={want[0]}, Hkv={want[1]}, P={n}, D={want[3]}), "
+                                     f"got {tuple(t.shape)}")
+                if t.dtype != self.dtype or not _same_device(t.device, self.device):
+                    raise ValueError(f"{name} must be {self.dtype} on {self.device}, got {t.dtype} on {t.device}")
+        if n > self.max_length:
+            raise ValueError("KV cache is full")  # upstream's slice assignment would fail here too
+        return n
 
     def __repr__(self) -> str:
         return (f"RightSizedKVCache(layers={self.num_layers}, B={self.batch_size}, Hkv={self.num_kv_heads}, "

@@ -4,13 +4,13 @@ reference vs a float64 reference, over dense position sweeps. Plain data out, no
 from __future__ import annotations
 
 import math
-from typing import Sequence
+from typing import Optional, Sequence
 
 import torch
 
 from .attention import attention_step
 
-__all__ = ["f64_attention", "exactness_sweep", "first_divergence"]
+__all__ = ["f64_attention", "exactness_sweep", "first_divergence", "calibration_ladders"]
 
 
 def f64_attention(q, k, v, length: int) -> torch.Tensor:
@@ -27,7 +27,7 @@ def f64_attention(q, k, v, length: int) -> torch.Tensor:
 
 @torch.no_grad()
 def exactness_sweep(positions: Sequence[int], *, capacity: int = 2048, dtypes=("float32", "bfloat16"),
-                    hq: int = 16, hkv: int = 2, head_dim: int = 128, bucket: int = 256, device="cpu",
+                    hq: int = 16, hkv: int = 2, head_dim: int = 128, bucket: Optional[int] = None, device="cpu",
                     seed: int = 0) -> list[dict]:
     """For each dtype and position: is ``exact`` torch.equal to ``reference``, and how far are
     ``fast`` (from reference) and both (from float64)? Random data, one fresh query per position."""
@@ -110,3 +110,27 @@ def stale_nan_check(*, capacity: int = 1024, length: int = 300, seed: int = 0) -
     kk, vv = c.get_layer_cache(0)
     after = {m: bool(torch.isfinite(attention_step(q, kk, vv, p + 1, mode=m)).all()) for m in ("reference", "exact")}
     return {"finite_output_with_nan_past_length": finite, "finite_after_rightsized_fill": after}
+
+
+def calibration_ladders(device="cpu", *, capacity: int = 8192, dtypes=("float32", "bfloat16"), lqs=(1, 5),
+                        hq: int = 16, hkv: int = 2, head_dim: int = 128, draws: int = 3) -> list[dict]:
+    """The exactness calibration ladder (every candidate measured) per dtype and query length.
+
+    One row per (dtype, lq, candidate): whether that window granularity is eligible by
+    construction, whether it was bit-identical at every length and draw, the max |difference|,
+    and which granularity the default ``exact`` uses for that call geometry (``chosen``).
+    """
+    from .exactness import calibrate_exact
+
+    rows = []
+    for name in dtypes:
+        for lq in lqs:
+            cal = calibrate_exact(device, getattr(torch, name), hq=hq, hkv=hkv, head_dim=head_dim,
+                                  capacity=capacity, lq=lq, draws=draws, exhaustive=True)
+            for r in cal["ladder"]:
+                rows.append({"dtype": name, "lq": lq, "candidate": r["candidate"], "eligible": r["eligible"],
+                             "bit_identical": r["bit_identical"], "max_abs_diff": r["max_abs_diff"],
+                             "lengths": r["lengths_checked"], "draws": r["draws"],
+                             "first_diff_length": r["first_diff_length"], "chosen": cal["bucket"],
+                             "kernel": cal["kernel"], "seconds": cal["seconds"]})
+    return rows

@@ -48,8 +48,12 @@ def git_commit() -> str:
         return "unknown"
 
 
-def doctor() -> dict:
-    """A dict of what decides SDPA's choices here: versions, device, capability, backends, threads, ISA, shim."""
+def doctor(calibrate: bool = True) -> dict:
+    """A dict of what decides SDPA's choices here: versions, device, capability, backends, threads, ISA, shim.
+
+    With ``calibrate``, also ``exact_granularity``: the window granularity the default ``exact`` mode
+    calibrates for VoxCPM2's decode step (16/2 heads, d 128, capacity 8192, Lq 1) per dtype on the
+    device (``None``: no window is provably exact there, so ``exact`` attends over the whole cache)."""
     info = {
         "python": platform.python_version(),
         "platform": platform.platform(),
@@ -89,7 +93,16 @@ def doctor() -> dict:
                 "MATH": cb.math_sdp_enabled(),
             },
         })
+    if calibrate:
+        info["exact_granularity"] = _granularities(info["device"])
     return info
+
+
+def _granularities(device: str) -> dict:
+    from .exactness import exact_granularity
+
+    return {name: exact_granularity(torch.device(device), getattr(torch, name), hq=16, hkv=2, head_dim=128,
+                                    capacity=8192, lq=1) for name in ("float32", "bfloat16")}
 
 
 def format_doctor(info: dict) -> str:

@@ -3,10 +3,13 @@
 Written in upstream's own style, with no dependency on fastattn. It changes two files:
 
 * ``voxcpm/modules/minicpm4/cache.py``: ``StaticKVCache`` keeps its name and
-  constructor (plus ``bucket=256``) but holds slots grown by buckets, zeroes
-  only what a request uses, and its ``kv_cache`` is a view over the live window
-  (the valid length rounded up to a bucket) whose size torch.compile treats as
-  dynamic;
+  constructor (plus ``granularity``: 512 on CPU, the CPU flash kernel's key
+  block; ``max_length`` elsewhere) and sizes storage with the library's own
+  policy functions (:func:`fastattn.cache.fill_capacity`, ``step_capacity``,
+  ``window_slots``, copied in by :func:`cache_source`): geometric growth, a
+  shorter later request shrinks it, only written slots are cleared; its
+  ``kv_cache`` is a view over the live window whose size torch.compile treats
+  as dynamic;
 * ``voxcpm/modules/minicpm4/model.py``: ``MiniCPMAttention.forward_step`` keeps
   upstream's mask, now over that window (so O(length), shapes change only at
   bucket edges, bit-identical to attending over the whole cache), and calls
@@ -26,7 +29,7 @@ from pathlib import Path
 from . import compat
 from .paths import data_dir
 
-__all__ = ["upstream_diff", "write_upstream_diff", "DIFF_NAME", "patched_sources"]
+__all__ = ["upstream_diff", "write_upstream_diff", "DIFF_NAME", "patched_sources", "cache_source"]
 
 DIFF_NAME = "voxcpm-2.0.3-right-sized-decode.diff"
 
@@ -61,20 +64,31 @@ _MODEL_NEW = '''        # The cache hands out views over the live window only: t
         attn_output = torch.nn.functional.scaled_dot_product_attention(
 '''
 
-_CACHE_NEW = '''from typing import List, Tuple
+_CACHE_HEAD = """from typing import List, Tuple
+
 import torch
 
+# torch's CPU flash-attention kernel (what SDPA runs for the masked decode call on CPU) walks the keys in
+# blocks of 512. A window whose size is a multiple of 512 hands it the same blocks as the whole cache (the
+# whole cache's extra blocks are fully masked and add exact zeros), so the result is bit-identical. Other
+# kernels (CUDA's) give no such guarantee: there the window is the whole cache, allocated once.
+CPU_KEY_BLOCK = 512
+"""
+
+_CACHE_CLASS = '''
 
 class StaticKVCache:
     """KV cache of the decode loop, sized to the request.
 
-    Storage grows by ``bucket`` slots up to ``max_length`` instead of being allocated
-    and zero-filled for ``max_length`` tokens on every request. ``kv_cache`` is a view
-    over the live window of the storage (the valid length rounded up to a bucket), so a
-    decode step attends over O(length) keys; slots past the valid length inside the
-    window are zeros and masked. The window's size is marked dynamic for torch.compile,
-    so a compiled decode step does not recompile at every bucket. Fetch the layer views
-    after ``step()``: growing moves the storage.
+    Storage is not allocated and zero-filled for ``max_length`` tokens on every request: a
+    request starts with its prefill rounded up to ``granularity`` slots, the capacity doubles
+    when decoding reaches its end (so a long request moves its storage O(log n) times), and a
+    later shorter request shrinks it back. Bound after every fill and step:
+    ``capacity <= min(max(2 * current_length, granularity), max_length)``. Only slots an
+    earlier request wrote are cleared. ``kv_cache`` is a view over the live window (the valid
+    length rounded up to ``granularity``), so a decode step attends over O(length) keys; slots
+    past the valid length inside the window are zeros and masked. The window's size is marked
+    dynamic for torch.compile. Fetch the layer views after ``step()``: growing moves the storage.
     """
 
     def __init__(
@@ -86,28 +100,28 @@ class StaticKVCache:
         device: torch.device,
         dtype: torch.dtype,
         max_length: int = 8192,
-        bucket: int = 256,
+        granularity: int = None,
     ):
         self.max_length = max_length
         self.num_layers = num_layers
-        self.bucket = bucket
         self.shape = (num_layers, batch_size, num_kv_heads, dim_kv_head)
-        self.device = device
+        self.device = torch.device(device)
         self.dtype = dtype
+        if granularity is None:
+            granularity = CPU_KEY_BLOCK if self.device.type == "cpu" else max_length
+        self.granularity = granularity
 
         self.current_length = 0
-        self.storage = self._zeros(self._round(1))
+        self.written = 0  # slots [0, written) may hold values; past it the storage is zeros
+        self.storage = self._zeros(fill_capacity(0, 0, granularity, max_length))
         self._set_window()
-
-    def _round(self, length: int) -> int:
-        return min((max(length, 1) + self.bucket - 1) // self.bucket * self.bucket, self.max_length)
 
     def _zeros(self, capacity: int) -> torch.Tensor:
         layers, batch, heads, dim = self.shape
         return torch.zeros(2, layers, batch, heads, capacity, dim, device=self.device, dtype=self.dtype)
 
     def _set_window(self):
-        self.window = min(self._round(self.current_length), self.storage.size(4))
+        self.window = window_slots(self.current_length, self.storage.size(4), self.granularity)
         self.kv_cache = self.storage[:, :, :, :, : self.window]
         torch._dynamo.maybe_mark_dynamic(self.kv_cache, 4)
 
@@ -119,29 +133,45 @@ class StaticKVCache:
             raise ValueError("KV cache is full")
 
         ret = self.current_length
-        if ret >= self.storage.size(4):
-            storage = self._zeros(self._round(ret + 1))
+        capacity = step_capacity(ret, self.storage.size(4), self.granularity, self.max_length)
+        if capacity != self.storage.size(4):
+            storage = self._zeros(capacity)
             storage[:, :, :, :, :ret] = self.storage[:, :, :, :, :ret]
             self.storage = storage
-        self.current_length += 1
-        if self.current_length > self.window:
-            self._set_window()
+            self.written = ret
+        self.current_length = ret + 1
+        self.written = max(self.written, ret + 1)
+        self._set_window()
         return ret
 
     def fill_caches(self, kv_caches: List[Tuple[torch.Tensor, torch.Tensor]]):
         length = kv_caches[0][0].size(2)
-        capacity = self._round(length + 1)
-        if self.storage.size(4) != capacity:
+        if length > self.max_length:
+            raise ValueError("KV cache is full")
+        capacity = fill_capacity(length, self.storage.size(4), self.granularity, self.max_length)
+        if capacity != self.storage.size(4):
             self.storage = self._zeros(capacity)
-        else:
-            # only what this request can read: the slots past its prefix
-            self.storage[:, :, :, :, length:].zero_()
+        elif self.written > length:
+            # only what an earlier request wrote past this one's prefix
+            self.storage[:, :, :, :, length : self.written].zero_()
         for i in range(self.num_layers):
             self.storage[0, i, :, :, :length, :] = kv_caches[i][0]
             self.storage[1, i, :, :, :length, :] = kv_caches[i][1]
         self.current_length = length
+        self.written = length
         self._set_window()
 '''
+
+
+def cache_source() -> str:
+    """The diff's ``cache.py``: the library's sizing functions (one source) and upstream's class."""
+    import inspect
+
+    from . import cache as lib
+
+    sizing = "\n\n\n".join(inspect.getsource(f).rstrip() for f in (lib.fill_capacity, lib.step_capacity,
+                                                                    lib.window_slots))
+    return _CACHE_HEAD + "\n\n" + sizing + "\n" + _CACHE_CLASS
 
 
 def _installed(rel: str) -> Path:
@@ -163,7 +193,7 @@ def patched_sources() -> dict:
         raise RuntimeError(f"voxcpm/{cache_rel}: not the 2.0.3 StaticKVCache")
     return {
         f"voxcpm/{model_rel}": (model_old, model_old.replace(_MODEL_OLD, _MODEL_NEW)),
-        f"voxcpm/{cache_rel}": (cache_old, _CACHE_NEW),
+        f"voxcpm/{cache_rel}": (cache_old, cache_source()),
     }
 
 

@@ -89,7 +89,7 @@ def provenance(params: dict, *, random_weights: Optional[bool] = None) -> None:
     from .doctor import doctor
     from .models import silence_progress
     silence_progress()
-    d = doctor()
+    d = doctor(calibrate=False)
     keys = ("torch", "voxcpm", "fastattn", "git_commit", "device", "device_name", "compute_capability",
             "cudnn_version", "threads", "cpu_capability", "torchaudio_placeholder")
     print("Provenance")

@@ -119,3 +119,27 @@ def test_seed_claims_checked_on_cpu():
     assert verdicts["A bool attn_mask makes SDPA fall back to the math kernel"].startswith("does not hold on cpu")
     assert verdicts["Slicing the cache to position+1 (no mask) lets SDPA use flash attention"] == "holds"
     assert verdicts["is_causal=True is a safe way to drop the mask for a one-query decode step"].startswith("does not hold")
+
+
+def test_window_claim_verdict_follows_the_measurement(monkeypatch):
+    """The 256-slot-window claim: 'holds' only where measured identical, and never called exact by construction."""
+    import torch.nn.functional as F
+
+    from fastattn.backends import _window_claim
+    from fastattn.exactness import reset_exactness_cache
+
+    from .helpers import order_sensitive
+
+    here = _window_claim("cpu")
+    import re
+    assert "512-key block" in here["verdict"]
+    g = re.search(r"default exact granularity here: (\w+)", here["shows"]).group(1)
+    assert g == "None" or int(g) % 512 == 0  # a multiple of the kernel's key block, whatever this CPU measures
+    if here["verdict"].startswith("holds"):
+        assert "not by construction" in here["verdict"]
+    monkeypatch.setattr(F, "scaled_dot_product_attention", order_sensitive(1024))
+    reset_exactness_cache()
+    broken = _window_claim("cpu")
+    assert broken["verdict"].startswith("does not hold") and "differs at length" in broken["shows"]
+    assert "default exact granularity here: 1024" in broken["shows"]
+    reset_exactness_cache()

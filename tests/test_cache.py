@@ -34,24 +34,50 @@ def test_same_interface_as_upstream():
             assert not a[:, :, b.shape[2]:].any()  # upstream's tail is zeros
 
 
-@given(P=st.integers(1, 700), N=st.integers(0, 700), bucket=st.sampled_from([16, 64, 256]))
-def test_allocation_bound_and_prefix_kept(P, N, bucket):
+def bound(c):
+    return min(max(2 * c.current_length, c.bucket), c.max_length)
+
+
+@given(P=st.integers(1, 700), N=st.integers(0, 700), bucket=st.sampled_from([16, 64, 256, 512]))
+def test_allocation_bound_at_every_step_and_prefix_kept(P, N, bucket):
     c = make(max_length=2048, bucket=bucket)
     kv = prefill(c, P)
     c.fill_caches(kv)
+    assert c.capacity <= bound(c)
     for _ in range(N):
         p = c.step()
+        assert c.capacity <= bound(c) and c.capacity >= c.current_length
+        assert c.capacity % bucket == 0 or c.capacity == c.max_length
+        assert c.window == min(math.ceil(max(c.current_length, 1) / bucket) * bucket, c.capacity)
         k, v = c.get_layer_cache(0)
         k[:, :, p] = float(p)  # what a decode step writes
-    assert c.capacity <= math.ceil((P + N + 1) / bucket) * bucket
-    assert c.capacity % bucket == 0 or c.capacity == c.max_length
     assert c.nbytes == 2 * 2 * 1 * 2 * c.capacity * 16 * 4
     k, v = c.get_layer_cache(1)
     assert torch.equal(k[:, :, :P], kv[1][0]) and torch.equal(v[:, :, :P], kv[1][1])
     k0, _ = c.get_layer_cache(0)
     for p in range(P, P + N):
         assert (k0[:, :, p] == float(p)).all()
-    assert c.window == min(math.ceil(max(c.current_length, 1) / bucket) * bucket, c.capacity)
+
+
+def test_growth_is_geometric():
+    """A long request moves its storage O(log N) times: prefill 100 + 8000 steps at granularity 512."""
+    c = make(max_length=8192, bucket=512)
+    c.fill_caches(prefill(c, 100))
+    for _ in range(8000):
+        c.step()
+    assert c.generation <= 6 and c.capacity == 8192
+
+
+@given(seq=st.lists(st.tuples(st.integers(1, 900), st.integers(0, 600)), min_size=1, max_size=5))
+def test_bound_holds_across_request_sequences(seq):
+    """A longer earlier request never makes a later short one hold more than the bound."""
+    c = make(max_length=2048, bucket=256)
+    for P, N in seq:
+        c.fill_caches(prefill(c, P))
+        assert c.capacity <= bound(c)
+        for _ in range(min(N, c.max_length - P)):
+            c.step()
+            assert c.capacity <= bound(c)
 
 
 def test_full_error_like_upstream():
@@ -86,6 +112,27 @@ def test_short_request_after_long_one_shrinks():
     big = c.nbytes
     c.fill_caches(prefill(c, 10))
     assert c.capacity == 256 and c.nbytes * 8 == big
+
+
+def test_clearing_is_only_what_was_written():
+    """A full-length cache (no exact window: granularity = max_length) is never zero-filled per request."""
+    c = make(max_length=1024, bucket=1024)
+    c.fill_caches(prefill(c, 100))
+    for _ in range(50):
+        c.step()
+    assert c._dirty == 150
+    c._storage[..., 150:, :] = float("nan")  # past the high-water mark: never cleared, never read as live
+    c.fill_caches(prefill(c, 20, seed=1))
+    assert torch.isfinite(c._storage[..., :150, :]).all() and not c._storage[..., 20:150, :].any()
+
+
+def test_reserve_survives_the_next_fill_only():
+    c = make(max_length=4096, bucket=256)
+    c.reserve(3000)
+    c.fill_caches(prefill(c, 10))
+    assert c.capacity == 3072  # kept for this request
+    c.fill_caches(prefill(c, 10))
+    assert c.capacity == 256   # the next request is sized by the policy again
 
 
 def test_reserve_and_growth_generation():
@@ -125,14 +172,32 @@ def test_bad_constructor(kw, match):
 
 def test_bad_fill_and_layer():
     c = make()
-    with pytest.raises(ValueError, match="3 layers, the cache 2"):
+    with pytest.raises(ValueError, match=r"must hold 2 \(K, V\) pairs, one per layer; got 3"):
         c.fill_caches(prefill(c, 5) + prefill(c, 5)[:1])
-    with pytest.raises(ValueError, match=r"must have shape \(B=1, Hkv=2, P, D=16\)"):
+    with pytest.raises(ValueError, match=r"kv_caches\[0\]\[0\] must have shape \(B=1, Hkv=2, P=5, D=16\)"):
         c.fill_caches([(torch.zeros(1, 3, 5, 16), torch.zeros(1, 3, 5, 16))] * 2)
     with pytest.raises(IndexError, match="layer_idx 2 out of range"):
         c.get_layer_cache(2)
     with pytest.raises(TypeError, match="dtype must be a torch.dtype"):
         RightSizedKVCache(1, 1, 16, 1, "cpu", "float32")
+
+
+@pytest.mark.parametrize("layer,which,bad", [
+    (1, 0, torch.zeros(1, 2, 7, 16)),                       # another layer's P
+    (1, 1, torch.zeros(1, 2, 5, 8)),                        # V's head dim
+    (0, 1, torch.zeros(1, 2, 5, 16, dtype=torch.float64)),  # dtype
+    (1, 0, torch.zeros(1, 1, 5, 16)),                       # would broadcast silently
+])
+def test_fill_checks_every_layer_and_leaves_the_cache_as_it_was(layer, which, bad):
+    c = make(max_length=2048, bucket=256)
+    c.fill_caches(prefill(c, 600))
+    before = (c._storage.clone(), c.capacity, c.current_length, c.generation, c.kv_cache.data_ptr())
+    kv = [list(p) for p in prefill(c, 5, seed=9)]
+    kv[layer][which] = bad
+    with pytest.raises(ValueError, match=rf"kv_caches\[{layer}\]\[{which}\] must"):
+        c.fill_caches([tuple(p) for p in kv])
+    assert torch.equal(c._storage, before[0]) and (c.capacity, c.current_length, c.generation) == before[1:4]
+    assert c.kv_cache.data_ptr() == before[4] and torch.isfinite(c.kv_cache).all()
 
 
 def test_static_address_survives_growth():
@@ -144,3 +209,36 @@ def test_static_address_survives_growth():
         c.step()
     assert c.generation >= 2
     assert getattr(c._storage, "_dynamo_static_input_type", None) is not None
+
+
+@given(seq=st.lists(st.tuples(st.integers(1, 900), st.integers(0, 700)), min_size=1, max_size=4),
+       g=st.sampled_from([16, 256, 512]))
+def test_upstream_diff_cache_sizes_every_request_like_the_library(seq, g):
+    """One sizing policy: the diff's StaticKVCache (generated from the library's sizing functions) holds
+    the same layer-view shapes, storage bytes and contents as RightSizedKVCache after every fill and step."""
+    from fastattn.upstream import cache_source
+
+    ns = {}
+    exec(compile(cache_source(), "upstream_cache.py", "exec"), ns)
+    up = ns["StaticKVCache"](2, 2, 16, 1, "cpu", torch.float32, max_length=2048, granularity=g)
+    lib = make(max_length=2048, bucket=g)
+
+    def same():
+        assert up.storage.shape == lib._storage.shape and up.storage.nbytes == lib.nbytes
+        assert up.current_length == lib.current_length and up.window == lib.window
+        for i in range(2):
+            for a, b in zip(up.get_layer_cache(i), lib.get_layer_cache(i)):
+                assert torch.equal(a, b)
+
+    same()
+    for n, (P, N) in enumerate(seq):
+        kv = prefill(lib, P, seed=n)
+        up.fill_caches(kv)
+        lib.fill_caches(kv)
+        same()
+        for _ in range(min(N, 2048 - P)):
+            assert up.step() == lib.step()
+            for c in (up, lib):
+                k, _ = c.get_layer_cache(1)
+                k[:, :, c.current_length - 1] = float(c.current_length)
+            same()
