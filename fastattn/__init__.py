@@ -20,6 +20,7 @@ _compat.ensure_torchaudio()
 from .attention import MODES, attention_step, check_exactness, window_for  # noqa: E402
 from .exactness import calibrate_exact, exactness_report, reset_exactness_cache  # noqa: E402
 from .cache import RightSizedKVCache  # noqa: E402
+from .fast import fast_report, reset_fast_cache  # noqa: E402
 from .masks import MaskInfo, attention  # noqa: E402  (the function; the module is fastattn.attention in sys.modules)
 
 __version__ = "0.1.0"
@@ -33,11 +34,11 @@ _LAZY = {
 }
 
 __all__ = ["MODES", "attention_step", "calibrate_exact", "check_exactness", "exactness_report", "reset_exactness_cache",
-           "window_for", "RightSizedKVCache",
+           "window_for", "RightSizedKVCache", "fast_report", "reset_fast_cache",
            "MaskInfo", "attention", *_LAZY]
 
 
-_SUBMODULES = {"exactness", "masks", "cache", "backends", "doctor", "patch", "models", "graphs", "bench", "plots",
+_SUBMODULES = {"exactness", "fast", "masks", "cache", "backends", "doctor", "patch", "models", "graphs", "bench", "plots",
                "checks", "workbook", "upstream", "paths", "compat"}
 
 

@@ -30,9 +30,11 @@ Three modes:
     ``bucket`` overrides ``G`` (not guaranteed exact: a first-use self-check
     warns where it is not).
 ``fast``
-    keys sliced to exactly ``length`` and, for ``Lq == 1``, no mask at all so a
-    fused kernel (flash / cuDNN on CUDA) can run. Equal to ``reference`` within
-    the dtype's rounding, not bit for bit. Opt-in.
+    keys sliced to exactly ``length``, no mask for ``Lq == 1``, computed by the
+    fastest implementation on the device that is at most twice as far from a
+    float64 reference as ``reference`` is (:mod:`fastattn.fast`: SDPA over the
+    slice, or a grouped GEMM form, chosen by measurement at first use). Equal to
+    ``reference`` within the dtype's rounding, not bit for bit. Opt-in.
 
 What lies past ``length`` in the cache: ``fast`` never reads it. ``reference``
 and ``exact`` read it under a False mask entry: finite values there cannot
@@ -248,13 +250,9 @@ def _attend(q, k_cache, v_cache, length, mode: str, bucket, window):
         k, v = k_cache[:, :, :window], v_cache[:, :, :window]
         return _sdpa(q, k, v, _mask(window, lq, length, q.device))
 
-    # fast
+    # fast: exactly the live keys, the implementation chosen for this device and shape (fastattn.fast)
     n = length if isinstance(length, int) else _host_length(length, lq, capacity)
-    k, v = k_cache[:, :, :n], v_cache[:, :, :n]
-    if lq == 1 or lq == n:
-        # Lq == n: bottom-right == top-left alignment, so is_causal is correct here.
-        return F.scaled_dot_product_attention(q, k, v, is_causal=(lq > 1), enable_gqa=True)
-    return _sdpa(q, k, v, _mask(n, lq, n, q.device))
+    return _fast.fast_attention(q, k_cache[:, :, :n], v_cache[:, :, :n])
 
 
 def _exact_window(q, k_cache, length, bucket) -> int:
@@ -342,4 +340,5 @@ def check_exactness(device, dtype, *, hq: int = 16, hkv: int = 2, head_dim: int 
 
 
 from . import exactness as _exactness  # noqa: E402  (imports _mask from this module)
+from . import fast as _fast  # noqa: E402
 from .exactness import calibrate_exact, exactness_report, reset_exactness_cache  # noqa: E402,F401

@@ -200,7 +200,10 @@ def attention_sweep(positions: Sequence[int], *, capacity: int = 8192, dtype="fl
                          "window": {"reference": capacity, "fast": n}.get(m) or _exact_window(q, k, n, bucket),
                          **st, "live_bytes": live, "floor_ms": fl, "floor_meaningful": live > llc,
                          "x_floor": st["median_ms"] / fl})
-    return {"kind": "attention", "env": env_record(device, dt),
+    from .fast import fast_report
+    fast_choice = [c for c in fast_report() if c["dtype"] == str(dt).replace("torch.", "")
+                   and (c["hq"], c["hkv"], c["head_dim"]) == (hq, hkv, head_dim)]
+    return {"kind": "attention", "env": env_record(device, dt), "fast_choice": fast_choice,
             "params": {"positions": list(positions), "capacity": capacity, "dtype": str(dt).replace("torch.", ""),
                        "hq": hq, "hkv": hkv, "head_dim": head_dim, "bucket": bucket,
                        "exact_granularity": _granularity_of(q, k, bucket), "repeats": repeats,

@@ -10,8 +10,11 @@ fastattn's ``exact`` path keeps every per-step value in tensors (the position,
 the mask built from it on the device) and lets only the bucketed window reach a
 shape: :class:`fastattn.RightSizedKVCache` exposes the window as the slot
 dimension of its ``kv_cache`` view, marked dynamic, so the compiled step is
-traced once with a symbolic window and reused across buckets. ``fast`` mode and
-``cache=False`` read the live length as a Python int and are not graph-safe.
+traced once with a symbolic window and reused across buckets. ``fast`` mode
+compiles the same way: under compile its layers take the cache's window and
+mask the keys past the position inside the grouped form
+(:func:`fastattn.fast.grouped_window`) instead of slicing by a Python int.
+``cache=False`` keeps upstream's 8192-slot views (graph-safe, O(8192)).
 
 :func:`optimize` is the counterpart of voxcpm's ``optimize()`` for a patched
 model. CUDA graphs need the KV storage at a static address: the caches are

@@ -48,6 +48,7 @@ import torch
 from . import compat
 from .attention import MODES, _attend, _check_bucket, window_for
 from .exactness import exact_granularity, exactness_report
+from .fast import grouped_window
 from .cache import RightSizedKVCache
 
 __all__ = ["patch_voxcpm", "patch_status", "VoxcpmPatch", "PatchError", "fingerprints", "VERIFIED"]
@@ -141,7 +142,8 @@ def _make_attention_forward_step(mode: str, bucket: int):
             query_states, key_states = apply_rotary_pos_emb(query_states, key_states, cos, sin)
 
         key_cache, value_cache = kv_cache  # views cut by the model step (see _make_model_forward_step)
-        if mode == "fast" and not getattr(_MODEL_STEP, "cut", False):
+        graph = mode == "fast" and torch.compiler.is_compiling()
+        if mode == "fast" and not graph and not getattr(_MODEL_STEP, "cut", False):
             # called directly (not from the patched model step, whose views hold exactly the live keys):
             # never attend past the position. Reads the position (free on CPU, a sync on CUDA).
             n = _live(position_id)
@@ -156,7 +158,9 @@ def _make_attention_forward_step(mode: str, bucket: int):
 
         # fastattn.attention_step's computation without its argument checks (shapes come from the model).
         n_keys = key_cache.size(2)
-        if mode == "fast":  # the views hold exactly the live keys
+        if graph:  # compiled fast: the cache's window, masked inside the grouped form (shapes change at edges only)
+            attn_output = grouped_window(query_states, key_cache, value_cache, position_id + 1)
+        elif mode == "fast":  # the views hold exactly the live keys
             attn_output = _attend(query_states, key_cache, value_cache, n_keys, "fast", bucket, None)
         else:
             length = position_id + 1  # a device tensor in voxcpm's loop: no host sync
@@ -177,8 +181,9 @@ def _make_model_forward_step(mode: str, bucket: int):
         position_emb = self.rope_emb(position_id) if self.rope_emb is not None else None
         hidden_states = inputs_embeds
         cache = self.kv_cache
-        cut = _keys_for(self, cache, mode, bucket)
-        if mode == "fast":  # tell the layers their views hold exactly the live keys (fast is not graph-safe)
+        graph = mode == "fast" and torch.compiler.is_compiling()  # compiled fast keeps the window views
+        cut = None if graph else _keys_for(self, cache, mode, bucket)
+        if mode == "fast" and not graph:  # tell the layers their views hold exactly the live keys
             _MODEL_STEP.cut = True
         try:
             for i, decoder_layer in enumerate(self.layers):
@@ -187,7 +192,7 @@ def _make_model_forward_step(mode: str, bucket: int):
                     k, v = k[:, :, :cut], v[:, :, :cut]
                 hidden_states = decoder_layer.forward_step(hidden_states, position_emb, position_id, (k, v))
         finally:
-            if mode == "fast":
+            if mode == "fast" and not graph:
                 _MODEL_STEP.cut = False
         return self.norm(hidden_states)
 

@@ -1,0 +1,254 @@
+"""``fast`` mode: the fastest decode attention on the device that is as accurate as upstream, chosen by measurement.
+
+``fast`` trades bit-identity for speed (opt-in). It attends over exactly the
+live keys ``[0, length)`` with one of several implementations, a chain in the
+spirit of a backend chain:
+
+``sdpa_slice``
+    SDPA over the sliced cache, no mask for Lq = 1 (the public slice fix:
+    seed 000, upstream PRs #199/#395). On CUDA the dispatcher's flash / cuDNN /
+    efficient kernels can run.
+``grouped_fp32``
+    the queries of one KV head as a (group * Lq, D) matrix: ``q @ k^T``, softmax,
+    ``@ v``, computed in float32, no repeat of K/V. On CPU one query per head
+    leaves SDPA's flash kernel latency-bound (and ~10x slower in bf16); two
+    GEMMs over the live K/V are close to the memory floor.
+(A third form, the grouped GEMMs in bf16 with the softmax in float32, was measured and left out:
+scores rounded to bf16 before the softmax put it at 1.7x ``reference``'s error, too close to the bound.)
+``sdpa_flash`` / ``sdpa_cudnn`` / ``sdpa_efficient`` (CUDA only)
+    SDPA over the slice forced to one backend with ``sdpa_kernel``.
+
+At first use per (device, dtype, Hq, Hkv, D, Lq class: 1 or > 1) every
+candidate runs on random data: a candidate whose max error against a float64
+reference exceeds twice ``reference`` mode's error on the same data is dropped,
+a candidate that raises (other than out of memory) is marked broken for that
+call shape and logged once, and the fastest of the rest by an interleaved timing
+wins. The choice is cached per process; :func:`fast_report` lists them.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import statistics
+import threading
+import time
+from typing import Callable, Optional
+
+import torch
+import torch.nn.functional as F
+
+__all__ = ["CANDIDATES", "fast_attention", "fast_report", "reset_fast_cache", "choose_fast", "grouped_window"]
+
+log = logging.getLogger("fastattn")
+
+_LOCK = threading.RLock()
+_CHOICES: dict = {}
+
+
+# --------------------------------------------------------------------------- candidates: (q, k, v) over live keys
+def _causal_rows(lq: int, group: int, n: int, device) -> Optional[torch.Tensor]:
+    """Bool (group * Lq, n) mask of the grouped rows: row r is query r % Lq, which sees keys <= n - Lq + r % Lq."""
+    if lq == 1:
+        return None
+    last = n - lq + torch.arange(lq, device=device).repeat(group)  # (group * Lq,)
+    return torch.arange(n, device=device).view(1, -1) <= last.view(-1, 1)
+
+
+def _grouped(q, k, v, acc_dtype=torch.float32):
+    B, hq, lq, D = q.shape
+    hkv, n = k.shape[1], k.shape[2]
+    g = hq // hkv
+    qg = q.reshape(B, hkv, g * lq, D).to(acc_dtype)                     # (B, Hkv, G*Lq, D)
+    s = qg @ k.to(acc_dtype).transpose(-1, -2)                          # (B, Hkv, G*Lq, n)
+    s = s.float().mul_(1.0 / math.sqrt(D))
+    mask = _causal_rows(lq, g, n, q.device)
+    if mask is not None:
+        s = s.masked_fill(~mask, float("-inf"))
+    p = torch.softmax(s, dim=-1).to(acc_dtype)
+    return (p @ v.to(acc_dtype)).reshape(B, hq, lq, D).to(q.dtype)     # (B, Hq, Lq, D)
+
+
+def grouped_fp32(q, k, v):
+    return _grouped(q, k, v, torch.float32)
+
+
+def grouped_window(q, k, v, length):
+    """Graph-safe ``fast`` for Lq = 1: the grouped form over a window of keys, keys at or past
+    ``length`` (a tensor: no host sync) masked. Shapes depend only on the window, so a compiled
+    step is reused until the window grows."""
+    B, hq, lq, D = q.shape
+    hkv, n = k.shape[1], k.shape[2]
+    qg = q.reshape(B, hkv, (hq // hkv) * lq, D).float()                 # (B, Hkv, G, D)
+    s = (qg @ k.float().transpose(-1, -2)).mul_(1.0 / math.sqrt(D))     # (B, Hkv, G, n)
+    live = torch.arange(n, device=q.device) < length.reshape(-1)[-1:]   # (n,)
+    s = s.masked_fill(~live, float("-inf"))
+    return (torch.softmax(s, dim=-1) @ v.float()).reshape(B, hq, lq, D).to(q.dtype)
+
+
+def sdpa_slice(q, k, v):
+    lq, n = q.shape[2], k.shape[2]
+    if lq == 1 or lq == n:  # Lq == n: bottom-right == top-left alignment, so is_causal is right here
+        return F.scaled_dot_product_attention(q, k, v, is_causal=(lq > 1), enable_gqa=True)
+    from .attention import _mask
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=_mask(n, lq, n, q.device), enable_gqa=True)
+
+
+def _forced(backend: str) -> Callable:
+    def run(q, k, v):
+        from torch.nn.attention import SDPBackend, sdpa_kernel
+        with sdpa_kernel([getattr(SDPBackend, backend)]):
+            return sdpa_slice(q, k, v)
+    run.__name__ = f"sdpa_{backend.split('_')[0].lower()}"
+    return run
+
+
+#: name -> (implementation, devices it is tried on)
+CANDIDATES: dict = {
+    "sdpa_slice": (sdpa_slice, ("cpu", "cuda", "mps")),
+    "grouped_fp32": (grouped_fp32, ("cpu", "cuda", "mps")),
+    "sdpa_flash": (_forced("FLASH_ATTENTION"), ("cuda",)),
+    "sdpa_cudnn": (_forced("CUDNN_ATTENTION"), ("cuda",)),
+    "sdpa_efficient": (_forced("EFFICIENT_ATTENTION"), ("cuda",)),
+}
+
+
+# --------------------------------------------------------------------------- the choice
+def _key(q, k) -> tuple:
+    from .exactness import _device_name, _dtype_name
+    return (_device_name(q.device), _dtype_name(q.dtype), q.shape[1], k.shape[1], q.shape[3],
+            "lq=1" if q.shape[2] == 1 else "lq>1")
+
+
+def _sync(device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def _time(fns: dict, args_list: list, device, repeats: int = 5, warmup: int = 2) -> dict:
+    """Median seconds per candidate over the probe lengths, candidates interleaved call by call."""
+    times = {name: [] for name in fns}
+    for r in range(warmup + repeats):
+        for name, fn in fns.items():
+            total = 0.0
+            for args in args_list:
+                _sync(device)
+                t0 = time.perf_counter()
+                fn(*args)
+                _sync(device)
+                total += time.perf_counter() - t0
+            if r >= warmup:
+                times[name].append(total)
+    return {name: statistics.median(t) for name, t in times.items()}
+
+
+def _is_oom(exc: BaseException) -> bool:
+    return isinstance(exc, torch.OutOfMemoryError) or "out of memory" in str(exc).lower()
+
+
+@torch.no_grad()
+def choose_fast(device, dtype, *, hq: int, hkv: int, head_dim: int, lq: int = 1, capacity: int = 4096,
+                candidates: Optional[dict] = None, seed: int = 0) -> dict:
+    """Probe every candidate for this call shape: accuracy vs float64 (twice ``reference``'s error at
+    most), then an interleaved timing at two lengths; return the choice with each candidate's figures."""
+    from .attention import _mask, _sdpa
+    from .checks import f64_attention
+
+    device = torch.device(device)
+    cands = {n: fn for n, (fn, devs) in (candidates or CANDIDATES).items() if device.type in devs}
+    lengths = sorted({max(lq, min(capacity, 512)), max(lq, min(capacity, 4096))})
+    gen = torch.Generator().manual_seed(seed)
+    rand = lambda *s: torch.randn(*s, generator=gen).to(device=device, dtype=dtype)  # noqa: E731
+    k, v = rand(1, hkv, max(lengths), head_dim), rand(1, hkv, max(lengths), head_dim)
+    q = rand(1, hq, lq, head_dim)
+    args = [(q, k[:, :, :n], v[:, :, :n]) for n in lengths]
+    ref_err = max((_sdpa(q, k, v, _mask(k.shape[2], lq, n, device)).double()
+                   - f64_attention(q, k, v, n)).abs().max().item() for n in lengths)
+    rows, ok = [], {}
+    for name, fn in cands.items():
+        row = {"candidate": name, "max_err": None, "accepted": False, "median_ms": None, "broken": None}
+        try:
+            row["max_err"] = max((fn(*a).double() - f64_attention(q, k, v, a[1].shape[2])).abs().max().item()
+                                 for a in args)
+        except Exception as exc:  # noqa: BLE001 - a kernel that cannot run this shape is skipped
+            if _is_oom(exc):
+                raise
+            row["broken"] = f"{type(exc).__name__}: {str(exc).splitlines()[0][:160] if str(exc) else ''}"
+            log.warning("fastattn fast: candidate %s is broken for %s: %s", name, _key(q, k), row["broken"])
+        else:
+            row["accepted"] = row["max_err"] <= 2 * ref_err + 1e-12
+            if row["accepted"]:
+                ok[name] = fn
+        rows.append(row)
+    if not ok:
+        raise RuntimeError(f"fastattn fast: no candidate is within twice reference's error for {_key(q, k)}: "
+                           f"{[(r['candidate'], r['max_err'], r['broken']) for r in rows]}")
+    medians = _time(ok, args, device)
+    for row in rows:
+        if row["candidate"] in medians:
+            row["median_ms"] = medians[row["candidate"]] * 1e3
+    winner = min(medians, key=medians.get)
+    return {"device": str(device), "dtype": str(dtype).replace("torch.", ""), "hq": hq, "hkv": hkv,
+            "head_dim": head_dim, "lq_class": "lq=1" if lq == 1 else "lq>1", "probe_lengths": lengths,
+            "reference_max_err": ref_err, "candidates": rows, "winner": winner,
+            "note": "fast mode trades bit-identity for speed: within twice reference's error vs float64"}
+
+
+def _implementation(q, k) -> Callable:
+    key = _key(q, k)
+    hit = _CHOICES.get(key)
+    if hit is None:
+        from .exactness import _capturing_or_compiling
+        if _capturing_or_compiling() or q.device.type == "meta":
+            return sdpa_slice
+        with _LOCK:
+            if key not in _CHOICES:
+                _CHOICES[key] = choose_fast(q.device, q.dtype, hq=q.shape[1], hkv=k.shape[1], head_dim=q.shape[3],
+                                            lq=q.shape[2])
+            hit = _CHOICES[key]
+    return CANDIDATES[hit["winner"]][0]
+
+
+def fast_attention(q, k, v):
+    """``fast`` over exactly the live keys: ``k``, ``v`` (B, Hkv, n, D) hold keys [0, n), bottom-right causal.
+
+    Runs the implementation chosen for this call shape; one that raises (not out of memory) is marked
+    broken for it, logged once, and the next fastest accepted candidate takes over.
+    """
+    fn = _implementation(q, k)
+    try:
+        return fn(q, k, v)
+    except Exception as exc:  # noqa: BLE001
+        if _is_oom(exc):
+            raise
+        return _fall_back(q, k, v, exc)
+
+
+def _fall_back(q, k, v, exc):
+    key = _key(q, k)
+    with _LOCK:
+        choice = _CHOICES.get(key)
+        if choice is None:
+            raise exc
+        bad = choice["winner"]
+        for row in choice["candidates"]:
+            if row["candidate"] == bad:
+                row["accepted"], row["broken"] = False, f"{type(exc).__name__}: {str(exc)[:160]}"
+        rest = [r for r in choice["candidates"] if r["accepted"] and r["median_ms"] is not None]
+        if not rest:
+            raise exc
+        choice["winner"] = min(rest, key=lambda r: r["median_ms"])["candidate"]
+    log.warning("fastattn fast: %s raised %s for %s; using %s", bad, type(exc).__name__, key, choice["winner"])
+    return CANDIDATES[choice["winner"]][0](q, k, v)
+
+
+def fast_report() -> list:
+    """Every ``fast`` choice made in this process: call shape, candidates (median ms, max error), winner."""
+    with _LOCK:
+        return [dict(v, candidates=[dict(r) for r in v["candidates"]]) for v in _CHOICES.values()]
+
+
+def reset_fast_cache() -> None:
+    """Forget the ``fast`` choices (tests; a new device in a long process)."""
+    with _LOCK:
+        _CHOICES.clear()

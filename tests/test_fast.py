@@ -1,0 +1,121 @@
+"""fast mode: every candidate within tolerance, the chain drops broken and inaccurate ones, the report says why."""
+
+import logging
+
+import pytest
+import torch
+
+import fastattn
+from fastattn import attention_step
+from fastattn import fast as FA
+from fastattn.checks import f64_attention
+
+from .conftest import cuda
+
+TOL = {torch.float32: 1e-5, torch.bfloat16: 2e-2}
+
+
+def rand(B, hq, hkv, n, D, dtype, lq=1, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return tuple(torch.randn(*s, generator=g).to(dtype) for s in ((B, hq, lq, D), (B, hkv, n, D), (B, hkv, n, D)))
+
+
+@pytest.fixture
+def fresh():
+    FA.reset_fast_cache()
+    yield
+    FA.reset_fast_cache()
+
+
+@pytest.mark.parametrize("name", [n for n, (_, devs) in FA.CANDIDATES.items() if "cpu" in devs])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+@pytest.mark.parametrize("B,hq,hkv,lq", [(1, 16, 2, 1), (2, 4, 4, 1), (3, 8, 1, 1), (1, 16, 2, 3), (3, 4, 2, 5)])
+def test_every_candidate_within_tolerance_of_float64(name, dtype, B, hq, hkv, lq):
+    fn = FA.CANDIDATES[name][0]
+    for n in (lq, 511, 512, 513, 1024):
+        q, k, v = rand(B, hq, hkv, n, 64, dtype, lq=lq, seed=n)
+        out = fn(q, k, v)
+        assert out.shape == q.shape and out.dtype == dtype
+        assert (out.double() - f64_attention(q, k, v, n)).abs().max().item() <= TOL[dtype], (name, n)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+def test_choice_is_accurate_and_reported(dtype, fresh):
+    q, k, v = rand(1, 16, 2, 2048, 128, dtype)
+    out = attention_step(q, k, v, 1500, mode="fast")
+    (rep,) = fastattn.fast_report()
+    assert rep["winner"] in FA.CANDIDATES and rep["dtype"] == str(dtype).split(".")[1]
+    assert "trades bit-identity" in rep["note"]
+    win = next(r for r in rep["candidates"] if r["candidate"] == rep["winner"])
+    assert win["accepted"] and win["max_err"] <= 2 * rep["reference_max_err"] + 1e-12
+    assert win["median_ms"] == min(r["median_ms"] for r in rep["candidates"] if r["accepted"])
+    ref = attention_step(q, k, v, 1500, mode="reference")
+    r64 = f64_attention(q, k, v, 1500)
+    assert (out.double() - r64).abs().max() <= 2 * (ref.double() - r64).abs().max() + TOL[dtype] / 10
+
+
+def _raises(q, k, v):
+    raise RuntimeError("this kernel cannot run here")
+
+
+def _inaccurate(q, k, v):
+    return FA.sdpa_slice(q, k, v) + 1e-3
+
+
+def _instant(q, k, v):  # fastest of all, and wrong
+    return torch.zeros_like(q)
+
+
+def test_chain_skips_broken_and_rejects_inaccurate(monkeypatch, caplog, fresh):
+    monkeypatch.setitem(FA.CANDIDATES, "broken", (_raises, ("cpu",)))
+    monkeypatch.setitem(FA.CANDIDATES, "inaccurate", (_inaccurate, ("cpu",)))
+    monkeypatch.setitem(FA.CANDIDATES, "instant_but_wrong", (_instant, ("cpu",)))
+    q, k, v = rand(1, 8, 2, 1024, 64, torch.float32)
+    with caplog.at_level(logging.WARNING, logger="fastattn"):
+        attention_step(q, k, v, 700, mode="fast")
+        attention_step(q, k, v, 800, mode="fast")
+    (rep,) = fastattn.fast_report()
+    rows = {r["candidate"]: r for r in rep["candidates"]}
+    assert rows["broken"]["broken"].startswith("RuntimeError") and not rows["broken"]["accepted"]
+    assert not rows["inaccurate"]["accepted"] and not rows["instant_but_wrong"]["accepted"]
+    assert rep["winner"] in ("sdpa_slice", "grouped_fp32")
+    assert sum("broken" in m for m in caplog.messages) == 1  # logged once
+
+
+def test_a_winner_that_raises_later_hands_over_once(monkeypatch, caplog, fresh):
+    calls = {"broken": False}
+
+    def flaky(q, k, v):  # fine while probed, fails later
+        if calls["broken"]:
+            raise RuntimeError("kernel failed")
+        return FA.grouped_fp32(q, k, v)
+
+    monkeypatch.setitem(FA.CANDIDATES, "grouped_fp32", (flaky, ("cpu",)))
+    q, k, v = rand(1, 8, 2, 1024, 64, torch.float32)
+    FA.reset_fast_cache()
+    monkeypatch.setattr(FA, "_time", lambda fns, *a, **kw: {n: (0.0 if n == "grouped_fp32" else 1.0) for n in fns})
+    attention_step(q, k, v, 600, mode="fast")
+    assert fastattn.fast_report()[0]["winner"] == "grouped_fp32"
+    calls["broken"] = True
+    with caplog.at_level(logging.WARNING, logger="fastattn"):
+        out = attention_step(q, k, v, 600, mode="fast")
+        attention_step(q, k, v, 601, mode="fast")
+    assert fastattn.fast_report()[0]["winner"] == "sdpa_slice"
+    assert sum("raised" in m for m in caplog.messages) == 1
+    assert (out.double() - f64_attention(q, k, v, 600)).abs().max() <= 1e-5
+
+
+def test_no_accurate_candidate_is_a_clear_error(monkeypatch, fresh):
+    only = {"inaccurate": (_inaccurate, ("cpu",))}
+    with pytest.raises(RuntimeError, match="no candidate is within twice reference's error"):
+        FA.choose_fast("cpu", torch.float32, hq=4, hkv=2, head_dim=32, candidates=only)
+
+
+@cuda
+def test_cuda_candidates_probed_and_accurate(fresh):
+    q, k, v = (t.cuda() for t in rand(1, 16, 2, 4096, 128, torch.bfloat16))
+    out = attention_step(q, k, v, 3000, mode="fast")
+    rep = fastattn.fast_report()[0]
+    names = {r["candidate"] for r in rep["candidates"]}
+    assert {"sdpa_flash", "sdpa_efficient", "sdpa_cudnn"} <= names
+    assert (out.double() - f64_attention(q, k, v, 3000)).abs().max() <= TOL[torch.bfloat16]
