@@ -164,16 +164,23 @@ def floor_ms(length: int, hkv: int, head_dim: int, dtype, gb_per_s: float) -> fl
 def attention_sweep(positions: Sequence[int], *, capacity: int = 8192, dtype="float32", device="cpu",
                     hq: int = 16, hkv: int = 2, head_dim: int = 128, modes: Sequence[str] = MODES,
                     bucket: Optional[int] = None, repeats: int = 7, warmup: int = 2, seed: int = 0,
-                    bw: Optional[dict] = None, progress: bool = True) -> dict:
+                    bw: Optional[dict] = None, slice_fix: bool = True, progress: bool = True) -> dict:
     """One ``attention_step`` call per mode at each position (length = position + 1), interleaved.
 
-    Rows: ``{mode, position, length, window, median_ms, p10_ms, p90_ms, min_ms,
-    live_bytes, floor_ms, floor_meaningful, x_floor}``; ``floor_meaningful`` is
+    Rows: ``{mode, position, length, window, median_ms, p10_ms, p90_ms, min_ms, n,
+    max_err_f64, live_bytes, floor_ms, floor_meaningful, x_floor}``; ``floor_meaningful`` is
     False where the live K/V fit in the last-level cache (the loop re-reads
     them warm, so the DRAM floor does not bind). ``bucket=None`` measures the
-    default ``exact`` (the calibrated granularity, recorded in params).
+    default ``exact`` (the calibrated granularity, recorded in params). With
+    ``slice_fix``, a ``slice_fix`` row per position times the public slice fix
+    (SDPA over ``cache[:, :, :p+1]``, no mask: what ``fast`` was before it chose by
+    measurement), so ``fast`` is judged against what others ship. ``fast_choice``
+    records which implementation ``fast`` picked and why.
     """
     from .attention import _exact_window
+    from .checks import f64_attention
+    from .fast import fast_report, sdpa_slice
+
     device, dt = resolve_device(device), _dtype(dtype)
     for p in positions:
         if not 0 <= p < capacity:
@@ -187,27 +194,31 @@ def attention_sweep(positions: Sequence[int], *, capacity: int = 8192, dtype="fl
     q = torch.randn(1, hq, 1, head_dim, generator=g).to(device=device, dtype=dt)
     bw = bw or bandwidth(device)
     llc = bw.get("llc_bytes") or 0
+    variants = list(modes) + (["slice_fix"] if slice_fix else [])
     rows = []
     for p in _progress(positions, progress, f"attention {dtype}"):
         n = p + 1
         fns = {m: (lambda m=m: attention_step(q, k, v, n, mode=m, bucket=bucket)) for m in modes}
+        if slice_fix:
+            fns["slice_fix"] = lambda: sdpa_slice(q, k[:, :, :n], v[:, :, :n])
         times = time_interleaved(fns, repeats=repeats, warmup=warmup, device=device)
+        r64 = f64_attention(q, k, v, n)
         live = live_kv_bytes(n, hkv, head_dim, dt)
         fl = floor_ms(n, hkv, head_dim, dt, bw["gb_per_s"])
-        for m in modes:
+        for m in variants:
             st = _stats_ms(times[m])
-            rows.append({"mode": m, "position": p, "length": n,
-                         "window": {"reference": capacity, "fast": n}.get(m) or _exact_window(q, k, n, bucket),
-                         **st, "live_bytes": live, "floor_ms": fl, "floor_meaningful": live > llc,
+            window = {"reference": capacity, "fast": n, "slice_fix": n}.get(m) or _exact_window(q, k, n, bucket)
+            rows.append({"mode": m, "position": p, "length": n, "window": window, **st,
+                         "max_err_f64": (fns[m]().double() - r64).abs().max().item(),
+                         "live_bytes": live, "floor_ms": fl, "floor_meaningful": live > llc,
                          "x_floor": st["median_ms"] / fl})
-    from .fast import fast_report
     fast_choice = [c for c in fast_report() if c["dtype"] == str(dt).replace("torch.", "")
                    and (c["hq"], c["hkv"], c["head_dim"]) == (hq, hkv, head_dim)]
     return {"kind": "attention", "env": env_record(device, dt), "fast_choice": fast_choice,
             "params": {"positions": list(positions), "capacity": capacity, "dtype": str(dt).replace("torch.", ""),
                        "hq": hq, "hkv": hkv, "head_dim": head_dim, "bucket": bucket,
                        "exact_granularity": _granularity_of(q, k, bucket), "repeats": repeats,
-                       "warmup": warmup, "modes": list(modes)},
+                       "warmup": warmup, "modes": variants},
             "bandwidth": bw, "rows": rows}
 
 
@@ -544,7 +555,7 @@ def fill_cost(preset: str = "full", *, prefill: int = 100, dtype="bfloat16", dev
     lm = voxcpm2_config(preset)["lm_config"]
     geo = (lm["num_hidden_layers"], lm["num_key_value_heads"], lm["kv_channels"], 1, device, dt)
     caches = {"upstream": StaticKVCache(*geo, max_length=max_length),
-              "patched": RightSizedKVCache(*geo, max_length=max_length)}
+              "patched": RightSizedKVCache(*geo, max_length=max_length)}  # the CPU kernel's 512-slot granularity
     kv = [(torch.randn(1, geo[1], prefill, geo[2], dtype=dt, device=device),) * 2 for _ in range(geo[0])]
     times = time_interleaved({n: (lambda c=c: c.fill_caches(kv)) for n, c in caches.items()}, repeats=repeats,
                              warmup=warmup, device=device)
@@ -554,6 +565,45 @@ def fill_cost(preset: str = "full", *, prefill: int = 100, dtype="bfloat16", dev
     return {"kind": "fill_cost", "env": env_record(device, dt),
             "params": {"preset": preset, "layers": geo[0], "prefill": prefill, "dtype": str(dt).replace("torch.", ""),
                        "max_length": max_length}, "rows": rows}
+
+
+def cache_growth(preset: str = "full", *, prefill: int = 100, steps: int = 8000, dtype="bfloat16", device="cpu",
+                 max_length: int = 8192, bucket: Optional[int] = None) -> dict:
+    """Cost of a long request's cache growth at the preset's base-LM geometry: every ``step()`` of a
+    :class:`RightSizedKVCache` timed (prefill ``prefill``, ``steps`` steps), beside upstream's per-request
+    zero-fill of its ``max_length`` slots. Rows: the steps that moved the storage (position, ms, capacity);
+    summary: total seconds in ``step()``, moves, the largest step, and the capacity bound checked at every step."""
+    from voxcpm.modules.minicpm4.cache import StaticKVCache
+    from .cache import RightSizedKVCache
+    from .exactness import CPU_FLASH_KEY_BLOCK
+    from .models import voxcpm2_config
+    device, dt = resolve_device(device), _dtype(dtype)
+    lm = voxcpm2_config(preset)["lm_config"]
+    geo = (lm["num_hidden_layers"], lm["num_key_value_heads"], lm["kv_channels"], 1, device, dt)
+    g = bucket or CPU_FLASH_KEY_BLOCK
+    cache = RightSizedKVCache(*geo, max_length=max_length, bucket=g)
+    kv = [(torch.randn(1, geo[1], prefill, geo[2], dtype=dt, device=device),) * 2 for _ in range(geo[0])]
+    cache.fill_caches(kv)
+    total, moves, worst, bound_ok = 0.0, [], 0.0, True
+    for _ in range(min(steps, max_length - prefill)):
+        gen = cache.generation
+        t0 = time.perf_counter()
+        pos = cache.step()
+        _sync(device)
+        dt_s = time.perf_counter() - t0
+        total, worst = total + dt_s, max(worst, dt_s)
+        bound_ok &= cache.capacity <= min(max(2 * cache.current_length, g), max_length)
+        if cache.generation != gen:
+            moves.append({"position": pos, "ms": dt_s * 1e3, "capacity": cache.capacity})
+    up = StaticKVCache(*geo, max_length=max_length)
+    fill = time_interleaved({"upstream": lambda: up.fill_caches(kv)}, repeats=5, warmup=1, device=device)["upstream"]
+    return {"kind": "cache_growth", "env": env_record(device, dt),
+            "params": {"preset": preset, "layers": geo[0], "prefill": prefill, "steps": steps, "granularity": g,
+                       "dtype": str(dt).replace("torch.", ""), "max_length": max_length},
+            "rows": moves,
+            "summary": {"step_total_s": total, "moves": len(moves), "max_step_ms": worst * 1e3,
+                        "bound_held_every_step": bool(bound_ok), "final_capacity": cache.capacity,
+                        "upstream_fill_ms": statistics.median(fill) * 1e3}}
 
 
 _RSS_SCRIPT = """
@@ -654,6 +704,36 @@ def check_targets(records: dict) -> list[dict]:
             add("fast attention at p >= 1024: time / bandwidth floor (worst)", worst, "<= 3", worst <= 3,
                 f"live K/V fit in the last-level cache at positions {cached}: the DRAM floor does not bind there"
                 if cached else "")
+    for key, goal in (("attention_fp32", 0.75), ("attention_bf16", 0.20)):
+        rec = records.get(key)
+        dtname = key.split("_")[1].replace("fp32", "float32").replace("bf16", "bfloat16")
+        for p in (2048, 4096) if rec else ():
+            fa, sl = _row(rec["rows"], mode="fast", position=p), _row(rec["rows"], mode="slice_fix", position=p)
+            if fa and sl:
+                r = fa["median_ms"] / sl["median_ms"]
+                add(f"attention p={p}, {dtname}: fast / slice fix (seed 000)", r, f"<= {goal}",
+                    r <= goal, "fast chose " + ", ".join(c["winner"] for c in rec.get("fast_choice", [])))
+        errs = [(_row(rec["rows"], mode="fast", position=p), _row(rec["rows"], mode="reference", position=p))
+                for p in sorted({r["position"] for r in rec["rows"]})] if rec else []
+        errs = [(f["max_err_f64"], r["max_err_f64"]) for f, r in errs if f and r and "max_err_f64" in f]
+        if errs:
+            worst = max(f / r if r else (0.0 if f == 0 else float("inf")) for f, r in errs)
+            add(f"attention {dtname}: fast's error vs float64 / reference's (worst position)",
+                worst, "<= 2", worst <= 2)
+    att = records.get("attention_fp32")
+    fa = _row(att["rows"], mode="fast", position=4096) if att else None
+    if fa:
+        add("attention p=4096, fp32: fast / DRAM floor (live K+V once)", fa["x_floor"], "<= 2.5", fa["x_floor"] <= 2.5,
+            "" if fa["floor_meaningful"] else "live K/V fit in the last-level cache: the DRAM floor does not bind")
+    growth = records.get("growth")
+    if growth:
+        gs, gp = growth["summary"], growth["params"]
+        what = f"{gp['prefill']} + {gp['steps']}-step request, {gp['preset']} base LM, {gp['dtype']}"
+        add(f"cache growth ({what}): total time in step(), s", gs["step_total_s"], "<= 0.2", gs["step_total_s"] <= 0.2,
+            f"upstream zero-fills {gp['max_length']} slots per request instead: {gs['upstream_fill_ms']:.1f} ms")
+        add(f"cache growth ({what}): storage moves", gs["moves"], "<= 6", gs["moves"] <= 6)
+        add("cache capacity <= max(2 x live length, granularity) at every step", gs["bound_held_every_step"], "True",
+            gs["bound_held_every_step"])
     for key, goal in (("decode_bf16", 0.4), ("decode_fp32", 0.85)):
         rec = records.get(key)
         if rec:
@@ -722,6 +802,8 @@ def reference_run(out, *, device="cpu", positions=(0, 16, 256, 512, 1024, 2048, 
     kv = kv_memory("full", prefill=100, steps=200, dtype="bfloat16")
     written.append(save_record(kv, out, "kv_memory_full"))
     written.append(save_record(fill_cost("full", device=device), out, "fill_cost_full"))
+    growth = cache_growth("full", device=device)
+    written.append(save_record(growth, out, "cache_growth_full"))
     written.append(save_record(step_allocations(device=device), out, "step_allocations"))
     written.append(save_record(peak_rss("small", steps=8), out, "peak_rss_small"))
     mode = "reduce-overhead" if str(device).startswith("cuda") else None
@@ -729,8 +811,9 @@ def reference_run(out, *, device="cpu", positions=(0, 16, 256, 512, 1024, 2048, 
                                                    repeats=repeats), out, f"compiled_step_{compiled_preset}"))
     whole = whole_decode(whole_preset, steps=12, dtype="bfloat16", device=device, inference_timesteps=10, repeats=2)
     written.append(save_record(whole, out, f"whole_decode_{whole_preset}"))
-    targets = check_targets({"attention_fp32": att["float32"], "decode_bf16": dec["bfloat16"],
-                             "decode_fp32": dec["float32"], "kv": kv, "whole": whole})
+    targets = check_targets({"attention_fp32": att["float32"], "attention_bf16": att["bfloat16"],
+                             "decode_bf16": dec["bfloat16"], "decode_fp32": dec["float32"], "kv": kv,
+                             "growth": growth, "whole": whole})
     written.append(save_record({"kind": "targets", "env": env_record(device), "rows": targets}, out, "targets"))
     return written
 

@@ -97,7 +97,7 @@ class RightSizedKVCache:
     """
 
     def __init__(self, num_layers: int, num_kv_heads: int, dim_kv_head: int, batch_size: int,
-                 device, dtype: torch.dtype, max_length: int = 8192, *, bucket: int = 256):
+                 device, dtype: torch.dtype, max_length: int = 8192, *, bucket: int = 512):
         self.num_layers = _pos_int(num_layers, "num_layers")
         self.num_kv_heads = _pos_int(num_kv_heads, "num_kv_heads")
         self.dim_kv_head = _pos_int(dim_kv_head, "dim_kv_head")

@@ -36,16 +36,19 @@ BW = {"gb_per_s": 10.0, "llc_bytes": 1 << 20}
 def test_attention_sweep_record_fields():
     rec = bench.attention_sweep([0, 40, 200], capacity=256, hq=4, hkv=2, head_dim=16, repeats=2, warmup=0,
                                 bw=BW, progress=False)
-    assert rec["kind"] == "attention" and len(rec["rows"]) == 9
+    assert rec["kind"] == "attention" and len(rec["rows"]) == 12  # three modes and the slice fix, three positions
+    assert rec["params"]["modes"] == ["reference", "exact", "fast", "slice_fix"]
+    assert rec["fast_choice"] and rec["fast_choice"][0]["winner"] in ("sdpa_slice", "grouped_fp32")
     for key in ("torch", "voxcpm", "device_name", "dtype", "threads", "git_commit", "time_utc"):
         assert key in rec["env"]
     r = rec["rows"][0]
     for key in ("mode", "position", "length", "window", "median_ms", "p10_ms", "p90_ms", "floor_ms", "x_floor",
-                "floor_meaningful", "n"):
+                "floor_meaningful", "n", "max_err_f64"):
         assert key in r
     assert all(r["n"] == 2 for r in rec["rows"])
     assert {r["window"] for r in rec["rows"] if r["mode"] == "reference"} == {256}
     assert [r["window"] for r in rec["rows"] if r["mode"] == "fast"] == [1, 41, 201]
+    assert [r["window"] for r in rec["rows"] if r["mode"] == "slice_fix"] == [1, 41, 201]
     json.dumps(rec)
     with pytest.raises(ValueError, match=r"positions must be in \[0, capacity=256\)"):
         bench.attention_sweep([256], capacity=256, bw=BW, progress=False)
@@ -98,6 +101,24 @@ def test_check_targets_from_records():
     t = bench.check_targets({"attention_fp32": att})
     assert [x["passed"] for x in t] == [True, False, True]
     assert "last-level cache" in t[2]["note"]
+
+
+def test_check_targets_fast_and_growth_branches():
+    row = lambda m, p, ms, err, **kw: {"mode": m, "position": p, "median_ms": ms, "max_err_f64": err, **kw}  # noqa: E731
+    att = {"fast_choice": [{"winner": "grouped_fp32"}],
+           "rows": [row("reference", 2048, 10.0, 1e-3), row("fast", 2048, 1.0, 1.5e-3), row("slice_fix", 2048, 4.0, 1e-3),
+                    row("reference", 4096, 10.0, 1e-3), row("fast", 4096, 1.0, 2.5e-3), row("slice_fix", 4096, 6.0, 1e-3)]}
+    growth = {"params": {"prefill": 100, "steps": 8000, "preset": "full", "dtype": "bfloat16", "max_length": 8192},
+              "summary": {"step_total_s": 0.3, "moves": 4, "bound_held_every_step": True, "upstream_fill_ms": 7.0}}
+    t = {x["target"]: x for x in bench.check_targets({"attention_bf16": att, "growth": growth})}
+    assert t["attention p=2048, bfloat16: fast / slice fix (seed 000)"]["passed"] is False   # 0.25 > 0.20
+    assert t["attention p=4096, bfloat16: fast / slice fix (seed 000)"]["passed"] is True    # 0.17
+    assert "grouped_fp32" in t["attention p=4096, bfloat16: fast / slice fix (seed 000)"]["note"]
+    err = t["attention bfloat16: fast's error vs float64 / reference's (worst position)"]
+    assert err["measured"] == pytest.approx(2.5) and err["passed"] is False
+    grow = [x for k, x in t.items() if k.startswith("cache growth")]
+    assert [x["passed"] for x in grow] == [False, True]  # 0.3 s > 0.2 s; 4 moves <= 6
+    assert t["cache capacity <= max(2 x live length, granularity) at every step"]["passed"]
 
 
 def test_no_cuda_touched_without_cuda(monkeypatch):
