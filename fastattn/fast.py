@@ -18,7 +18,8 @@ scores rounded to bf16 before the softmax put it at 1.7x ``reference``'s error, 
 ``sdpa_flash`` / ``sdpa_cudnn`` / ``sdpa_efficient`` (CUDA only)
     SDPA over the slice forced to one backend with ``sdpa_kernel``.
 
-At first use per (device, dtype, Hq, Hkv, D, Lq class: 1 or > 1) every
+At first use per (device, dtype, Hq, Hkv, D, Lq class: 1 or > 1, key-count
+class: up to 1024 keys or more) every
 candidate runs on random data: a candidate whose max error against a float64
 reference exceeds twice ``reference`` mode's error on the same data is dropped,
 a candidate that raises (other than out of memory) is marked broken for that
@@ -114,10 +115,18 @@ CANDIDATES: dict = {
 
 
 # --------------------------------------------------------------------------- the choice
+#: key-count classes, each probed at its own lengths (the winner can differ: per-call overhead vs bandwidth)
+LENGTH_CLASSES = {"keys<=1024": (256, 1024), "keys>1024": (2048, 4096)}
+
+
+def _length_class(n: int) -> str:
+    return "keys<=1024" if n <= 1024 else "keys>1024"
+
+
 def _key(q, k) -> tuple:
     from .exactness import _device_name, _dtype_name
     return (_device_name(q.device), _dtype_name(q.dtype), q.shape[1], k.shape[1], q.shape[3],
-            "lq=1" if q.shape[2] == 1 else "lq>1")
+            "lq=1" if q.shape[2] == 1 else "lq>1", _length_class(k.shape[2]))
 
 
 def _sync(device) -> None:
@@ -147,16 +156,19 @@ def _is_oom(exc: BaseException) -> bool:
 
 
 @torch.no_grad()
-def choose_fast(device, dtype, *, hq: int, hkv: int, head_dim: int, lq: int = 1, capacity: int = 4096,
+def choose_fast(device, dtype, *, hq: int, hkv: int, head_dim: int, lq: int = 1, length_class: str = "keys>1024",
                 candidates: Optional[dict] = None, seed: int = 0) -> dict:
     """Probe every candidate for this call shape: accuracy vs float64 (twice ``reference``'s error at
-    most), then an interleaved timing at two lengths; return the choice with each candidate's figures."""
+    most), then an interleaved timing at the two lengths of ``length_class`` (see ``LENGTH_CLASSES``);
+    return the choice with each candidate's figures."""
     from .attention import _mask, _sdpa
     from .checks import f64_attention
 
     device = torch.device(device)
     cands = {n: fn for n, (fn, devs) in (candidates or CANDIDATES).items() if device.type in devs}
-    lengths = sorted({max(lq, min(capacity, 512)), max(lq, min(capacity, 4096))})
+    if length_class not in LENGTH_CLASSES:
+        raise ValueError(f"length_class must be one of {sorted(LENGTH_CLASSES)}, got {length_class!r}")
+    lengths = sorted({max(lq, n) for n in LENGTH_CLASSES[length_class]})
     gen = torch.Generator().manual_seed(seed)
     rand = lambda *s: torch.randn(*s, generator=gen).to(device=device, dtype=dtype)  # noqa: E731
     k, v = rand(1, hkv, max(lengths), head_dim), rand(1, hkv, max(lengths), head_dim)
@@ -189,7 +201,8 @@ def choose_fast(device, dtype, *, hq: int, hkv: int, head_dim: int, lq: int = 1,
             row["median_ms"] = medians[row["candidate"]] * 1e3
     winner = min(medians, key=medians.get)
     return {"device": str(device), "dtype": str(dtype).replace("torch.", ""), "hq": hq, "hkv": hkv,
-            "head_dim": head_dim, "lq_class": "lq=1" if lq == 1 else "lq>1", "probe_lengths": lengths,
+            "head_dim": head_dim, "lq_class": "lq=1" if lq == 1 else "lq>1", "length_class": length_class,
+            "probe_lengths": lengths,
             "reference_max_err": ref_err, "candidates": rows, "winner": winner,
             "note": "fast mode trades bit-identity for speed: within twice reference's error vs float64"}
 
@@ -204,7 +217,7 @@ def _implementation(q, k) -> Callable:
         with _LOCK:
             if key not in _CHOICES:
                 _CHOICES[key] = choose_fast(q.device, q.dtype, hq=q.shape[1], hkv=k.shape[1], head_dim=q.shape[3],
-                                            lq=q.shape[2])
+                                            lq=q.shape[2], length_class=key[-1])
             hit = _CHOICES[key]
     return CANDIDATES[hit["winner"]][0]
 

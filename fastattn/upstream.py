@@ -29,7 +29,8 @@ from pathlib import Path
 from . import compat
 from .paths import data_dir
 
-__all__ = ["upstream_diff", "write_upstream_diff", "DIFF_NAME", "patched_sources", "cache_source"]
+__all__ = ["upstream_diff", "write_upstream_diff", "DIFF_NAME", "LAYOUTS", "patched_sources", "cache_source",
+           "patched_copy", "decode_with_diff"]
 
 DIFF_NAME = "voxcpm-2.0.3-right-sized-decode.diff"
 
@@ -197,29 +198,103 @@ def patched_sources() -> dict:
     }
 
 
-def upstream_diff() -> str:
-    """The unified diff (``a/`` and ``b/`` prefixes, apply with ``patch -p1`` in site-packages)."""
+#: layout -> (diff file under data/, path prefix of the package in the target tree)
+LAYOUTS = {
+    "wheel": (DIFF_NAME, ""),                            # site-packages/voxcpm/... (voxcpm 2.0.3 installed)
+    "src": ("voxcpm-main-src-right-sized-decode.diff", "src/"),  # upstream main: src/voxcpm/...
+}
+
+
+def upstream_diff(layout: str = "wheel") -> str:
+    """The unified diff (``a/`` and ``b/`` prefixes, apply with ``patch -p1``): ``layout="wheel"`` inside
+    site-packages (voxcpm 2.0.3), ``"src"`` at the root of upstream's repository (``src/voxcpm/``; its
+    ``modules/minicpm4`` is unchanged since 2.0.3, so the hunks are the same)."""
+    if layout not in LAYOUTS:
+        raise ValueError(f"layout must be one of {sorted(LAYOUTS)}, got {layout!r}")
+    prefix = LAYOUTS[layout][1]
     parts = []
     for rel, (old, new) in sorted(patched_sources().items(), key=lambda kv: kv[0], reverse=True):
         parts.extend(difflib.unified_diff(old.splitlines(keepends=True), new.splitlines(keepends=True),
-                                          fromfile=f"a/{rel}", tofile=f"b/{rel}", n=3))
+                                          fromfile=f"a/{prefix}{rel}", tofile=f"b/{prefix}{rel}", n=3))
     return "".join(parts)
 
 
-def write_upstream_diff(path: Path | None = None) -> Path:
-    """Write :func:`upstream_diff` to ``data/`` (or ``path``) and return the path."""
-    path = Path(path) if path else data_dir() / DIFF_NAME
-    path.write_text(upstream_diff())
+def write_upstream_diff(path: Path | None = None, layout: str = "wheel") -> Path:
+    """Write :func:`upstream_diff` for ``layout`` to ``data/`` (or ``path``) and return the path."""
+    path = Path(path) if path else data_dir() / LAYOUTS[layout][0]
+    path.write_text(upstream_diff(layout))
     return path
+
+
+def patched_copy(dest) -> Path:
+    """Copy the installed voxcpm package under ``dest`` and apply the wheel diff to it with ``patch -p1``.
+    Returns ``dest``: put it first on ``PYTHONPATH`` (in a fresh process) to import the patched package."""
+    import shutil
+    import subprocess
+
+    dest = Path(dest)
+    shutil.copytree(_installed(""), dest / "voxcpm", ignore=shutil.ignore_patterns("__pycache__"))
+    r = subprocess.run(["patch", "-p1", "--batch", "-i", str(data_dir() / DIFF_NAME)], cwd=dest,
+                       capture_output=True, text=True)
+    if r.returncode:
+        raise RuntimeError(f"the upstream diff did not apply to a copy of voxcpm: {r.stdout}{r.stderr}")
+    return dest
+
+
+_DECODE_SCRIPT = """
+import sys, torch, fastattn, voxcpm
+from fastattn.models import build_voxcpm2, silence_progress
+assert voxcpm.__file__.startswith(sys.argv[1]), voxcpm.__file__
+silence_progress()
+preset, dtype, text, steps, seed, out = sys.argv[2], sys.argv[3], sys.argv[4], int(sys.argv[5]), int(sys.argv[6]), sys.argv[7]
+m = build_voxcpm2(preset, seed=seed, dtype=dtype)
+torch.manual_seed(seed)
+wav = m.generate(text, min_len=steps, max_len=steps, inference_timesteps=2)
+torch.save({"wav": wav, "capacity": m.base_lm.kv_cache.storage.shape[4], "length": m.base_lm.kv_cache.current_length}, out)
+"""
+
+
+def decode_with_diff(preset: str, *, text: str, steps: int, dtype: str = "bfloat16", seed: int = 0) -> dict:
+    """Decode with the upstream diff itself applied (a patched copy of voxcpm, imported in a fresh process),
+    then unpatched here from the same seed: ``{"identical", "max_abs_diff", "diff_capacity", "length"}``."""
+    import subprocess
+    import sys
+    import tempfile
+
+    import torch
+
+    from .models import build_voxcpm2
+
+    with tempfile.TemporaryDirectory() as tmp:
+        root = patched_copy(Path(tmp) / "pkg")
+        out = Path(tmp) / "out.pt"
+        env = {**__import__("os").environ, "PYTHONPATH": str(root)}
+        r = subprocess.run([sys.executable, "-c", _DECODE_SCRIPT, str(root), preset, dtype, text, str(steps),
+                            str(seed), str(out)], capture_output=True, text=True, env=env, timeout=1800)
+        if r.returncode:
+            raise RuntimeError(f"decoding through the patched copy failed: {r.stderr[-2000:]}")
+        res = torch.load(out)
+    model = build_voxcpm2(preset, seed=seed, dtype=dtype)
+    torch.manual_seed(seed)
+    ref = model.generate(text, min_len=steps, max_len=steps, inference_timesteps=2)
+    same = ref.shape == res["wav"].shape
+    return {"identical": bool(same and torch.equal(ref, res["wav"])),
+            "max_abs_diff": float((ref.double() - res["wav"].double()).abs().max()) if same else float("inf"),
+            "diff_capacity": int(res["capacity"]), "upstream_capacity": int(model.base_lm.kv_cache.kv_cache.shape[4]),
+            "length": int(res["length"])}
 
 
 def main(argv=None) -> int:
     import argparse
     ap = argparse.ArgumentParser(prog="python -m fastattn diff", description="The upstream-ready diff.")
-    ap.add_argument("--write", action="store_true", help=f"write data/{DIFF_NAME} instead of printing")
+    ap.add_argument("--write", action="store_true",
+                    help=f"write both diffs under data/ ({', '.join(f for f, _ in LAYOUTS.values())}) instead of printing")
+    ap.add_argument("--layout", choices=sorted(LAYOUTS), default="wheel",
+                    help="print the diff for site-packages (wheel) or upstream's repository (src)")
     args = ap.parse_args(argv)
     if args.write:
-        print(write_upstream_diff())
+        for layout in LAYOUTS:
+            print(write_upstream_diff(layout=layout))
     else:
-        print(upstream_diff(), end="")
+        print(upstream_diff(args.layout), end="")
     return 0

@@ -14,6 +14,8 @@ Notebook helpers: :func:`check_params` (fail early, clearly), :func:`provenance`
 
 from __future__ import annotations
 
+import html
+
 import json
 import os
 import sys
@@ -27,7 +29,7 @@ import torch
 from . import models as _models
 from .paths import notebooks_dir, reports_dir
 
-__all__ = ["check_params", "resolve_device", "provenance", "save_figure", "save", "findings", "run_workbook",
+__all__ = ["check_params", "resolve_device", "provenance", "save_figure", "save", "table", "findings", "run_workbook",
            "notebooks", "PRESETS", "DTYPE_NAMES"]
 
 PRESETS = _models.PRESETS
@@ -117,6 +119,25 @@ def save_figure(fig, out_dir, name: str) -> Path:
         path = out / f"{name}-{i}.png"
     fig.savefig(path, dpi=110, bbox_inches="tight")
     return path
+
+
+def _cell(v) -> str:
+    if isinstance(v, bool) or v is None:
+        return {True: "yes", False: "no", None: ""}[v]
+    if isinstance(v, float):
+        return f"{v:.3g}"
+    return html.escape(str(v))
+
+
+def table(rows: list):
+    """Rows (dicts with the same keys) as an HTML table for a notebook, floats to 3 significant digits."""
+    from IPython.display import HTML
+
+    if not rows:
+        return HTML("<p>(no rows)</p>")
+    head = "".join(f"<th>{html.escape(str(k))}</th>" for k in rows[0])
+    body = "".join("<tr>" + "".join(f"<td>{_cell(v)}</td>" for v in r.values()) + "</tr>" for r in rows)
+    return HTML(f"<table><tr>{head}</tr>{body}</table>")
 
 
 def save(record: dict, out_dir, name: str) -> Path:

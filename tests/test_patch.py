@@ -288,9 +288,53 @@ def test_load_voxcpm2_never_reaches_voxcpm_without_files(tmp_path, monkeypatch):
 
 
 # ------------------------------------------------------------------ the upstream diff
-def test_stored_diff_is_current():
-    from fastattn.upstream import DIFF_NAME, upstream_diff
-    assert (ROOT / "data" / DIFF_NAME).read_text() == upstream_diff()
+def test_stored_diffs_are_current():
+    from fastattn.upstream import LAYOUTS, upstream_diff
+    for layout, (name, prefix) in LAYOUTS.items():
+        text = (ROOT / "data" / name).read_text()
+        assert text == upstream_diff(layout), f"data/{name} is stale: run python -m fastattn diff --write"
+        assert f"+++ b/{prefix}voxcpm/modules/minicpm4/cache.py" in text
+
+
+def test_src_layout_diff_applies_to_upstreams_tree(tmp_path):
+    import shutil
+    import voxcpm
+    shutil.copytree(Path(voxcpm.__file__).parent, tmp_path / "src" / "voxcpm", ignore=shutil.ignore_patterns("__pycache__"))
+    r = subprocess.run(["patch", "-p1", "--batch", "-i", str(ROOT / "data" / "voxcpm-main-src-right-sized-decode.diff")],
+                       cwd=tmp_path, capture_output=True, text=True)
+    assert r.returncode == 0, r.stdout + r.stderr
+    from fastattn.upstream import cache_source
+    assert (tmp_path / "src/voxcpm/modules/minicpm4/cache.py").read_text() == cache_source()
+
+
+UPSTREAM_TESTS = ROOT / "data" / "upstream-tests"
+RUN_UPSTREAM_TESTS = (
+    "import os, sys; import fastattn.compat as c; c.ensure_torchaudio(); import pytest, voxcpm; "
+    "assert voxcpm.__file__.startswith(sys.argv[1]), voxcpm.__file__; "
+    "sys.exit(pytest.main([sys.argv[2], '-q', '-p', 'no:cacheprovider', '--rootdir', sys.argv[2], '-c', os.devnull]))"
+)
+
+
+def _run_upstream_tests(pkg_root):
+    env = {**os.environ, "PYTHONPATH": str(pkg_root)}
+    return subprocess.run([sys.executable, "-c", RUN_UPSTREAM_TESTS, str(pkg_root), str(UPSTREAM_TESTS)],
+                          capture_output=True, text=True, env=env, timeout=600)
+
+
+@pytest.mark.slow
+def test_upstream_tests_pass_on_the_diff_and_fail_on_2_0_3(tmp_path):
+    """The kit's tests (torch and voxcpm only, upstream's style) against the patched copy and the original."""
+    import shutil
+    import voxcpm
+    from fastattn.upstream import patched_copy
+    assert "fastattn" not in "".join(p.read_text() for p in UPSTREAM_TESTS.glob("*.py"))
+    patched = _run_upstream_tests(patched_copy(tmp_path / "patched"))
+    assert patched.returncode == 0, patched.stdout[-3000:] + patched.stderr[-2000:]
+    assert "5 passed" in patched.stdout
+    shutil.copytree(Path(voxcpm.__file__).parent, tmp_path / "orig" / "voxcpm",
+                    ignore=shutil.ignore_patterns("__pycache__"))
+    original = _run_upstream_tests(tmp_path / "orig")
+    assert original.returncode == 1 and " failed" in original.stdout, original.stdout[-3000:]
 
 
 @pytest.mark.slow
