@@ -222,6 +222,23 @@ def attention_sweep(positions: Sequence[int], *, capacity: int = 8192, dtype="fl
             "bandwidth": bw, "rows": rows}
 
 
+def fast_choices(device="cpu", *, dtypes=("float32", "bfloat16"), hq: int = 16, hkv: int = 2, head_dim: int = 128,
+                 seed: int = 0) -> dict:
+    """What ``fast`` picks on this device for each dtype and key-count class, and why: every candidate's
+    error vs float64, ``reference``'s error on the same data, whether it was accepted, its median time."""
+    from .fast import LENGTH_CLASSES, choose_fast
+    device = resolve_device(device)
+    rows = []
+    for name in dtypes:
+        for cls in LENGTH_CLASSES:
+            ch = choose_fast(device, _dtype(name), hq=hq, hkv=hkv, head_dim=head_dim, lq=1, length_class=cls, seed=seed)
+            rows += [{"class": f"{name}, {cls}", "dtype": name, **c, "reference_max_err": ch["reference_max_err"],
+                      "winner": c["candidate"] == ch["winner"]} for c in ch["candidates"]]
+    return {"kind": "fast_choice", "env": env_record(device),
+            "params": {"dtypes": list(dtypes), "hq": hq, "hkv": hkv, "head_dim": head_dim, "classes": LENGTH_CLASSES},
+            "rows": rows, "note": "fast mode trades bit-identity for speed: within twice reference's error vs float64"}
+
+
 # --------------------------------------------------------------------------- decode-step sweep
 def _lm_config(preset: str, layers: Optional[int]):
     from voxcpm.modules.minicpm4 import MiniCPM4Config

@@ -183,3 +183,21 @@ def backend_table(rows: Sequence[dict]):
             cells.append(f"<td>{escape(v)}</td>")
         body += "<tr>" + "".join(cells) + "</tr>"
     return f"<table><tr>{head}</tr>{body}</table>"
+
+
+def fast_choice_table(rec: dict) -> str:
+    """HTML table of a ``fast_choice`` record: every candidate per call class, the winner in bold."""
+    from html import escape
+    cols = ["class", "candidate", "max_err", "reference_max_err", "accepted", "median_ms", "broken"]
+    head = "".join(f"<th>{c}</th>" for c in cols)
+    body = ""
+    for r in rec["rows"]:
+        cells = []
+        for c in cols:
+            v = r.get(c)
+            v = "" if v is None else f"{v:.3g}" if isinstance(v, float) else "yes" if v is True else \
+                "no" if v is False else str(v)
+            v = f"<b>{escape(v)} (chosen)</b>" if c == "candidate" and r["winner"] else escape(v)
+            cells.append(f"<td>{v}</td>")
+        body += "<tr>" + "".join(cells) + "</tr>"
+    return f"<table><tr>{head}</tr>{body}</table>"
