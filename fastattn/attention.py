@@ -58,7 +58,6 @@ import torch.nn.functional as F
 __all__ = ["MODES", "attention_step", "window_for", "exactness_report", "check_exactness", "reset_exactness_cache",
            "calibrate_exact"]
 
-MODES = ("reference", "exact", "fast")
 
 Length = Union[int, torch.Tensor]
 
@@ -182,8 +181,7 @@ def attention_step(
         (B, Hq, Lq, D) in q's dtype.
     """
     _check_tensors(q, k_cache, v_cache)
-    if mode not in MODES:
-        raise ValueError(f"mode must be one of {', '.join(map(repr, MODES))}; got {mode!r}")
+    spec = mode_spec(mode)
     _check_bucket(bucket, allow_none=True)
     lq, capacity = q.shape[2], k_cache.shape[2]
     kind = _length_kind(length, k_cache.device)
@@ -192,8 +190,9 @@ def attention_step(
         if isinstance(window, bool) or not isinstance(window, int):
             raise TypeError(f"window must be a Python int, got {type(window).__name__}")
         _check_length_int(window, lq, capacity, name="window")
-        if mode == "fast":
-            raise ValueError("window= is for mode='exact' (and 'reference' ignores it); 'fast' slices to length exactly")
+        if not spec.masked:
+            raise ValueError(f"window= is for mode='exact' (and 'reference' ignores it); {mode!r} slices to length "
+                             "exactly")
     upper = window if window is not None else capacity
     if kind == "int":
         _check_length_int(length, lq, capacity)
@@ -201,7 +200,7 @@ def attention_step(
             raise ValueError(f"length ({length}) exceeds window ({window})")
     else:
         _check_length_tensor(length, lq, capacity, upper)
-    if mode == "exact" and window is not None and bucket is None:
+    if spec.windowed and window is not None and bucket is None:
         _check_window_granularity(q, k_cache, window)
     return _attend(q, k_cache, v_cache, length, mode, bucket, window)
 
@@ -233,26 +232,10 @@ def _check_window_granularity(q, k_cache, window: int) -> None:
 
 
 def _attend(q, k_cache, v_cache, length, mode: str, bucket, window):
-    """``attention_step`` after validation. Callers that guarantee the contract (fastattn's patched
-    decode step: shapes from the model, length from its position tensor, a calibrated window) call
-    this directly, so the per-layer hot path does not re-validate 36 times a token."""
-    lq, capacity = q.shape[2], k_cache.shape[2]
-    if mode == "reference":
-        return _sdpa(q, k_cache, v_cache, _mask(capacity, lq, length, q.device))
-
-    if mode == "exact":
-        if bucket is not None:
-            _self_check_once(q, k_cache, bucket)
-        if window is None:
-            window = _exact_window(q, k_cache, length, bucket)
-        if window == capacity:  # the whole cache: upstream's call, no host sync
-            return _sdpa(q, k_cache, v_cache, _mask(capacity, lq, length, q.device))
-        k, v = k_cache[:, :, :window], v_cache[:, :, :window]
-        return _sdpa(q, k, v, _mask(window, lq, length, q.device))
-
-    # fast: exactly the live keys, the implementation chosen for this device and shape (fastattn.fast)
-    n = length if isinstance(length, int) else _host_length(length, lq, capacity)
-    return _fast.fast_attention(q, k_cache[:, :, :n], v_cache[:, :, :n])
+    """``attention_step`` after validation: the mode's implementation (:mod:`fastattn.modes`). Callers that
+    guarantee the contract (fastattn's patched decode step: shapes from the model, length from its position
+    tensor, a calibrated window) call this directly, so the per-layer hot path does not re-validate."""
+    return REGISTRY[mode].attend(q, k_cache, v_cache, length, bucket, window)
 
 
 def _exact_window(q, k_cache, length, bucket) -> int:
@@ -340,5 +323,5 @@ def check_exactness(device, dtype, *, hq: int = 16, hkv: int = 2, head_dim: int 
 
 
 from . import exactness as _exactness  # noqa: E402  (imports _mask from this module)
-from . import fast as _fast  # noqa: E402
+from .modes import MODES, REGISTRY, mode_spec  # noqa: E402,F401  (MODES re-exported)
 from .exactness import calibrate_exact, exactness_report, reset_exactness_cache  # noqa: E402,F401

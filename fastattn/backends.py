@@ -22,10 +22,7 @@ Nothing here changes process state except inside ``sdpa_kernel`` blocks, which r
 
 from __future__ import annotations
 
-import os
-import sys
 import warnings
-from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from html import escape
 from typing import Optional
@@ -33,6 +30,8 @@ from typing import Optional
 import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
+
+from .devices import dtype_name, quiet_native_stderr, resolve_device
 
 from .attention import window_for
 from .checks import f64_attention
@@ -163,25 +162,10 @@ def _eligibility_cuda(q, k, v, attn_mask, is_causal, enable_gqa) -> dict:
     return out
 
 
-@contextmanager
-def _quiet_native_stderr():
-    """Silence fd 2 while the profiler starts and stops: kineto prints a line per start/stop
-    from C++, which would flood notebooks and logs. Python exceptions still propagate."""
-    sys.stderr.flush()
-    saved = os.dup(2)
-    try:
-        with open(os.devnull, "w") as devnull:
-            os.dup2(devnull.fileno(), 2)
-            yield
-    finally:
-        os.dup2(saved, 2)
-        os.close(saved)
-
-
 def _run_profiled(fn) -> list[str]:
     """Names of the interesting aten ops ``fn`` ran, in order of first appearance."""
     from torch.profiler import ProfilerActivity, profile
-    with _quiet_native_stderr(), profile(activities=[ProfilerActivity.CPU]) as prof:
+    with quiet_native_stderr(), profile(activities=[ProfilerActivity.CPU]) as prof:
         fn()
         if torch.cuda.is_available():
             torch.cuda.synchronize()
@@ -217,7 +201,7 @@ def explain_sdpa(q, k, v, *, attn_mask=None, is_causal=False, enable_gqa=False, 
     else:  # no public CPU check: forcing is the check, its error is torch's reason
         eligibility = {b: {"eligible": forced[b]["ran"], "reason": forced[b].get("error", "")} for b in backends}
     report = SDPAReport(
-        call={"q": list(q.shape), "k": list(k.shape), "v": list(v.shape), "dtype": str(q.dtype).replace("torch.", ""),
+        call={"q": list(q.shape), "k": list(k.shape), "v": list(v.shape), "dtype": dtype_name(q.dtype),
               "device": str(q.device), "mask": _mask_kind(attn_mask), "is_causal": is_causal,
               "enable_gqa": enable_gqa, "scale": scale, "torch": torch.__version__},
         backend=_choice(q, k, v, attn_mask, is_causal, scale, enable_gqa),
@@ -246,9 +230,7 @@ def backend_matrix(device="cpu", dtype=None, *, capacity: int = 8192, position: 
     op and helpers that ran, eligibility, forced results, and the max |error|
     against a float64 reference of the *correct* decode attention.
     """
-    device = torch.device(device)
-    if device.type == "cuda" and not torch.cuda.is_available():
-        raise ValueError("device='cuda' but CUDA is not available on this machine")
+    device = resolve_device(device)
     if not 0 <= position < capacity:
         raise ValueError(f"position must be in [0, capacity={capacity}), got {position}")
     dtypes = [dtype] if dtype is not None else [torch.float32, torch.bfloat16, torch.float16]  # those that run
@@ -261,7 +243,7 @@ def backend_matrix(device="cpu", dtype=None, *, capacity: int = 8192, position: 
         err = (out.double().cpu() - ref).abs().max().item()
         tol = {torch.float32: 1e-5, torch.bfloat16: 2e-2, torch.float16: 2e-3}[dt]
         rows.append({
-            "case": case, "dtype": str(dt).replace("torch.", ""), "head_dim": D, "keys": k.shape[2],
+            "case": case, "dtype": dtype_name(dt), "head_dim": D, "keys": k.shape[2],
             "mask": rep.call["mask"], "enable_gqa": enable_gqa, "is_causal": is_causal,
             "backend": rep.backend, "kernel": rep.kernel, "helpers": [o for o in rep.ops if o not in KERNEL_OPS],
             "eligible": [b for b, e in rep.eligibility.items() if e["eligible"]],

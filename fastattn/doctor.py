@@ -4,48 +4,14 @@ from __future__ import annotations
 
 import json
 import platform
-import subprocess
 import sys
-from importlib.metadata import PackageNotFoundError, version
 
 import torch
 
 from . import compat
+from .devices import cpu_name, git_commit, package_version
 
 __all__ = ["doctor", "format_doctor", "git_commit"]
-
-
-def _version(pkg: str) -> str:
-    try:
-        return version(pkg)
-    except PackageNotFoundError:
-        return "not installed"
-
-
-def cpu_name() -> str:
-    """The CPU's model name (from /proc/cpuinfo where there is one)."""
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
-
-
-def git_commit() -> str:
-    """The checkout's commit (with ``-dirty`` if it has changes), or ``unknown``."""
-    from .paths import repo_root
-    try:
-        root = repo_root()
-        sha = subprocess.run(["git", "rev-parse", "--short=12", "HEAD"], cwd=root, capture_output=True, text=True,
-                             timeout=10).stdout.strip()
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=root,
-                               capture_output=True, text=True, timeout=10).stdout.strip()
-        return (sha + ("-dirty" if dirty else "")) if sha else "unknown"
-    except Exception:
-        return "unknown"
 
 
 def doctor(calibrate: bool = True) -> dict:
@@ -58,8 +24,8 @@ def doctor(calibrate: bool = True) -> dict:
         "python": platform.python_version(),
         "platform": platform.platform(),
         "torch": torch.__version__,
-        "voxcpm": _version("voxcpm"),
-        "fastattn": _version("fastattn"),
+        "voxcpm": package_version("voxcpm"),
+        "fastattn": package_version("fastattn"),
         "git_commit": git_commit(),
         "threads": torch.get_num_threads(),
         "interop_threads": torch.get_num_interop_threads(),
@@ -75,7 +41,7 @@ def doctor(calibrate: bool = True) -> dict:
         "cudnn_version": None,
         "cpu_backends": ["FLASH_ATTENTION", "MATH"],
         "cuda_backends_enabled": None,
-        "triton": _version("triton"),
+        "triton": package_version("triton"),
     }
     if torch.cuda.is_available():
         idx = torch.cuda.current_device()

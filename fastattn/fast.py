@@ -19,7 +19,7 @@ scores rounded to bf16 before the softmax put it at 1.7x ``reference``'s error, 
     SDPA over the slice forced to one backend with ``sdpa_kernel``.
 
 At first use per (device, dtype, Hq, Hkv, D, Lq class: 1 or > 1, key-count
-class: up to 1024 keys or more) every
+class: up to 512, up to 2048, more keys) every
 candidate runs on random data: a candidate whose max error against a float64
 reference exceeds twice ``reference`` mode's error on the same data is dropped,
 a candidate that raises (other than out of memory) is marked broken for that
@@ -116,11 +116,11 @@ CANDIDATES: dict = {
 
 # --------------------------------------------------------------------------- the choice
 #: key-count classes, each probed at its own lengths (the winner can differ: per-call overhead vs bandwidth)
-LENGTH_CLASSES = {"keys<=1024": (256, 1024), "keys>1024": (2048, 4096)}
+LENGTH_CLASSES = {"keys<=512": (128, 512), "keys<=2048": (1024, 2048), "keys>2048": (4096, 8192)}
 
 
 def _length_class(n: int) -> str:
-    return "keys<=1024" if n <= 1024 else "keys>1024"
+    return "keys<=512" if n <= 512 else "keys<=2048" if n <= 2048 else "keys>2048"
 
 
 def _key(q, k) -> tuple:
@@ -134,7 +134,7 @@ def _sync(device) -> None:
         torch.cuda.synchronize(device)
 
 
-def _time(fns: dict, args_list: list, device, repeats: int = 5, warmup: int = 2) -> dict:
+def _time(fns: dict, args_list: list, device, repeats: int = 7, warmup: int = 2) -> dict:
     """Median seconds per candidate over the probe lengths, candidates interleaved call by call."""
     times = {name: [] for name in fns}
     for r in range(warmup + repeats):
@@ -156,7 +156,7 @@ def _is_oom(exc: BaseException) -> bool:
 
 
 @torch.no_grad()
-def choose_fast(device, dtype, *, hq: int, hkv: int, head_dim: int, lq: int = 1, length_class: str = "keys>1024",
+def choose_fast(device, dtype, *, hq: int, hkv: int, head_dim: int, lq: int = 1, length_class: str = "keys>2048",
                 candidates: Optional[dict] = None, seed: int = 0) -> dict:
     """Probe every candidate for this call shape: accuracy vs float64 (twice ``reference``'s error at
     most), then an interleaved timing at the two lengths of ``length_class`` (see ``LENGTH_CLASSES``);

@@ -25,12 +25,12 @@ from typing import Optional
 import torch
 
 from . import compat
+from .devices import DTYPES, resolve_device
 from .paths import data_dir
 
 __all__ = ["PRESETS", "DTYPES", "architecture", "voxcpm2_config", "build_voxcpm2", "load_voxcpm2", "count_parameters"]
 
 PRESETS = ("tiny", "small", "full")
-DTYPES = {"bfloat16": torch.bfloat16, "float32": torch.float32, "float16": torch.float16}
 
 
 def architecture() -> dict:
@@ -82,12 +82,7 @@ def _tokenizer(vocab_size: int):
 
 
 def _check_device(device: str) -> str:
-    dev = str(device)
-    if dev.startswith("cuda") and not torch.cuda.is_available():
-        raise ValueError(f"device={device!r} but CUDA is not available on this machine (use 'cpu')")
-    if dev not in ("cpu", "cuda", "mps") and not dev.startswith("cuda:"):
-        raise ValueError(f"device must be 'cpu', 'cuda', 'cuda:N' or 'mps'; got {device!r}")
-    return dev
+    return str(resolve_device(device))
 
 
 def build_voxcpm2(preset: str = "tiny", *, seed: int = 0, device: str = "cpu", dtype: str = "bfloat16",

@@ -46,12 +46,15 @@ from typing import Optional
 import torch
 
 from . import compat
-from .attention import MODES, _attend, _check_bucket, window_for
+from .devices import package_version
+from .attention import _attend, _check_bucket
+from .modes import REGISTRY, mode_spec
 from .exactness import exact_granularity, exactness_report
 from .fast import grouped_window
 from .cache import RightSizedKVCache
 
-__all__ = ["patch_voxcpm", "patch_status", "VoxcpmPatch", "PatchError", "fingerprints", "VERIFIED"]
+__all__ = ["patch_voxcpm", "patch_status", "VoxcpmPatch", "PatchError", "fingerprints", "VERIFIED", "TARGETS",
+           "installed_functions"]
 
 #: sha256 (first 16 hex digits) of ``inspect.getsource`` of each function the patch replaces, per verified voxcpm.
 VERIFIED = {
@@ -76,14 +79,20 @@ def _modules():
     return model_mod, cache_mod
 
 
+def _installed(name: str):
+    """The class attribute ``"Class.attr"`` of voxcpm's MiniCPM model module, as installed now."""
+    cls, attr = name.split(".")
+    return getattr(_modules()[0], cls).__dict__[attr]
+
+
+def _install(name: str, fn) -> None:
+    cls, attr = name.split(".")
+    setattr(getattr(_modules()[0], cls), attr, fn)
+
+
 def _targets():
-    m, c = _modules()
-    return {
-        "MiniCPMAttention.forward_step": m.MiniCPMAttention.forward_step,
-        "MiniCPMModel.forward_step": m.MiniCPMModel.forward_step,
-        "MiniCPMModel.setup_cache": m.MiniCPMModel.setup_cache,
-        "StaticKVCache": c.StaticKVCache,
-    }
+    """What the fingerprints cover: every patched function, and the cache class the patch stands in for."""
+    return {**{name: _installed(name) for name in TARGETS}, "StaticKVCache": _modules()[1].StaticKVCache}
 
 
 def fingerprints() -> dict:
@@ -96,12 +105,7 @@ def fingerprints() -> dict:
 
 
 def _voxcpm_version() -> str:
-    from importlib.metadata import PackageNotFoundError, version
-
-    try:
-        return version("voxcpm")
-    except PackageNotFoundError:
-        return "unknown"
+    return package_version("voxcpm")
 
 
 def _verify(force: bool) -> dict:
@@ -123,8 +127,11 @@ def _verify(force: bool) -> dict:
 _MODEL_STEP = threading.local()  # .cut: the patched model step is handing its layers views cut to the live keys
 
 
-def _make_attention_forward_step(mode: str, bucket: int):
+def _make_attention_forward_step(mode: str, bucket):
     from voxcpm.modules.minicpm4.model import apply_rotary_pos_emb
+
+    spec = REGISTRY[mode]
+    unmasked = not spec.masked  # such a mode attends to every key it is handed: never hand it more than live
 
     def forward_step(self, hidden_states, position_emb, position_id, kv_cache):
         bsz, _ = hidden_states.size()
@@ -142,8 +149,8 @@ def _make_attention_forward_step(mode: str, bucket: int):
             query_states, key_states = apply_rotary_pos_emb(query_states, key_states, cos, sin)
 
         key_cache, value_cache = kv_cache  # views cut by the model step (see _make_model_forward_step)
-        graph = mode == "fast" and torch.compiler.is_compiling()
-        if mode == "fast" and not graph and not getattr(_MODEL_STEP, "cut", False):
+        graph = unmasked and torch.compiler.is_compiling()
+        if unmasked and not graph and not getattr(_MODEL_STEP, "cut", False):
             # called directly (not from the patched model step, whose views hold exactly the live keys):
             # never attend past the position. Reads the position (free on CPU, a sync on CUDA).
             n = _live(position_id)
@@ -160,11 +167,11 @@ def _make_attention_forward_step(mode: str, bucket: int):
         n_keys = key_cache.size(2)
         if graph:  # compiled fast: the cache's window, masked inside the grouped form (shapes change at edges only)
             attn_output = grouped_window(query_states, key_cache, value_cache, position_id + 1)
-        elif mode == "fast":  # the views hold exactly the live keys
-            attn_output = _attend(query_states, key_cache, value_cache, n_keys, "fast", bucket, None)
+        elif unmasked:  # the views hold exactly the live keys
+            attn_output = _attend(query_states, key_cache, value_cache, n_keys, mode, bucket, None)
         else:
             length = position_id + 1  # a device tensor in voxcpm's loop: no host sync
-            window = n_keys if mode == "exact" else None
+            window = n_keys if spec.windowed else None
             attn_output = _attend(query_states, key_cache, value_cache, length, mode, bucket, window)
 
         attn_output = attn_output.transpose(1, 2).contiguous()
@@ -175,15 +182,17 @@ def _make_attention_forward_step(mode: str, bucket: int):
     return forward_step
 
 
-def _make_model_forward_step(mode: str, bucket: int):
+def _make_model_forward_step(mode: str, bucket):
+    unmasked = not REGISTRY[mode].masked
+
     def forward_step(self, inputs_embeds, position_id):
         assert self.kv_cache is not None, "KV cache is not setup"
         position_emb = self.rope_emb(position_id) if self.rope_emb is not None else None
         hidden_states = inputs_embeds
         cache = self.kv_cache
-        graph = mode == "fast" and torch.compiler.is_compiling()  # compiled fast keeps the window views
+        graph = unmasked and torch.compiler.is_compiling()  # compiled unmasked modes keep the window views
         cut = None if graph else _keys_for(self, cache, mode, bucket)
-        if mode == "fast" and not graph:  # tell the layers their views hold exactly the live keys
+        if unmasked and not graph:  # tell the layers their views hold exactly the live keys
             _MODEL_STEP.cut = True
         try:
             for i, decoder_layer in enumerate(self.layers):
@@ -192,7 +201,7 @@ def _make_model_forward_step(mode: str, bucket: int):
                     k, v = k[:, :, :cut], v[:, :, :cut]
                 hidden_states = decoder_layer.forward_step(hidden_states, position_emb, position_id, (k, v))
         finally:
-            if mode == "fast" and not graph:
+            if unmasked and not graph:
                 _MODEL_STEP.cut = False
         return self.norm(hidden_states)
 
@@ -201,14 +210,14 @@ def _make_model_forward_step(mode: str, bucket: int):
 
 
 def _keys_for(lm, cache, mode: str, bucket) -> Optional[int]:
-    """How many keys of the cache's views the layers get; None = the views as they are.
+    """How many keys of the cache's views the layers get (the mode's ``keys`` rule); None = the views as they are.
 
     Reads only the cache's host-side bookkeeping. ``current_length`` is the
     position just claimed by ``step()`` plus one.
     """
-    if mode == "reference":
-        return None
-    if mode == "exact":
+    spec = REGISTRY[mode]
+    g = None
+    if spec.windowed:
         if isinstance(cache, RightSizedKVCache):
             return None  # its views are already the calibrated window (changes only at granularity edges)
         g = getattr(cache, "_fastattn_granularity", False)
@@ -216,8 +225,8 @@ def _keys_for(lm, cache, mode: str, bucket) -> Optional[int]:
             k = cache.kv_cache
             g = bucket if bucket is not None else _granularity(lm.config, k.device, k.dtype, cache.max_length)
             cache._fastattn_granularity = g
-        return None if g is None else window_for(cache.current_length, cache.max_length, g)
-    return cache.current_length  # fast: exactly the live keys
+    n = spec.keys(cache.current_length, cache.max_length, g)
+    return None if n >= cache.max_length else n
 
 
 def _head_dim(config) -> int:
@@ -257,22 +266,29 @@ def _make_setup_cache(bucket):
     return setup_cache
 
 
+#: The one table of what the patch replaces: ``"Class.attr"`` -> (replacement factory(mode, bucket), only with
+#: ``cache=True``). Originals, swapping, revert, status, fingerprints, notebook 04 and the tests read it.
+TARGETS = {
+    "MiniCPMAttention.forward_step": (_make_attention_forward_step, False),
+    "MiniCPMModel.forward_step": (_make_model_forward_step, False),
+    "MiniCPMModel.setup_cache": (lambda mode, bucket: _make_setup_cache(bucket), True),
+}
+
+
 def variant_functions(mode: str = "exact", *, cache: bool = True, bucket: Optional[int] = None) -> dict:
     """The class functions a patch with these settings installs, by name (for side-by-side benchmarks)."""
     _modules()
-    fns = {"MiniCPMAttention.forward_step": _make_attention_forward_step(mode, bucket),
-           "MiniCPMModel.forward_step": _make_model_forward_step(mode, bucket)}
-    if cache:
-        fns["MiniCPMModel.setup_cache"] = _make_setup_cache(bucket)
-    return fns
+    return {name: make(mode, bucket) for name, (make, needs_cache) in TARGETS.items() if cache or not needs_cache}
+
+
+def installed_functions() -> dict:
+    """What voxcpm's classes hold now for every patched name (patched or not)."""
+    return {name: _installed(name) for name in TARGETS}
 
 
 def original_functions() -> dict:
     """Upstream's class functions (the saved originals while a patch is applied)."""
-    m, _ = _modules()
-    fns = {"MiniCPMAttention.forward_step": m.MiniCPMAttention.__dict__["forward_step"],
-           "MiniCPMModel.forward_step": m.MiniCPMModel.__dict__["forward_step"],
-           "MiniCPMModel.setup_cache": m.MiniCPMModel.__dict__["setup_cache"]}
+    fns = installed_functions()
     if _ACTIVE is not None:
         fns.update(_ACTIVE._originals)
     return fns
@@ -285,19 +301,14 @@ def swapped(fns: dict):
     A benchmark's tool for interleaving variants call by call; it bypasses the
     fingerprint check, so use :func:`patch_voxcpm` for anything else.
     """
-    m, _ = _modules()
-    saved = {}
+    saved = {name: _installed(name) for name in fns}
     for name, fn in fns.items():
-        cls_name, attr = name.split(".")
-        cls = getattr(m, cls_name)
-        saved[name] = cls.__dict__[attr]
-        setattr(cls, attr, fn)
+        _install(name, fn)
     try:
         yield
     finally:
         for name, fn in saved.items():
-            cls_name, attr = name.split(".")
-            setattr(getattr(m, cls_name), attr, fn)
+            _install(name, fn)
 
 
 # --------------------------------------------------------------------------- the handle
@@ -347,16 +358,10 @@ class VoxcpmPatch:
         return {"mode": self.mode, "cache": self.cache, "bucket": self.bucket}
 
     def _apply(self) -> None:
-        m, _ = _modules()
-        self._originals = {
-            "MiniCPMAttention.forward_step": m.MiniCPMAttention.__dict__["forward_step"],
-            "MiniCPMModel.forward_step": m.MiniCPMModel.__dict__["forward_step"],
-        }
-        m.MiniCPMAttention.forward_step = _make_attention_forward_step(self.mode, self.bucket)
-        m.MiniCPMModel.forward_step = _make_model_forward_step(self.mode, self.bucket)
-        if self.cache:
-            self._originals["MiniCPMModel.setup_cache"] = m.MiniCPMModel.__dict__["setup_cache"]
-            m.MiniCPMModel.setup_cache = _make_setup_cache(self.bucket)
+        fns = variant_functions(self.mode, cache=self.cache, bucket=self.bucket)
+        self._originals = {name: _installed(name) for name in fns}
+        for name, fn in fns.items():
+            _install(name, fn)
         self.applied = True
 
     def convert(self, model) -> None:
@@ -379,8 +384,7 @@ class VoxcpmPatch:
                 return
             m, c = _modules()
             for name, fn in self._originals.items():
-                cls_name, attr = name.split(".")
-                setattr(getattr(m, cls_name), attr, fn)
+                _install(name, fn)
             for lm in list(self._converted):
                 old = lm.kv_cache
                 if isinstance(old, RightSizedKVCache):
@@ -400,9 +404,7 @@ class VoxcpmPatch:
                 "calibrations": [{k: c[k] for k in ("device", "dtype", "hq", "hkv", "head_dim", "capacity", "kernel",
                                                     "bucket")}
                                  for c in exactness_report() if c["check"] == "calibration" and c["lq"] == 1],
-                "note": ("fast mode trades bit-identity for speed (within rounding)" if self.mode == "fast" else
-                         "reference mode is upstream's computation" if self.mode == "reference" else
-                         "exact mode: bit-identical to upstream where the device's kernels allow (self-checked)")}
+                "note": REGISTRY[self.mode].note}
 
     def __enter__(self):
         return self
@@ -437,8 +439,7 @@ def patch_voxcpm(model=None, *, mode: str = "exact", cache: bool = True, force: 
     applied raise :class:`PatchError`.
     """
     global _ACTIVE
-    if mode not in MODES:
-        raise ValueError(f"mode must be one of {', '.join(map(repr, MODES))}; got {mode!r}")
+    mode_spec(mode)
     if not isinstance(cache, bool):
         raise TypeError(f"cache must be a bool, got {type(cache).__name__}")
     _check_bucket(bucket, allow_none=True)

@@ -24,22 +24,22 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Optional
 
-import torch
 
 from . import models as _models
+from .devices import DTYPES
 from .paths import notebooks_dir, reports_dir
 
 __all__ = ["check_params", "resolve_device", "provenance", "save_figure", "save", "table", "findings", "run_workbook",
            "notebooks", "PRESETS", "DTYPE_NAMES"]
 
 PRESETS = _models.PRESETS
-DTYPE_NAMES = tuple(_models.DTYPES)
+DTYPE_NAMES = tuple(DTYPES)
 
 
 # --------------------------------------------------------------------------- notebook helpers
 def resolve_device(device: str) -> str:
     """The device name a notebook runs on (``auto`` resolved); see :func:`fastattn.bench.resolve_device`."""
-    from .bench import resolve_device as resolve
+    from .devices import resolve_device as resolve
     return str(resolve(device))
 
 
@@ -51,13 +51,10 @@ def check_params(**params) -> dict:
     """
     p = dict(params)
     if "device" in p:
-        dev = str(p["device"])
-        if dev not in ("auto", "cpu", "cuda") and not dev.startswith("cuda:"):
-            raise ValueError(f"parameter device={dev!r}: expected 'cpu', 'cuda', 'cuda:N' or 'auto'")
-        if dev.startswith("cuda") and not torch.cuda.is_available():
-            raise ValueError(f"parameter device={dev!r}, but CUDA is not available on this machine "
-                             "(use device='cpu' or 'auto')")
-        p["device"] = resolve_device(dev)
+        try:
+            p["device"] = resolve_device(p["device"])
+        except ValueError as exc:
+            raise ValueError(f"parameter device={p['device']!r}: {exc}") from None
     if "dtype" in p and p["dtype"] not in DTYPE_NAMES:
         raise ValueError(f"parameter dtype={p['dtype']!r}: expected one of {', '.join(DTYPE_NAMES)}")
     if "preset" in p and p["preset"] not in PRESETS:

@@ -16,7 +16,6 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-import fastattn
 from fastattn import attention_step, calibrate_exact, exactness_report, reset_exactness_cache
 from fastattn.exactness import CPU_FLASH_KEY_BLOCK
 

@@ -151,21 +151,21 @@ def test_fast_layer_called_directly_with_full_views_is_not_wrong():
 
 
 def test_revert_restores_identity_and_is_idempotent():
-    from voxcpm.modules.minicpm4.model import MiniCPMAttention, MiniCPMModel
-    originals = (MiniCPMAttention.__dict__["forward_step"], MiniCPMModel.__dict__["forward_step"],
-                 MiniCPMModel.__dict__["setup_cache"])
+    from voxcpm.modules.minicpm4 import model as M
+
+    def class_dicts():  # read voxcpm's classes directly, not through fastattn's table
+        return {n: getattr(M, n.split(".")[0]).__dict__[n.split(".")[1]] for n in P.TARGETS}
+
+    assert set(P.TARGETS) == {"MiniCPMAttention.forward_step", "MiniCPMModel.forward_step", "MiniCPMModel.setup_cache"}
+    originals = class_dicts()
     h = patch_voxcpm()
-    assert MiniCPMAttention.__dict__["forward_step"] is not originals[0]
+    assert all(class_dicts()[n] is not originals[n] for n in P.TARGETS)
     assert patch_voxcpm() is h  # same settings: no-op
     with pytest.raises(PatchError, match="already patched"):
         patch_voxcpm(mode="fast")
     h.revert()
     h.revert()  # twice: no-op
-    assert (MiniCPMAttention.__dict__["forward_step"], MiniCPMModel.__dict__["forward_step"],
-            MiniCPMModel.__dict__["setup_cache"]) == originals
-    assert all(a is b for a, b in zip(originals, (MiniCPMAttention.__dict__["forward_step"],
-                                                  MiniCPMModel.__dict__["forward_step"],
-                                                  MiniCPMModel.__dict__["setup_cache"])))
+    assert all(class_dicts()[n] is originals[n] for n in P.TARGETS)
     assert patch_status()["applied"] is False
 
 

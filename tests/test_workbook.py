@@ -84,7 +84,8 @@ def test_runner_rejects_unknown_notebook_and_cuda_without_cuda(tmp_path):
 
 
 @pytest.mark.parametrize("kw,match", [
-    (dict(device="gpu"), "device='gpu': expected 'cpu', 'cuda', 'cuda:N' or 'auto'"),
+    (dict(device="gpu"), r"parameter device='gpu': device must be one of auto, cpu, cuda, mps \(or 'cuda:N'\)"),
+    (dict(device="CPU"), r"parameter device='CPU': device must be one of"),
     (dict(dtype="int8"), "dtype='int8'"),
     (dict(preset="huge"), "preset='huge'"),
     (dict(positions=[0, 9000], capacity=8192), "9000 is beyond capacity=8192"),

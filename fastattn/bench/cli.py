@@ -1,0 +1,103 @@
+"""``python -m fastattn bench ...`` and the committed reference set."""
+
+from __future__ import annotations
+
+from datetime import datetime, timezone
+from pathlib import Path
+
+from ..devices import resolve_device
+from .attention import attention_sweep
+from .decode import whole_decode
+from .floor import bandwidth
+from .memory import cache_growth, fill_cost, kv_memory, peak_rss, step_allocations
+from .records import env_record, record, save_record
+from .steps import compiled_step_sweep, decode_step_sweep
+from .targets import check_targets
+
+
+def reference_run(out, *, device="cpu", positions=(0, 16, 256, 512, 1024, 2048, 4096, 8000), repeats: int = 7,
+                  whole_preset: str = "full", compiled_preset: str = "tiny") -> list[Path]:
+    """The reference set this project commits under data/results/: every sweep, the whole decode of the
+    ``full`` preset in bf16 (12 steps, 10 DiT steps), memory, the compiled step, and the targets judged."""
+    out = Path(out)
+    written = []
+    bw = bandwidth(device)
+    written.append(save_record(record("bandwidth", env=env_record(device), params={}, rows=[bw], **bw), out,
+                               "bandwidth"))
+    att = {dt: attention_sweep(positions, dtype=dt, device=device, repeats=repeats, bw=bw) for dt in ("float32", "bfloat16")}
+    dec = {dt: decode_step_sweep(positions, preset="small", dtype=dt, device=device, repeats=repeats)
+           for dt in ("bfloat16", "float32")}
+    for dt in att:
+        written.append(save_record(att[dt], out, f"attention_{dt}"))
+        written.append(save_record(dec[dt], out, f"decode_step_{dt}"))
+    kv = kv_memory("full", prefill=100, steps=200, dtype="bfloat16")
+    written.append(save_record(kv, out, "kv_memory_full"))
+    written.append(save_record(fill_cost("full", device=device), out, "fill_cost_full"))
+    growth = cache_growth("full", device=device)
+    written.append(save_record(growth, out, "cache_growth_full"))
+    written.append(save_record(step_allocations(device=device), out, "step_allocations"))
+    written.append(save_record(peak_rss("small", steps=8), out, "peak_rss_small"))
+    mode = "reduce-overhead" if str(device).startswith("cuda") else None
+    written.append(save_record(compiled_step_sweep(positions[:5], preset=compiled_preset, device=device, mode=mode,
+                                                   repeats=repeats), out, f"compiled_step_{compiled_preset}"))
+    whole = whole_decode(whole_preset, steps=12, dtype="bfloat16", device=device, inference_timesteps=10, repeats=2)
+    written.append(save_record(whole, out, f"whole_decode_{whole_preset}"))
+    targets = check_targets({"attention_fp32": att["float32"], "attention_bf16": att["bfloat16"],
+                             "decode_bf16": dec["bfloat16"], "decode_fp32": dec["float32"], "kv": kv,
+                             "growth": growth, "whole": whole})
+    written.append(save_record(record("targets", env=env_record(device), params={}, rows=targets), out, "targets"))
+    return written
+
+
+def _ints(s: str) -> list[int]:
+    return [int(x) for x in s.split(",") if x.strip()]
+
+
+def main(argv=None) -> int:
+    import argparse
+    ap = argparse.ArgumentParser(prog="python -m fastattn bench", description=__doc__.split("\n\n")[0])
+    ap.add_argument("what", choices=["attention", "decode-step", "decode", "compiled", "memory", "bandwidth", "all",
+                                     "reference"],
+                    help="'reference' runs the committed reference set (full preset decode included: ~10 GB peak)")
+    ap.add_argument("--device", default="auto")
+    ap.add_argument("--dtype", default=None, help="float32 | bfloat16 (default: both for sweeps, bf16 for decode)")
+    ap.add_argument("--positions", type=_ints, default=[0, 16, 256, 512, 1024, 2048, 4096, 8000])
+    ap.add_argument("--capacity", type=int, default=8192)
+    ap.add_argument("--preset", default=None, help="model preset (decode-step: small; decode: tiny)")
+    ap.add_argument("--steps", type=int, default=12)
+    ap.add_argument("--repeats", type=int, default=7)
+    ap.add_argument("--out", default=None, help="output folder (default: reports/bench-<UTC time>)")
+    args = ap.parse_args(argv)
+    device = resolve_device(args.device)
+    if args.what == "reference":
+        out = Path(args.out) if args.out else Path("reports") / f"reference-{datetime.now(timezone.utc):%Y%m%dT%H%M%SZ}"
+        for p in reference_run(out, device=str(device), positions=args.positions, repeats=args.repeats):
+            print(p)
+        return 0
+    out = Path(args.out) if args.out else Path("reports") / f"bench-{datetime.now(timezone.utc):%Y%m%dT%H%M%SZ}"
+    dtypes = [args.dtype] if args.dtype else ["float32", "bfloat16"]
+    written = []
+    bw = bandwidth(device) if args.what in ("attention", "bandwidth", "all") else None
+    if bw:
+        written.append(save_record(record("bandwidth", env=env_record(device), params={}, rows=[bw], **bw), out))
+    if args.what in ("attention", "all"):
+        for dt in dtypes:
+            written.append(save_record(attention_sweep(args.positions, capacity=args.capacity, dtype=dt, device=device,
+                                                       repeats=args.repeats, bw=bw), out))
+    if args.what in ("decode-step", "all"):
+        for dt in dtypes:
+            written.append(save_record(decode_step_sweep(args.positions, preset=args.preset or "small", dtype=dt,
+                                                         device=device, repeats=args.repeats), out))
+    if args.what in ("decode", "all"):
+        written.append(save_record(whole_decode(args.preset or "tiny", steps=args.steps, dtype=args.dtype or "bfloat16",
+                                                device=str(device)), out))
+    if args.what in ("compiled", "all"):
+        written.append(save_record(compiled_step_sweep(args.positions, preset=args.preset or "tiny",
+                                                       dtype=args.dtype or "float32", device=device,
+                                                       repeats=args.repeats), out))
+    if args.what in ("memory", "all"):
+        written.append(save_record(kv_memory("full", dtype=args.dtype or "bfloat16"), out, "kv_memory-full"))
+        written.append(save_record(step_allocations(device=str(device)), out, "step_allocations"))
+    for p in written:
+        print(p)
+    return 0

@@ -1,0 +1,48 @@
+"""The hardware's floor: this box's copy bandwidth and the live K/V bytes one call must read."""
+
+from __future__ import annotations
+
+import statistics
+from pathlib import Path
+
+import torch
+
+from ..devices import dtype_of as _dtype
+from ..devices import resolve_device
+from .timing import time_interleaved
+
+
+def llc_bytes() -> int:
+    """Last-level cache size from sysfs (the floor means little below it); 32 MiB when unknown."""
+    best = 0
+    base = Path("/sys/devices/system/cpu/cpu0/cache")
+    for idx in base.glob("index*") if base.exists() else []:
+        try:
+            size = (idx / "size").read_text().strip()
+            mult = {"K": 1024, "M": 2**20, "G": 2**30}.get(size[-1], 1)
+            best = max(best, int(size.rstrip("KMG")) * mult)
+        except (OSError, ValueError):
+            continue
+    return best or 32 * 2**20
+
+
+def bandwidth(device="cpu", *, nbytes: int = 512 * 2**20, repeats: int = 7) -> dict:
+    """This box's memory bandwidth: a large copy, counting bytes read plus written. GB/s = 1e9 B/s."""
+    device = resolve_device(device)
+    n = nbytes // 4
+    src = torch.rand(n, device=device)
+    dst = torch.empty_like(src)
+    t = time_interleaved({"copy": lambda: dst.copy_(src)}, repeats=repeats, warmup=2, device=device)["copy"]
+    med = statistics.median(t)
+    return {"bytes_moved": 2 * n * 4, "median_s": med, "gb_per_s": 2 * n * 4 / med / 1e9,
+            "best_gb_per_s": 2 * n * 4 / min(t) / 1e9, "llc_bytes": llc_bytes() if device.type == "cpu" else None}
+
+
+def live_kv_bytes(length: int, hkv: int, head_dim: int, dtype) -> int:
+    """Bytes of live K and V one attention call must read once: 2 x Hkv x length x D x element size."""
+    return 2 * hkv * length * head_dim * torch.tensor([], dtype=_dtype(dtype)).element_size()
+
+
+def floor_ms(length: int, hkv: int, head_dim: int, dtype, gb_per_s: float) -> float:
+    """The physical floor of one sliced attention call: live K/V bytes over the bandwidth."""
+    return live_kv_bytes(length, hkv, head_dim, dtype) / (gb_per_s * 1e9) * 1e3

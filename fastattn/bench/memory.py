@@ -1,0 +1,147 @@
+"""Memory: KV bytes per request, per-step allocations, cache fill and growth cost, peak RSS."""
+
+from __future__ import annotations
+
+import statistics
+import subprocess
+import sys
+import time
+from typing import Optional
+
+import torch
+
+from ..devices import dtype_name, quiet_native_stderr, resolve_device
+from ..devices import dtype_of as _dtype
+from .records import env_record, record
+from .steps import _lm_and_caches, _prefill, _start_request
+from .timing import _stats_ms, _sync, time_interleaved
+
+
+def kv_memory(preset: str = "full", *, prefill: int = 100, steps: int = 200, dtype="bfloat16",
+              max_length: int = 8192, bucket: Optional[int] = None) -> dict:
+    """KV bytes of one request, both LMs, upstream (max_length slots) vs patched (right-sized), from the config
+    and the cache's sizing policy (granularity ``bucket``, default the CPU flash kernel's 512-key block)."""
+    from ..cache import fill_capacity, step_capacity
+    from ..exactness import CPU_FLASH_KEY_BLOCK
+    from ..models import voxcpm2_config
+    cfg = voxcpm2_config(preset)
+    lm = cfg["lm_config"]
+    layers = lm["num_hidden_layers"] + cfg["residual_lm_num_layers"]
+    per_slot = 2 * layers * lm["num_key_value_heads"] * lm["kv_channels"] * _dtype(dtype).itemsize
+    g = bucket or CPU_FLASH_KEY_BLOCK
+    slots = fill_capacity(prefill, 0, g, max_length)
+    for pos in range(prefill, min(prefill + steps, max_length)):
+        slots = step_capacity(pos, slots, g, max_length)
+    rows = [{"variant": "upstream", "slots": max_length, "bytes": per_slot * max_length},
+            {"variant": "patched", "slots": slots, "bytes": per_slot * slots}]
+    return record("kv_memory", env=env_record("cpu", dtype),
+                  params={"preset": preset, "prefill": prefill, "steps": steps, "dtype": dtype,
+                          "max_length": max_length, "bucket": g, "layers": layers},
+                  rows=rows, per_token_bytes=per_slot, upstream_bytes=per_slot * max_length,
+                  patched_bytes=per_slot * slots, ratio=slots / max_length)
+
+
+def step_allocations(*, preset: str = "small", layers: int = 1, dtype="float32", position: int = 256,
+                     device="cpu", max_length: int = 8192) -> dict:
+    """Bytes allocated by one decode step (profiler ``profile_memory``), upstream vs patched."""
+    from torch.profiler import ProfilerActivity, profile
+    from ..patch import original_functions, swapped, variant_functions
+    device, dt = resolve_device(device), _dtype(dtype)
+    lm, cfg, D, caches = _lm_and_caches(preset, layers, dt, device, max_length, None, 0)
+    g = torch.Generator().manual_seed(1)
+    _start_request(caches, _prefill(cfg, D, position, g, device, dt), position)
+    x = torch.randn(1, cfg.hidden_size, generator=g).to(device=device, dtype=dt)
+    pos = torch.tensor([position], device=device)
+    out = {}
+    for name, fns in (("upstream", original_functions()), ("patched", variant_functions("exact"))):
+        cache = caches[name]
+        lm.kv_cache = cache
+        with swapped(fns), torch.inference_mode():
+            lm.forward_step(x, pos)  # warm
+            with quiet_native_stderr(), profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+                lm.forward_step(x, pos)
+        allocs = [e for e in prof.events() if e.cpu_memory_usage > 0]
+        out[name] = {"allocated_bytes": sum(e.cpu_memory_usage for e in allocs), "allocations": len(allocs),
+                     "largest": sorted(((e.name, e.cpu_memory_usage) for e in allocs), key=lambda t: -t[1])[:5],
+                     "cache_bytes": cache.nbytes if hasattr(cache, "nbytes") else
+                     cache.kv_cache.numel() * cache.kv_cache.element_size()}
+    return record("step_allocations", env=env_record(device, dt),
+                  params={"preset": preset, "layers": layers, "dtype": dtype, "position": position},
+                  rows=[{"variant": n, **{k: v for k, v in d.items() if k != "largest"}} for n, d in out.items()],
+                  variants=out)
+
+
+def fill_cost(preset: str = "full", *, prefill: int = 100, dtype="bfloat16", device="cpu", max_length: int = 8192,
+              repeats: int = 5, warmup: int = 1) -> dict:
+    """Per-request cost of starting a request's cache (``fill_caches``) for the preset's base LM geometry:
+    upstream zeroes all ``max_length`` slots, the right-sized cache only what the request uses. Interleaved."""
+    from voxcpm.modules.minicpm4.cache import StaticKVCache
+    from ..cache import RightSizedKVCache
+    from ..models import voxcpm2_config
+    device, dt = resolve_device(device), _dtype(dtype)
+    lm = voxcpm2_config(preset)["lm_config"]
+    geo = (lm["num_hidden_layers"], lm["num_key_value_heads"], lm["kv_channels"], 1, device, dt)
+    caches = {"upstream": StaticKVCache(*geo, max_length=max_length),
+              "patched": RightSizedKVCache(*geo, max_length=max_length)}  # the CPU kernel's 512-slot granularity
+    kv = [(torch.randn(1, geo[1], prefill, geo[2], dtype=dt, device=device),) * 2 for _ in range(geo[0])]
+    times = time_interleaved({n: (lambda c=c: c.fill_caches(kv)) for n, c in caches.items()}, repeats=repeats,
+                             warmup=warmup, device=device)
+    rows = [{"variant": n, **_stats_ms(times[n]),
+             "cache_bytes": c.nbytes if hasattr(c, "nbytes") else c.kv_cache.numel() * c.kv_cache.element_size()}
+            for n, c in caches.items()]
+    return record("fill_cost", env=env_record(device, dt), rows=rows,
+                  params={"preset": preset, "layers": geo[0], "prefill": prefill, "dtype": dtype_name(dt),
+                          "max_length": max_length})
+
+
+def cache_growth(preset: str = "full", *, prefill: int = 100, steps: int = 8000, dtype="bfloat16", device="cpu",
+                 max_length: int = 8192, bucket: Optional[int] = None) -> dict:
+    """Cost of a long request's cache growth at the preset's base-LM geometry: every ``step()`` of a
+    :class:`RightSizedKVCache` timed (prefill ``prefill``, ``steps`` steps), beside upstream's per-request
+    zero-fill of its ``max_length`` slots. Rows: the steps that moved the storage (position, ms, capacity);
+    summary: total seconds in ``step()``, moves, the largest step, and the capacity bound checked at every step."""
+    from voxcpm.modules.minicpm4.cache import StaticKVCache
+    from ..cache import RightSizedKVCache
+    from ..exactness import CPU_FLASH_KEY_BLOCK
+    from ..models import voxcpm2_config
+    device, dt = resolve_device(device), _dtype(dtype)
+    lm = voxcpm2_config(preset)["lm_config"]
+    geo = (lm["num_hidden_layers"], lm["num_key_value_heads"], lm["kv_channels"], 1, device, dt)
+    g = bucket or CPU_FLASH_KEY_BLOCK
+    cache = RightSizedKVCache(*geo, max_length=max_length, bucket=g)
+    kv = [(torch.randn(1, geo[1], prefill, geo[2], dtype=dt, device=device),) * 2 for _ in range(geo[0])]
+    cache.fill_caches(kv)
+    total, moves, worst, bound_ok = 0.0, [], 0.0, True
+    for _ in range(min(steps, max_length - prefill)):
+        gen = cache.generation
+        t0 = time.perf_counter()
+        pos = cache.step()
+        _sync(device)
+        dt_s = time.perf_counter() - t0
+        total, worst = total + dt_s, max(worst, dt_s)
+        bound_ok &= cache.capacity <= min(max(2 * cache.current_length, g), max_length)
+        if cache.generation != gen:
+            moves.append({"position": pos, "ms": dt_s * 1e3, "capacity": cache.capacity})
+    up = StaticKVCache(*geo, max_length=max_length)
+    fill = time_interleaved({"upstream": lambda: up.fill_caches(kv)}, repeats=5, warmup=1, device=device)["upstream"]
+    return record("cache_growth", env=env_record(device, dt), rows=moves,
+                  params={"preset": preset, "layers": geo[0], "prefill": prefill, "steps": steps, "granularity": g,
+                          "dtype": dtype_name(dt), "max_length": max_length},
+                  summary={"step_total_s": total, "moves": len(moves), "max_step_ms": worst * 1e3,
+                        "bound_held_every_step": bool(bound_ok), "final_capacity": cache.capacity,
+                           "upstream_fill_ms": statistics.median(fill) * 1e3})
+
+
+def peak_rss(preset: str = "small", *, dtype="bfloat16", steps: int = 20) -> dict:
+    """Peak RSS of one short request above the model's resting RSS, upstream vs patched, each in a fresh
+    process (Linux: the high-water mark is reset after building and a warm-up request)."""
+    out = {}
+    for variant in ("upstream", "patched"):
+        r = subprocess.run([sys.executable, "-m", "fastattn.bench.rss_probe", preset, dtype, variant, str(steps)],
+                           capture_output=True, text=True, timeout=1200)
+        if r.returncode != 0:
+            raise RuntimeError(f"peak_rss {variant} failed: {r.stderr[-2000:]}")
+        built, peak = map(int, r.stdout.split()[-2:])
+        out[variant] = {"resting_bytes": built, "peak_bytes": peak, "request_bytes": peak - built}
+    return record("peak_rss", env=env_record("cpu", dtype), params={"preset": preset, "dtype": dtype, "steps": steps},
+                  rows=[{"variant": n, **d} for n, d in out.items()], variants=out)

@@ -1,0 +1,56 @@
+"""Records: ``{kind, env, params, rows, ...}``, built by :func:`record`, written under names never reused."""
+
+from __future__ import annotations
+
+import csv
+import json
+from pathlib import Path
+from typing import Optional
+
+from ..devices import env_facts
+
+
+def env_record(device="cpu", dtype=None) -> dict:
+    """What a record needs to be compared across boxes (see :func:`fastattn.devices.env_facts`)."""
+    return env_facts(device, dtype)
+
+
+def record(kind: str, *, env: dict, params: dict, rows: list, **extra) -> dict:
+    """The one record constructor: ``{"kind", "env", "params", "rows", ...extra}``, checked."""
+    if not isinstance(kind, str) or not kind:
+        raise ValueError(f"kind must be a non-empty str, got {kind!r}")
+    if not isinstance(env, dict) or not isinstance(params, dict):
+        raise TypeError("env and params must be dicts")
+    if not isinstance(rows, list) or not all(isinstance(r, dict) for r in rows):
+        raise TypeError(f"rows of a {kind!r} record must be a list of dicts")
+    clash = {"kind", "env", "params", "rows"} & set(extra)
+    if clash:
+        raise ValueError(f"extra fields may not shadow {sorted(clash)}")
+    return {"kind": kind, "env": env, "params": params, "rows": rows, **extra}
+
+
+def save_record(record: dict, out_dir, name: Optional[str] = None) -> Path:
+    """Write ``record`` as JSON (and its rows as CSV) under a fresh name; never overwrites."""
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    env = record.get("env", {})
+    stem = name or "-".join(str(x) for x in (record.get("kind", "record"), env.get("device", ""),
+                                             (env.get("dtype") or "")) if x).replace(":", "")
+    path = out_dir / f"{stem}.json"
+    i = 1
+    while path.exists() or path.with_suffix(".csv").exists():
+        i += 1
+        path = out_dir / f"{stem}-{i}.json"
+    path.write_text(json.dumps(record, indent=1, default=str))
+    rows = record.get("rows")
+    if rows and isinstance(rows, list) and isinstance(rows[0], dict):
+        keys = list(dict.fromkeys(k for r in rows for k in r if not isinstance(r[k], (dict, list))))
+        with path.with_suffix(".csv").open("w", newline="") as f:
+            w = csv.DictWriter(f, fieldnames=keys, extrasaction="ignore")
+            w.writeheader()
+            w.writerows(rows)
+    return path
+
+
+def load_record(path) -> dict:
+    return json.loads(Path(path).read_text())

@@ -1,0 +1,156 @@
+"""One MiniCPM decode step (``MiniCPMModel.forward_step``), upstream vs patched, eager and compiled."""
+
+from __future__ import annotations
+
+from typing import Optional, Sequence
+
+import torch
+
+from ..devices import dtype_name, resolve_device
+from ..devices import dtype_of as _dtype
+from .attention import _granularity_of  # noqa: F401  (re-exported for tests)
+from .records import env_record, record
+from .timing import _progress, _stats_ms, time_interleaved
+
+
+def _lm_config(preset: str, layers: Optional[int]):
+    from voxcpm.modules.minicpm4 import MiniCPM4Config
+    from ..models import voxcpm2_config
+    cfg = voxcpm2_config(preset)["lm_config"]
+    if layers is not None:
+        cfg["num_hidden_layers"] = layers
+    return MiniCPM4Config.model_validate(cfg)
+
+
+def _lm_and_caches(preset: str, layers: Optional[int], dt, device, max_length: int, bucket, seed: int):
+    """A MiniCPMModel with the preset's LM geometry (random weights, built with voxcpm's own classes) and
+    the two caches to compare: upstream's StaticKVCache and a RightSizedKVCache of the same geometry."""
+    from voxcpm.modules.minicpm4 import MiniCPMModel
+    from voxcpm.modules.minicpm4.cache import StaticKVCache
+    from ..cache import RightSizedKVCache
+    from ..patch import _cache_bucket, original_functions, swapped
+
+    cfg = _lm_config(preset, layers)
+    state = torch.random.get_rng_state()
+    torch.manual_seed(seed)
+    with swapped(original_functions()):
+        lm = MiniCPMModel(cfg).to(device=device, dtype=dt).eval()
+    torch.random.set_rng_state(state)
+    D = cfg.kv_channels or cfg.hidden_size // cfg.num_attention_heads
+    geo = (cfg.num_hidden_layers, cfg.num_key_value_heads, D, 1, device, dt)
+    caches = {"upstream": StaticKVCache(*geo, max_length=max_length),
+              "patched": RightSizedKVCache(*geo, max_length=max_length,
+                                           bucket=_cache_bucket(cfg, device, dt, max_length, bucket))}
+    return lm, cfg, D, caches
+
+
+def _start_request(caches: dict, kv: list, p: int) -> None:
+    """Put every cache at position ``p``: the prefill ``kv`` (p slots per layer) filled, position p claimed."""
+    for c in caches.values():
+        c.fill_caches([(a[:, :, :p], b[:, :, :p]) for a, b in kv])
+        if c.step() != p:
+            raise RuntimeError(f"cache did not start at position {p}")
+
+
+def _prefill(cfg, D: int, p: int, g, device, dt) -> list:
+    return [(torch.randn(1, cfg.num_key_value_heads, p, D, generator=g).to(device=device, dtype=dt),
+             torch.randn(1, cfg.num_key_value_heads, p, D, generator=g).to(device=device, dtype=dt))
+            for _ in range(cfg.num_hidden_layers)]
+
+
+def decode_step_sweep(positions: Sequence[int], *, preset: str = "small", layers: Optional[int] = None,
+                      dtype="bfloat16", device="cpu", max_length: int = 8192, bucket: Optional[int] = None,
+                      repeats: int = 7, warmup: int = 2, seed: int = 0, progress: bool = True) -> dict:
+    """One MiniCPM decode step (``MiniCPMModel.forward_step``, the preset's LM geometry), upstream vs patched.
+
+    Upstream: voxcpm's own classes with an 8192-slot ``StaticKVCache``. Patched:
+    fastattn's ``exact`` step with a :class:`RightSizedKVCache`. Same weights,
+    same prefill, calls interleaved. Rows per variant and position: per-token
+    and per-layer medians.
+    """
+    from ..patch import original_functions, swapped, variant_functions
+
+    device, dt = resolve_device(device), _dtype(dtype)
+    for p in positions:
+        if not 0 <= p < max_length:
+            raise ValueError(f"positions must be in [0, max_length={max_length}), got {p}")
+    lm, cfg, D, caches = _lm_and_caches(preset, layers, dt, device, max_length, bucket, seed)
+    fns = {"upstream": original_functions(), "patched": variant_functions("exact", bucket=bucket)}
+    g = torch.Generator().manual_seed(seed + 1)
+    x = torch.randn(1, cfg.hidden_size, generator=g).to(device=device, dtype=dt)
+    rows = []
+    for p in _progress(positions, progress, f"decode step {dtype}"):
+        _start_request(caches, _prefill(cfg, D, p, g, device, dt), p)
+        pos = torch.tensor([p], device=device)
+
+        def call(name):
+            def run():
+                lm.kv_cache = caches[name]
+                with swapped(fns[name]), torch.inference_mode():
+                    return lm.forward_step(x, pos)
+            return run
+
+        outs = {n: call(n)() for n in caches}
+        times = time_interleaved({n: call(n) for n in caches}, repeats=repeats, warmup=warmup, device=device)
+        for n in caches:
+            st = _stats_ms(times[n])
+            rows.append({"variant": n, "position": p, **st, "per_layer_ms": st["median_ms"] / cfg.num_hidden_layers,
+                         "bit_identical": bool(torch.equal(outs[n], outs["upstream"]))})
+    lm.kv_cache = None
+    params = {"preset": preset, "layers": cfg.num_hidden_layers, "hidden": cfg.hidden_size,
+              "heads": cfg.num_attention_heads, "kv_heads": cfg.num_key_value_heads, "head_dim": D,
+              "positions": list(positions), "dtype": dtype_name(dt), "max_length": max_length, "bucket": bucket,
+              "repeats": repeats, "warmup": warmup}
+    return record("decode_step", env=env_record(device, dt), params=params, rows=rows)
+
+
+def compiled_step_sweep(positions: Sequence[int], *, preset: str = "tiny", layers: Optional[int] = None,
+                        dtype="float32", device="cpu", backend: str = "inductor", mode: Optional[str] = None,
+                        max_length: int = 8192, bucket: Optional[int] = None, repeats: int = 7, warmup: int = 3,
+                        seed: int = 0, progress: bool = True) -> dict:
+    """Per-token decode step: eager upstream, eager patched, compiled upstream, compiled patched.
+
+    Compiled the way voxcpm's ``optimize()`` does (``fullgraph=True``; ``mode``
+    defaults to ``reduce-overhead`` on CUDA). Calls interleaved; the record also
+    carries dynamo's graph counts (one per variant expected, never one per position).
+    """
+    from ..graphs import graph_counts, reset_graph_counts
+    from ..patch import original_functions, swapped, variant_functions
+
+    device, dt = resolve_device(device), _dtype(dtype)
+    mode = mode if mode is not None else ("reduce-overhead" if device.type == "cuda" else None)
+    lm, cfg, D, caches = _lm_and_caches(preset, layers, dt, device, max_length, bucket, seed)
+    static, right = caches["upstream"], caches["patched"]
+    if device.type == "cuda":
+        torch._dynamo.mark_static_address(static.kv_cache)
+        right.set_static_address(True)
+    fns = {"upstream": original_functions(), "patched": variant_functions("exact", bucket=bucket)}
+    opts = {"backend": backend, "fullgraph": True, **({"mode": mode} if mode else {})}
+    step = {}
+    for v in fns:
+        fn = fns[v]["MiniCPMModel.forward_step"]
+        step[f"eager {v}"] = (v, fn.__get__(lm))
+        step[f"compiled {v}"] = (v, torch.compile(fn.__get__(lm), **opts))
+    torch._dynamo.reset()
+    reset_graph_counts()
+    g = torch.Generator().manual_seed(seed + 1)
+    x = torch.randn(1, cfg.hidden_size, generator=g).to(device=device, dtype=dt)
+    rows = []
+    for p in _progress(positions, progress, "compiled step"):
+        _start_request(caches, _prefill(cfg, D, p, g, device, dt), p)
+        pos = torch.tensor([p], device=device)
+
+        def call(name):
+            v, f = step[name]
+            def run():
+                lm.kv_cache = static if v == "upstream" else right
+                with swapped(fns[v]), torch.inference_mode():
+                    return f(x, pos)
+            return run
+
+        times = time_interleaved({n: call(n) for n in step}, repeats=repeats, warmup=warmup, device=device)
+        for n in step:
+            rows.append({"variant": n, "position": p, **_stats_ms(times[n])})
+    params = {"preset": preset, "layers": cfg.num_hidden_layers, "hidden": cfg.hidden_size, "dtype": dtype_name(dt),
+              "backend": backend, "mode": mode, "positions": list(positions), "bucket": bucket, "repeats": repeats}
+    return record("compiled_step", env=env_record(device, dt), params=params, rows=rows, graphs=graph_counts())

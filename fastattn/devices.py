@@ -1,0 +1,130 @@
+"""Devices, dtypes and the environment facts every record carries. One place; everyone uses it.
+
+* :func:`resolve_device`: ``"auto"`` (CUDA when present, else CPU), ``"cpu"``,
+  ``"cuda"`` / ``"cuda:N"``, ``"mps"``; anything else, or a device this machine
+  lacks, is a ``ValueError`` naming the argument and what is expected.
+* :func:`dtype_of` / :func:`dtype_name`: ``"bfloat16"`` <-> ``torch.bfloat16``.
+* :func:`package_version`: a distribution's version, or ``"not installed"``.
+* :func:`env_facts`: what a record needs to be compared across machines.
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+import subprocess
+import sys
+from contextlib import contextmanager
+from datetime import datetime, timezone
+from importlib.metadata import PackageNotFoundError, version
+
+import torch
+
+__all__ = ["DTYPES", "resolve_device", "dtype_of", "dtype_name", "package_version", "cpu_name", "git_commit",
+           "device_name", "env_facts", "quiet_native_stderr"]
+
+DTYPES = {"bfloat16": torch.bfloat16, "float32": torch.float32, "float16": torch.float16}
+_DEVICE_TYPES = ("auto", "cpu", "cuda", "mps")
+
+
+def resolve_device(device, *, name: str = "device") -> torch.device:
+    """A usable ``torch.device``: ``auto`` resolved; a malformed or absent device is a ValueError."""
+    if isinstance(device, torch.device):
+        text = str(device)
+    elif isinstance(device, str):
+        text = device.strip()
+    else:
+        raise ValueError(f"{name} must be one of {', '.join(_DEVICE_TYPES)} (or 'cuda:N'), got {device!r}")
+    if text == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    kind, _, index = text.partition(":")
+    if kind not in _DEVICE_TYPES[1:] or (index and (kind != "cuda" or not index.isdigit())):
+        raise ValueError(f"{name} must be one of {', '.join(_DEVICE_TYPES)} (or 'cuda:N'), got {device!r}")
+    if kind == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"{name}={text!r} but CUDA is not available on this machine (use 'cpu' or 'auto')")
+    if kind == "cuda" and index and int(index) >= torch.cuda.device_count():
+        raise ValueError(f"{name}={text!r} but this machine has {torch.cuda.device_count()} CUDA device(s)")
+    if kind == "mps" and not torch.backends.mps.is_available():
+        raise ValueError(f"{name}='mps' but MPS is not available on this machine (use 'cpu' or 'auto')")
+    return torch.device(text)
+
+
+def dtype_of(dtype, *, name: str = "dtype") -> torch.dtype:
+    """``torch.dtype`` from a name (``"bfloat16"``) or a dtype among :data:`DTYPES`."""
+    if isinstance(dtype, torch.dtype) and dtype in DTYPES.values():
+        return dtype
+    if isinstance(dtype, str) and dtype in DTYPES:
+        return DTYPES[dtype]
+    raise ValueError(f"{name} must be one of {', '.join(DTYPES)}, got {dtype!r}")
+
+
+def dtype_name(dtype) -> str:
+    """``"bfloat16"`` for ``torch.bfloat16`` (any torch dtype)."""
+    return str(dtype).replace("torch.", "")
+
+
+def package_version(dist: str) -> str:
+    try:
+        return version(dist)
+    except PackageNotFoundError:
+        return "not installed"
+
+
+def cpu_name() -> str:
+    """The CPU's model name (from /proc/cpuinfo where there is one)."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def git_commit() -> str:
+    """The checkout's commit (with ``-dirty`` if it has changes), or ``unknown``."""
+    from .paths import repo_root
+    try:
+        root = repo_root()
+        sha = subprocess.run(["git", "rev-parse", "--short=12", "HEAD"], cwd=root, capture_output=True, text=True,
+                             timeout=10).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=root,
+                               capture_output=True, text=True, timeout=10).stdout.strip()
+        return (sha + ("-dirty" if dirty else "")) if sha else "unknown"
+    except Exception:  # noqa: BLE001 - no git, no checkout: the commit is unknown, not an error
+        return "unknown"
+
+
+def device_name(device) -> str:
+    device = torch.device(device)
+    return torch.cuda.get_device_name(device) if device.type == "cuda" else cpu_name()
+
+
+def env_facts(device="cpu", dtype=None) -> dict:
+    """What a record needs to be compared across boxes (voxcpm's version read safely: torch-only use works)."""
+    device = torch.device(device)
+    return {
+        "time_utc": datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
+        "torch": torch.__version__, "voxcpm": package_version("voxcpm"), "fastattn": package_version("fastattn"),
+        "git_commit": git_commit(), "device": str(device), "device_name": device_name(device),
+        "dtype": None if dtype is None else dtype_name(dtype_of(dtype)),
+        "threads": torch.get_num_threads(),
+        "cpu_capability": getattr(torch.backends.cpu, "get_cpu_capability", lambda: "unknown")(),
+        "python": sys.version.split()[0],
+    }
+
+
+@contextmanager
+def quiet_native_stderr():
+    """Silence fd 2 while the profiler starts and stops: kineto prints a line per start/stop
+    from C++, which would flood notebooks and logs. Python exceptions still propagate."""
+    sys.stderr.flush()
+    saved = os.dup(2)
+    try:
+        with open(os.devnull, "w") as devnull:
+            os.dup2(devnull.fileno(), 2)
+            yield
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)

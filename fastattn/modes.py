@@ -1,0 +1,77 @@
+"""The attention modes, as data: one registry the step, the patch, the benchmarks and every message read.
+
+Each :class:`Mode` names its implementation (``attend``), how many cache keys
+the model step hands its layers (``keys``), and what it promises: ``masked``
+(a bool mask keeps keys past the length out, so the layers may see more slots),
+``windowed`` (the keys are a window whose granularity exactness calibrates),
+``exact`` (bit-identical to upstream on the device), ``graph_safe`` (compiles
+into one graph across windows) and a ``note`` for reports. Adding a mode is one
+entry here, its implementation, and its tests.
+"""
+
+from __future__ import annotations
+
+from typing import Callable, NamedTuple, Optional
+
+__all__ = ["Mode", "REGISTRY", "MODES", "mode_spec"]
+
+
+class Mode(NamedTuple):
+    name: str
+    attend: Callable     # (q, k_cache, v_cache, length, bucket, window) -> (B, Hq, Lq, D)
+    keys: Callable       # (live length, capacity, granularity or None) -> keys the layers are handed
+    masked: bool
+    windowed: bool
+    exact: bool
+    graph_safe: bool
+    note: str
+
+
+def _reference(q, k_cache, v_cache, length, bucket, window):
+    from .attention import _mask, _sdpa
+    return _sdpa(q, k_cache, v_cache, _mask(k_cache.shape[2], q.shape[2], length, q.device))
+
+
+def _exact(q, k_cache, v_cache, length, bucket, window):
+    from .attention import _exact_window, _mask, _sdpa, _self_check_once
+    if bucket is not None:
+        _self_check_once(q, k_cache, bucket)
+    if window is None:
+        window = _exact_window(q, k_cache, length, bucket)
+    if window == k_cache.shape[2]:  # the whole cache: upstream's call, no host sync
+        return _reference(q, k_cache, v_cache, length, bucket, window)
+    k, v = k_cache[:, :, :window], v_cache[:, :, :window]
+    return _sdpa(q, k, v, _mask(window, q.shape[2], length, q.device))
+
+
+def _fast(q, k_cache, v_cache, length, bucket, window):
+    """Exactly the live keys, the implementation chosen for this device and shape (:mod:`fastattn.fast`)."""
+    from .attention import _host_length
+    from .fast import fast_attention
+    n = length if isinstance(length, int) else _host_length(length, q.shape[2], k_cache.shape[2])
+    return fast_attention(q, k_cache[:, :, :n], v_cache[:, :, :n])
+
+
+def _window_keys(n: int, capacity: int, g: Optional[int]) -> int:
+    return capacity if g is None else min(-(-max(n, 1) // g) * g, capacity)
+
+
+REGISTRY = {m.name: m for m in (
+    Mode("reference", _reference, lambda n, capacity, g: capacity, masked=True, windowed=False, exact=True,
+         graph_safe=True, note="reference mode is upstream's computation: a bool mask over the whole cache"),
+    Mode("exact", _exact, _window_keys, masked=True, windowed=True, exact=True, graph_safe=True,
+         note="exact mode: bit-identical to upstream on this device, by construction and calibration"),
+    Mode("fast", _fast, lambda n, capacity, g: n, masked=False, windowed=False, exact=False, graph_safe=True,
+         note="fast mode trades bit-identity for speed (within twice reference's error vs float64)"),
+)}
+
+#: the mode names, in the order reports list them
+MODES = tuple(REGISTRY)
+
+
+def mode_spec(mode) -> Mode:
+    """The registry entry for ``mode``; a clear ValueError for anything else."""
+    spec = REGISTRY.get(mode) if isinstance(mode, str) else None
+    if spec is None:
+        raise ValueError(f"mode must be one of {', '.join(map(repr, MODES))}; got {mode!r}")
+    return spec
