@@ -28,6 +28,7 @@ workbook: $(STAMP)
 	$(BIN)/python -m fastattn workbook $(ARGS)
 
 test: $(STAMP)
+	$(BIN)/ruff check fastattn tests data/upstream-tests
 	$(BIN)/python -m pytest -q $(ARGS)
 
 lab: $(STAMP)

@@ -18,8 +18,8 @@ from . import compat as _compat
 _compat.ensure_torchaudio()
 
 from .attention import MODES, attention_step, check_exactness, window_for  # noqa: E402
-from .exactness import calibrate_exact, exactness_report, reset_exactness_cache  # noqa: E402
 from .cache import RightSizedKVCache  # noqa: E402
+from .exactness import calibrate_exact, exactness_report, reset_exactness_cache  # noqa: E402
 from .fast import fast_report, reset_fast_cache  # noqa: E402
 from .masks import MaskInfo, attention  # noqa: E402  (the function; the module is fastattn.attention in sys.modules)
 
@@ -27,7 +27,6 @@ __version__ = "0.1.0"
 
 _LAZY = {
     "explain_sdpa": "backends", "backend_matrix": "backends", "SDPAReport": "backends",
-    "doctor": "doctor",
     "patch_voxcpm": "patch", "patch_status": "patch", "upstream_diff": "upstream",
     "build_voxcpm2": "models", "load_voxcpm2": "models",
     "optimize": "graphs",
@@ -38,8 +37,9 @@ __all__ = ["MODES", "attention_step", "calibrate_exact", "check_exactness", "exa
            "MaskInfo", "attention", *_LAZY]
 
 
-_SUBMODULES = {"exactness", "fast", "masks", "cache", "backends", "doctor", "patch", "models", "graphs", "bench", "plots",
-               "checks", "workbook", "upstream", "paths", "compat"}
+_SUBMODULES = {"exactness", "fast", "modes", "devices", "experiments", "masks", "cache", "backends", "doctor", "patch",
+               "models", "graphs", "bench", "plots",
+               "workbook", "upstream", "paths", "compat"}
 
 
 def __getattr__(name):

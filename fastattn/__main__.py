@@ -16,7 +16,7 @@ COMMANDS = {
 def main(argv=None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if not argv or argv[0] in ("-h", "--help") or argv[0] not in COMMANDS:
-        print("usage: python -m fastattn {%s} [options]\n" % ",".join(COMMANDS))
+        print(f"usage: python -m fastattn {{{','.join(COMMANDS)}}} [options]\n")
         for name, (_, help_) in COMMANDS.items():
             print(f"  {name:<9} {help_}")
         return 0 if argv and argv[0] in ("-h", "--help") else 2

@@ -49,6 +49,7 @@ capacity-sized mask outside ``reference``.
 
 from __future__ import annotations
 
+import math
 import warnings
 from typing import Optional, Union
 
@@ -56,7 +57,7 @@ import torch
 import torch.nn.functional as F
 
 __all__ = ["MODES", "attention_step", "window_for", "exactness_report", "check_exactness", "reset_exactness_cache",
-           "calibrate_exact"]
+           "calibrate_exact", "f64_attention"]
 
 
 Length = Union[int, torch.Tensor]
@@ -71,7 +72,8 @@ def _check_tensors(q, k_cache, v_cache) -> None:
             shape = "(B, Hq, Lq, D)" if name == "q" else "(B, Hkv, capacity, D)"
             raise ValueError(f"{name} must have 4 dims {shape}, got shape {tuple(t.shape)}")
     if k_cache.shape != v_cache.shape:
-        raise ValueError(f"k_cache and v_cache must have the same shape, got {tuple(k_cache.shape)} and {tuple(v_cache.shape)}")
+        raise ValueError(f"k_cache and v_cache must have the same shape, got {tuple(k_cache.shape)} and "
+                         f"{tuple(v_cache.shape)}")
     if q.shape[0] != k_cache.shape[0]:
         raise ValueError(f"batch of q ({q.shape[0]}) and of k_cache ({k_cache.shape[0]}) differ")
     if q.shape[3] != k_cache.shape[3]:
@@ -120,6 +122,18 @@ def window_for(length: int, capacity: int, bucket: int = 256) -> int:
     """Key window of ``exact`` mode: ``min(ceil(length / bucket) * bucket, capacity)``."""
     _check_bucket(bucket)
     return min(-(-int(length) // bucket) * bucket, int(capacity))
+
+
+def f64_attention(q, k, v, length: int) -> torch.Tensor:
+    """Float64 decode attention over keys [0, length), bottom-right causal; GQA by repetition."""
+    lq = q.shape[2]
+    g = q.shape[1] // k.shape[1]
+    kk = k[:, :, :length].double().repeat_interleave(g, 1)
+    vv = v[:, :, :length].double().repeat_interleave(g, 1)
+    s = q.double() @ kk.transpose(-1, -2) / math.sqrt(q.shape[-1])
+    rows = torch.arange(lq, device=q.device).view(-1, 1) + (length - lq)
+    s = s.masked_fill(torch.arange(length, device=q.device).view(1, -1) > rows, float("-inf"))
+    return torch.softmax(s, -1) @ vv
 
 
 def _mask(n_keys: int, lq: int, length: Length, device) -> torch.Tensor:
@@ -323,5 +337,5 @@ def check_exactness(device, dtype, *, hq: int = 16, hkv: int = 2, head_dim: int 
 
 
 from . import exactness as _exactness  # noqa: E402  (imports _mask from this module)
-from .modes import MODES, REGISTRY, mode_spec  # noqa: E402,F401  (MODES re-exported)
 from .exactness import calibrate_exact, exactness_report, reset_exactness_cache  # noqa: E402,F401
+from .modes import MODES, REGISTRY, mode_spec  # noqa: E402,F401  (MODES re-exported)

@@ -49,7 +49,7 @@ def doctor(calibrate: bool = True) -> dict:
         info.update({
             "device": f"cuda:{idx}",
             "device_name": torch.cuda.get_device_name(idx),
-            "compute_capability": "sm_%d%d" % torch.cuda.get_device_capability(idx),
+            "compute_capability": "sm_{}{}".format(*torch.cuda.get_device_capability(idx)),
             "cudnn_version": torch.backends.cudnn.version(),
             "gpu_memory_gib": round(torch.cuda.get_device_properties(idx).total_memory / 2**30, 1),
             "cuda_backends_enabled": {

@@ -161,8 +161,7 @@ def choose_fast(device, dtype, *, hq: int, hkv: int, head_dim: int, lq: int = 1,
     """Probe every candidate for this call shape: accuracy vs float64 (twice ``reference``'s error at
     most), then an interleaved timing at the two lengths of ``length_class`` (see ``LENGTH_CLASSES``);
     return the choice with each candidate's figures."""
-    from .attention import _mask, _sdpa
-    from .checks import f64_attention
+    from .attention import _mask, _sdpa, f64_attention
 
     device = torch.device(device)
     cands = {n: fn for n, (fn, devs) in (candidates or CANDIDATES).items() if device.type in devs}

@@ -32,7 +32,7 @@ from typing import Optional
 
 import torch
 
-__all__ = ["optimize", "deoptimize", "graph_counts", "reset_graph_counts"]
+__all__ = ["optimize", "graph_counts", "reset_graph_counts"]
 
 log = logging.getLogger("fastattn")
 
@@ -125,16 +125,6 @@ def _parts(model) -> dict:
     return out
 
 
-def deoptimize(model):
-    """Undo :func:`optimize`: drop the compiled wrappers, back to the class functions."""
-    for obj, attr in _parts(model).values():
-        if getattr(obj.__dict__.get(attr), "__fastattn_compiled__", False):
-            del obj.__dict__[attr]
-    model.__dict__.pop("_feat_encoder_raw", None)
-    model.__dict__.pop("fastattn_compiled", None)
-    return model
-
-
 def graph_counts() -> dict:
     """dynamo's counters: graphs compiled, graph breaks, recompiles (process-wide; see reset_graph_counts)."""
     from torch._dynamo.utils import counters
@@ -149,65 +139,3 @@ def reset_graph_counts() -> None:
     counters.clear()
 
 
-def naive_slice_forward_step(self, hidden_states, position_emb, position_id, kv_cache):
-    """Seed 000's (and PR #199's) fix, for demonstration only: slice the cache by the tensor position.
-
-    Correct eagerly (within rounding), but ``cache[:, :, :position_id + 1]`` is a
-    data-dependent shape: under ``torch.compile(fullgraph=True)`` it fails.
-    """
-    from voxcpm.modules.minicpm4.model import apply_rotary_pos_emb
-    bsz, _ = hidden_states.size()
-    q = self.q_proj(hidden_states).view(bsz, 1, self.num_heads, self.head_dim).transpose(1, 2)
-    k = self.k_proj(hidden_states).view(bsz, 1, self.num_key_value_heads, self.head_dim).transpose(1, 2)
-    v = self.v_proj(hidden_states).view(bsz, 1, self.num_key_value_heads, self.head_dim).transpose(1, 2)
-    if position_emb is not None:
-        q, k = apply_rotary_pos_emb(q, k, *position_emb)
-    key_cache, value_cache = kv_cache
-    key_cache[:, :, position_id, :] = k
-    value_cache[:, :, position_id, :] = v
-    out = torch.nn.functional.scaled_dot_product_attention(
-        q, key_cache[:, :, :position_id + 1, :], value_cache[:, :, :position_id + 1, :], enable_gqa=True)
-    return self.o_proj(out.transpose(1, 2).contiguous().reshape(bsz, self.num_heads * self.head_dim))
-
-
-def compile_demo(variant: str, *, steps: int = 160, bucket: int = 16, text: str = "hello world " * 4,
-                 seed: int = 0) -> dict:
-    """Compile a fresh tiny model's base LM step like upstream's optimize() (fullgraph, cheap backend) and decode.
-
-    ``variant``: ``"upstream"`` (unpatched), ``"naive_slice"`` (seed 000's fix),
-    ``"patched"`` (fastattn exact + right-sized cache with ``bucket``-slot buckets).
-    Returns graph counts, the error (if compiling failed), and whether the
-    compiled output equals the eager output of the same variant.
-    """
-    from .models import build_voxcpm2, silence_progress
-    from .patch import original_functions, patch_voxcpm, swapped
-    if variant not in ("upstream", "naive_slice", "patched"):
-        raise ValueError(f"variant must be 'upstream', 'naive_slice' or 'patched'; got {variant!r}")
-    silence_progress()
-    fns = dict(original_functions())
-    if variant == "naive_slice":
-        fns["MiniCPMAttention.forward_step"] = naive_slice_forward_step
-    handle = None
-    with swapped(fns if variant != "patched" else {}):
-        model = build_voxcpm2("tiny", dtype="float32", seed=seed)
-        if variant == "patched":
-            handle = patch_voxcpm(model, bucket=bucket)
-        try:
-            run = lambda: (torch.manual_seed(seed), model.generate(text, min_len=steps, max_len=steps,
-                                                                   inference_timesteps=1))[1]
-            eager = run()
-            torch._dynamo.reset()
-            reset_graph_counts()
-            model.base_lm.forward_step = torch.compile(model.base_lm.forward_step, backend="eager", fullgraph=True)
-            error, equal = None, None
-            try:
-                equal = bool(torch.equal(run(), eager))
-            except Exception as exc:
-                error = f"{type(exc).__name__}: {' '.join(str(exc).split())[:300]}"
-            length = model.base_lm.kv_cache.current_length
-        finally:
-            if handle is not None:
-                handle.revert()
-            torch._dynamo.reset()
-    return {"variant": variant, **graph_counts(), "error": error, "equal_to_eager": equal, "final_length": length,
-            "buckets_touched": -(-length // bucket) if variant == "patched" else None}

@@ -54,11 +54,13 @@ class MaskInfo:
     def __post_init__(self):
         if self.keys is not None:
             if not isinstance(self.keys, torch.Tensor) or self.keys.dtype != torch.bool or self.keys.dim() != 2:
-                got = f"{self.keys.dtype} {tuple(self.keys.shape)}" if isinstance(self.keys, torch.Tensor) else type(self.keys).__name__
+                got = (f"{self.keys.dtype} {tuple(self.keys.shape)}" if isinstance(self.keys, torch.Tensor)
+                       else type(self.keys).__name__)
                 raise TypeError(f"keys must be a bool tensor of shape (B, Lk), got {got}")
         if not isinstance(self.causal, bool):
             raise TypeError(f"causal must be a bool, got {type(self.causal).__name__}")
-        if self.window is not None and (isinstance(self.window, bool) or not isinstance(self.window, int) or self.window < 1):
+        w = self.window
+        if w is not None and (isinstance(w, bool) or not isinstance(w, int) or w < 1):
             raise ValueError(f"window must be a positive int or None, got {self.window!r}")
         if self.padding not in (None, "left", "right"):
             raise ValueError(f"padding must be 'left', 'right' or None, got {self.padding!r}")
@@ -89,7 +91,8 @@ class MaskInfo:
         if not isinstance(mask, torch.Tensor):
             raise TypeError(f"mask must be a torch.Tensor, got {type(mask).__name__}")
         if mask.dtype != torch.bool:
-            raise TypeError(f"describes() compares bool masks; got {mask.dtype} (an additive float mask has no structure to check)")
+            raise TypeError(f"describes() compares bool masks; got {mask.dtype} "
+                            "(an additive float mask has no structure to check)")
         if mask.dim() < 2:
             return False
         Lq, Lk = mask.shape[-2], mask.shape[-1]

@@ -45,7 +45,8 @@ def _merge(base: dict, over: dict) -> dict:
     return out
 
 
-def voxcpm2_config(preset: str = "tiny", *, max_length: int = 8192, dtype: str = "bfloat16", device: str = "cpu") -> dict:
+def voxcpm2_config(preset: str = "tiny", *, max_length: int = 8192, dtype: str = "bfloat16",
+                   device: str = "cpu") -> dict:
     """The ``VoxCPMConfig`` dict for a preset (validated by voxcpm's pydantic model when built)."""
     if preset not in PRESETS:
         raise ValueError(f"preset must be one of {', '.join(PRESETS)}; got {preset!r}")

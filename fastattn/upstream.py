@@ -246,11 +246,13 @@ import sys, torch, fastattn, voxcpm
 from fastattn.models import build_voxcpm2, silence_progress
 assert voxcpm.__file__.startswith(sys.argv[1]), voxcpm.__file__
 silence_progress()
-preset, dtype, text, steps, seed, out = sys.argv[2], sys.argv[3], sys.argv[4], int(sys.argv[5]), int(sys.argv[6]), sys.argv[7]
+preset, dtype, text, out = sys.argv[2], sys.argv[3], sys.argv[4], sys.argv[7]
+steps, seed = int(sys.argv[5]), int(sys.argv[6])
 m = build_voxcpm2(preset, seed=seed, dtype=dtype)
 torch.manual_seed(seed)
 wav = m.generate(text, min_len=steps, max_len=steps, inference_timesteps=2)
-torch.save({"wav": wav, "capacity": m.base_lm.kv_cache.storage.shape[4], "length": m.base_lm.kv_cache.current_length}, out)
+cache = m.base_lm.kv_cache
+torch.save({"wav": wav, "capacity": cache.storage.shape[4], "length": cache.current_length}, out)
 """
 
 
@@ -288,7 +290,7 @@ def main(argv=None) -> int:
     import argparse
     ap = argparse.ArgumentParser(prog="python -m fastattn diff", description="The upstream-ready diff.")
     ap.add_argument("--write", action="store_true",
-                    help=f"write both diffs under data/ ({', '.join(f for f, _ in LAYOUTS.values())}) instead of printing")
+                    help=f"write both diffs under data/ ({', '.join(f for f, _ in LAYOUTS.values())}), not print")
     ap.add_argument("--layout", choices=sorted(LAYOUTS), default="wheel",
                     help="print the diff for site-packages (wheel) or upstream's repository (src)")
     args = ap.parse_args(argv)

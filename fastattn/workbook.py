@@ -15,7 +15,6 @@ Notebook helpers: :func:`check_params` (fail early, clearly), :func:`provenance`
 from __future__ import annotations
 
 import html
-
 import json
 import os
 import sys
@@ -23,7 +22,6 @@ import time
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Optional
-
 
 from . import models as _models
 from .devices import DTYPES

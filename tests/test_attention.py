@@ -5,7 +5,8 @@ import warnings
 
 import pytest
 import torch
-from hypothesis import given, strategies as st
+from hypothesis import given
+from hypothesis import strategies as st
 
 import fastattn
 from fastattn.attention import attention_step, check_exactness, window_for

@@ -46,7 +46,8 @@ def test_sliced_call_needs_no_where():
 def test_forcing_a_backend_the_device_lacks_reports_the_error():
     q, k, v, m = decode_call()
     from fastattn import backends as B
-    r = B._forced("EFFICIENT_ATTENTION", lambda: torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=m, enable_gqa=True))
+    sdpa = torch.nn.functional.scaled_dot_product_attention
+    r = B._forced("EFFICIENT_ATTENTION", lambda: sdpa(q, k, v, attn_mask=m, enable_gqa=True))
     if torch.cuda.is_available():
         pytest.skip("CUDA has an efficient kernel")
     assert r["ran"] is False and "RuntimeError" in r["error"]
@@ -113,20 +114,21 @@ def test_cuda_masked_call_is_not_flash():
 
 
 def test_seed_claims_checked_on_cpu():
-    from fastattn.backends import check_claims
+    from fastattn.experiments.backend_selection import check_claims
     rows = backend_matrix("cpu", capacity=1024, position=100)
     verdicts = {c["claim"]: c["verdict"] for c in check_claims(rows, "cpu")}
     assert verdicts["A bool attn_mask makes SDPA fall back to the math kernel"].startswith("does not hold on cpu")
     assert verdicts["Slicing the cache to position+1 (no mask) lets SDPA use flash attention"] == "holds"
-    assert verdicts["is_causal=True is a safe way to drop the mask for a one-query decode step"].startswith("does not hold")
+    causal = verdicts["is_causal=True is a safe way to drop the mask for a one-query decode step"]
+    assert causal.startswith("does not hold")
 
 
 def test_window_claim_verdict_follows_the_measurement(monkeypatch):
     """The 256-slot-window claim: 'holds' only where measured identical, and never called exact by construction."""
     import torch.nn.functional as F
 
-    from fastattn.backends import _window_claim
     from fastattn.exactness import reset_exactness_cache
+    from fastattn.experiments.backend_selection import _window_claim
 
     from .helpers import order_sensitive
 

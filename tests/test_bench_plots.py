@@ -106,8 +106,9 @@ def test_check_targets_from_records():
 def test_check_targets_fast_and_growth_branches():
     row = lambda m, p, ms, err, **kw: {"mode": m, "position": p, "median_ms": ms, "max_err_f64": err, **kw}  # noqa: E731
     att = {"fast_choice": [{"winner": "grouped_fp32"}],
-           "rows": [row("reference", 2048, 10.0, 1e-3), row("fast", 2048, 1.0, 1.5e-3), row("slice_fix", 2048, 4.0, 1e-3),
-                    row("reference", 4096, 10.0, 1e-3), row("fast", 4096, 1.0, 2.5e-3), row("slice_fix", 4096, 6.0, 1e-3)]}
+           "rows": [row("reference", 2048, 10.0, 1e-3), row("fast", 2048, 1.0, 1.5e-3),
+                    row("slice_fix", 2048, 4.0, 1e-3), row("reference", 4096, 10.0, 1e-3),
+                    row("fast", 4096, 1.0, 2.5e-3), row("slice_fix", 4096, 6.0, 1e-3)]}
     growth = {"params": {"prefill": 100, "steps": 8000, "preset": "full", "dtype": "bfloat16", "max_length": 8192},
               "summary": {"step_total_s": 0.3, "moves": 4, "bound_held_every_step": True, "upstream_fill_ms": 7.0}}
     t = {x["target"]: x for x in bench.check_targets({"attention_bf16": att, "growth": growth})}
@@ -179,7 +180,8 @@ def test_readme_figures_are_the_reference_records():
     up = next(r for r in dec if r["variant"] == "upstream" and r["position"] == 256)["median_ms"]
     pa = next(r for r in dec if r["variant"] == "patched" and r["position"] == 256)["median_ms"]
     expected = [
-        f"{whole['median_wall_s']['upstream']:.1f} s to {whole['median_wall_s']['patched']:.1f} s ({whole['ratio']:.2f}x)",
+        f"{whole['median_wall_s']['upstream']:.1f} s to {whole['median_wall_s']['patched']:.1f} s "
+        f"({whole['ratio']:.2f}x)",
         f"{kv['upstream_bytes'] / 1e6:.0f} MB to {kv['patched_bytes'] / 1e6:.0f} MB",
         f"{pa / up:.2f}x in bf16",
         f"`exact` {targets['attention p=256, cap 8192, fp32: exact / reference']:.2f}x",
@@ -188,3 +190,45 @@ def test_readme_figures_are_the_reference_records():
     for text in expected:
         assert text in readme, text
     assert whole["identical"]
+
+
+def _lines_by_label(ax):
+    """{label: (x, y)} of every line in the axes, errorbar medians included."""
+    out = {}
+    for c in ax.containers:  # errorbar containers: (data line, caplines, barlines)
+        line = c.lines[0]
+        out[c.get_label()] = (list(line.get_xdata()), list(line.get_ydata()))
+    for line in ax.get_lines():
+        if not line.get_label().startswith("_"):
+            out.setdefault(line.get_label(), (list(line.get_xdata()), list(line.get_ydata())))
+    return out
+
+
+def test_plots_draw_the_records_medians():
+    """The figures draw the record's numbers: each mode's medians and the floor, point for point."""
+    rec = bench.attention_sweep([0, 40, 200], capacity=256, hq=4, hkv=2, head_dim=16, repeats=2, warmup=0,
+                                bw=BW, progress=False)
+    ax = plots.attention_sweep(rec).axes[0]
+    drawn = _lines_by_label(ax)
+    for mode in rec["params"]["modes"]:
+        rows = [r for r in rec["rows"] if r["mode"] == mode]
+        assert drawn[mode] == ([r["position"] for r in rows], [r["median_ms"] for r in rows]), mode
+    floor = next(v for k, v in drawn.items() if k.startswith("floor"))
+    assert floor[1] == [r["floor_ms"] for r in rec["rows"] if r["mode"] == "reference"]
+    dec = {"params": {"layers": 2, "hidden": 8, "heads": 2, "kv_heads": 1, "dtype": "float32"}, "env": {},
+           "rows": [{"variant": v, "position": p, "median_ms": m, "p10_ms": m - 0.1, "p90_ms": m + 0.2}
+                    for v, m0 in (("upstream", 5.0), ("patched", 1.0)) for p, m in ((0, m0), (256, m0 + 1))]}
+    drawn = _lines_by_label(plots.decode_step(dec).axes[0])
+    assert drawn["upstream"] == ([0, 256], [5.0, 6.0]) and drawn["patched"] == ([0, 256], [1.0, 2.0])
+
+
+def test_bench_cli_smoke(tmp_path, capsys):
+    """`python -m fastattn bench attention` on a tiny sweep writes records that load back; bad input is clear."""
+    from fastattn.bench.cli import main
+    assert main(["attention", "--positions", "0,40", "--capacity", "256", "--repeats", "1",
+                 "--dtype", "float32", "--out", str(tmp_path / "run")]) == 0
+    written = [p for p in capsys.readouterr().out.split() if p.endswith(".json")]
+    kinds = {bench.load_record(p)["kind"] for p in written}
+    assert kinds == {"bandwidth", "attention"}
+    with pytest.raises(SystemExit):
+        main(["nonsense"])

@@ -4,7 +4,8 @@ import math
 
 import pytest
 import torch
-from hypothesis import given, strategies as st
+from hypothesis import given
+from hypothesis import strategies as st
 
 from fastattn.attention import attention_step
 from fastattn.cache import RightSizedKVCache

@@ -8,7 +8,7 @@ import torch
 import fastattn
 from fastattn import attention_step
 from fastattn import fast as FA
-from fastattn.checks import f64_attention
+from fastattn.attention import f64_attention
 
 from .conftest import cuda
 

@@ -69,7 +69,7 @@ def test_package_declares_ranges_not_pins():
 
 def test_readme_opens_with_the_two_commands():
     blocks = re.findall(r"```(?:bash|sh)?\n(.*?)```", (ROOT / "README.md").read_text(), flags=re.S)
-    cmds = [l.strip() for l in blocks[0].splitlines() if l.strip() and not l.strip().startswith("#")]
+    cmds = [ln.strip() for ln in blocks[0].splitlines() if ln.strip() and not ln.strip().startswith("#")]
     assert cmds == ["make workbook", "make test"]
 
 
@@ -132,7 +132,7 @@ def test_placeholder_raises_clearly_when_used():
     """)
     assert r.returncode == 0, r.stderr
     lines = r.stdout.strip().splitlines()
-    assert len(lines) == 2 and all(l.startswith("ERR") for l in lines)
+    assert len(lines) == 2 and all(ln.startswith("ERR") for ln in lines)
     assert "torchaudio.load" in lines[0] and "not usable" in lines[0]
     assert "torchaudio.functional.resample" in lines[1]
 

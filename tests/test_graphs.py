@@ -59,20 +59,7 @@ def test_contrast_upstream_compiles_static_and_the_naive_slice_fix_breaks_fullgr
     res = case("""
         # seed 000's fix: slice the cache by the tensor position (what PR #199 does)
         from voxcpm.modules.minicpm4 import model as M
-        orig = M.MiniCPMAttention.forward_step
-        def sliced(self, hidden_states, position_emb, position_id, kv_cache):
-            bsz, _ = hidden_states.size()
-            q = self.q_proj(hidden_states).view(bsz, 1, self.num_heads, self.head_dim).transpose(1, 2)
-            k = self.k_proj(hidden_states).view(bsz, 1, self.num_key_value_heads, self.head_dim).transpose(1, 2)
-            v = self.v_proj(hidden_states).view(bsz, 1, self.num_key_value_heads, self.head_dim).transpose(1, 2)
-            if position_emb is not None:
-                q, k = M.apply_rotary_pos_emb(q, k, *position_emb)
-            kc, vc = kv_cache
-            kc[:, :, position_id, :] = k
-            vc[:, :, position_id, :] = v
-            o = torch.nn.functional.scaled_dot_product_attention(
-                q, kc[:, :, :position_id + 1, :], vc[:, :, :position_id + 1, :], enable_gqa=True)
-            return self.o_proj(o.transpose(1, 2).reshape(bsz, self.num_heads * self.head_dim))
+        from fastattn.experiments.patch_application import naive_slice_forward_step as sliced
         M.MiniCPMAttention.forward_step = sliced
         m.base_lm.forward_step = torch.compile(m.base_lm.forward_step, fullgraph=True, backend="eager")
         try:

@@ -3,7 +3,8 @@
 import pytest
 import torch
 import torch.nn.functional as F
-from hypothesis import given, strategies as st
+from hypothesis import given
+from hypothesis import strategies as st
 
 from fastattn.masks import MaskInfo, attention
 

@@ -229,6 +229,7 @@ def test_short_request_kv_memory_under_a_tenth():
 
 def _voxcpm1_tiny(dtype="float32"):
     from voxcpm.model.voxcpm import AudioVAE, AudioVAEConfig, VoxCPMConfig, VoxCPMModel
+
     from fastattn.models import _tokenizer, voxcpm2_config
     cfg = voxcpm2_config("tiny", dtype=dtype)
     for k in ("residual_lm_no_rope", "audio_vae_config"):
@@ -298,10 +299,12 @@ def test_stored_diffs_are_current():
 
 def test_src_layout_diff_applies_to_upstreams_tree(tmp_path):
     import shutil
+
     import voxcpm
-    shutil.copytree(Path(voxcpm.__file__).parent, tmp_path / "src" / "voxcpm", ignore=shutil.ignore_patterns("__pycache__"))
-    r = subprocess.run(["patch", "-p1", "--batch", "-i", str(ROOT / "data" / "voxcpm-main-src-right-sized-decode.diff")],
-                       cwd=tmp_path, capture_output=True, text=True)
+    shutil.copytree(Path(voxcpm.__file__).parent, tmp_path / "src" / "voxcpm",
+                    ignore=shutil.ignore_patterns("__pycache__"))
+    diff = ROOT / "data" / "voxcpm-main-src-right-sized-decode.diff"
+    r = subprocess.run(["patch", "-p1", "--batch", "-i", str(diff)], cwd=tmp_path, capture_output=True, text=True)
     assert r.returncode == 0, r.stdout + r.stderr
     from fastattn.upstream import cache_source
     assert (tmp_path / "src/voxcpm/modules/minicpm4/cache.py").read_text() == cache_source()
@@ -325,7 +328,9 @@ def _run_upstream_tests(pkg_root):
 def test_upstream_tests_pass_on_the_diff_and_fail_on_2_0_3(tmp_path):
     """The kit's tests (torch and voxcpm only, upstream's style) against the patched copy and the original."""
     import shutil
+
     import voxcpm
+
     from fastattn.upstream import patched_copy
     assert "fastattn" not in "".join(p.read_text() for p in UPSTREAM_TESTS.glob("*.py"))
     patched = _run_upstream_tests(patched_copy(tmp_path / "patched"))
@@ -341,7 +346,9 @@ def test_upstream_tests_pass_on_the_diff_and_fail_on_2_0_3(tmp_path):
 def test_upstream_diff_applies_and_is_equivalent(tmp_path):
     """Apply the diff to a copy of the installed voxcpm; decode there; compare with upstream here."""
     import shutil
+
     import voxcpm
+
     from fastattn.upstream import DIFF_NAME
     shutil.copytree(Path(voxcpm.__file__).parent, tmp_path / "voxcpm", ignore=shutil.ignore_patterns("__pycache__"))
     r = subprocess.run(["patch", "-p1", "--batch", "-i", str(ROOT / "data" / DIFF_NAME)], cwd=tmp_path,

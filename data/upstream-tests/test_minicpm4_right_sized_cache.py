@@ -6,7 +6,6 @@ whose StaticKVCache always holds max_length slots and has no granularity.
 
 import pytest
 import torch
-
 from voxcpm.modules.minicpm4.cache import StaticKVCache
 from voxcpm.modules.minicpm4.config import MiniCPM4Config, RopeScalingConfig
 from voxcpm.modules.minicpm4.model import MiniCPMModel

@@ -30,8 +30,7 @@ def attention_sweep(positions: Sequence[int], *, capacity: int = 8192, dtype="fl
     measurement), so ``fast`` is judged against what others ship. ``fast_choice``
     records which implementation ``fast`` picked and why.
     """
-    from ..attention import _exact_window
-    from ..checks import f64_attention
+    from ..attention import _exact_window, f64_attention
     from ..fast import fast_report, sdpa_slice
 
     device, dt = resolve_device(device), _dtype(dtype)
@@ -51,9 +50,9 @@ def attention_sweep(positions: Sequence[int], *, capacity: int = 8192, dtype="fl
     rows = []
     for p in _progress(positions, progress, f"attention {dtype}"):
         n = p + 1
-        fns = {m: (lambda m=m: attention_step(q, k, v, n, mode=m, bucket=bucket)) for m in modes}
+        fns = {m: (lambda m=m, n=n: attention_step(q, k, v, n, mode=m, bucket=bucket)) for m in modes}
         if slice_fix:
-            fns["slice_fix"] = lambda: sdpa_slice(q, k[:, :, :n], v[:, :, :n])
+            fns["slice_fix"] = lambda n=n: sdpa_slice(q, k[:, :, :n], v[:, :, :n])
         times = time_interleaved(fns, repeats=repeats, warmup=warmup, device=device)
         r64 = f64_attention(q, k, v, n)
         live = live_kv_bytes(n, hkv, head_dim, dt)
@@ -87,7 +86,8 @@ def fast_choices(device="cpu", *, dtypes=("float32", "bfloat16"), hq: int = 16, 
             rows += [{"class": f"{name}, {cls}", "dtype": name, **c, "reference_max_err": ch["reference_max_err"],
                       "winner": c["candidate"] == ch["winner"]} for c in ch["candidates"]]
     return record("fast_choice", env=env_record(device),
-                  params={"dtypes": list(dtypes), "hq": hq, "hkv": hkv, "head_dim": head_dim, "classes": LENGTH_CLASSES},
+                  params={"dtypes": list(dtypes), "hq": hq, "hkv": hkv, "head_dim": head_dim,
+                          "classes": LENGTH_CLASSES},
                   rows=rows, note="fast mode trades bit-identity for speed: within twice reference's error vs float64")
 
 

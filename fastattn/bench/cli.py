@@ -24,7 +24,8 @@ def reference_run(out, *, device="cpu", positions=(0, 16, 256, 512, 1024, 2048, 
     bw = bandwidth(device)
     written.append(save_record(record("bandwidth", env=env_record(device), params={}, rows=[bw], **bw), out,
                                "bandwidth"))
-    att = {dt: attention_sweep(positions, dtype=dt, device=device, repeats=repeats, bw=bw) for dt in ("float32", "bfloat16")}
+    att = {dt: attention_sweep(positions, dtype=dt, device=device, repeats=repeats, bw=bw)
+           for dt in ("float32", "bfloat16")}
     dec = {dt: decode_step_sweep(positions, preset="small", dtype=dt, device=device, repeats=repeats)
            for dt in ("bfloat16", "float32")}
     for dt in att:

@@ -45,6 +45,7 @@ def step_allocations(*, preset: str = "small", layers: int = 1, dtype="float32",
                      device="cpu", max_length: int = 8192) -> dict:
     """Bytes allocated by one decode step (profiler ``profile_memory``), upstream vs patched."""
     from torch.profiler import ProfilerActivity, profile
+
     from ..patch import original_functions, swapped, variant_functions
     device, dt = resolve_device(device), _dtype(dtype)
     lm, cfg, D, caches = _lm_and_caches(preset, layers, dt, device, max_length, None, 0)
@@ -76,6 +77,7 @@ def fill_cost(preset: str = "full", *, prefill: int = 100, dtype="bfloat16", dev
     """Per-request cost of starting a request's cache (``fill_caches``) for the preset's base LM geometry:
     upstream zeroes all ``max_length`` slots, the right-sized cache only what the request uses. Interleaved."""
     from voxcpm.modules.minicpm4.cache import StaticKVCache
+
     from ..cache import RightSizedKVCache
     from ..models import voxcpm2_config
     device, dt = resolve_device(device), _dtype(dtype)
@@ -101,6 +103,7 @@ def cache_growth(preset: str = "full", *, prefill: int = 100, steps: int = 8000,
     zero-fill of its ``max_length`` slots. Rows: the steps that moved the storage (position, ms, capacity);
     summary: total seconds in ``step()``, moves, the largest step, and the capacity bound checked at every step."""
     from voxcpm.modules.minicpm4.cache import StaticKVCache
+
     from ..cache import RightSizedKVCache
     from ..exactness import CPU_FLASH_KEY_BLOCK
     from ..models import voxcpm2_config

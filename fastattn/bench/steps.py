@@ -15,6 +15,7 @@ from .timing import _progress, _stats_ms, time_interleaved
 
 def _lm_config(preset: str, layers: Optional[int]):
     from voxcpm.modules.minicpm4 import MiniCPM4Config
+
     from ..models import voxcpm2_config
     cfg = voxcpm2_config(preset)["lm_config"]
     if layers is not None:
@@ -27,8 +28,10 @@ def _lm_and_caches(preset: str, layers: Optional[int], dt, device, max_length: i
     the two caches to compare: upstream's StaticKVCache and a RightSizedKVCache of the same geometry."""
     from voxcpm.modules.minicpm4 import MiniCPMModel
     from voxcpm.modules.minicpm4.cache import StaticKVCache
+
     from ..cache import RightSizedKVCache
-    from ..patch import _cache_bucket, original_functions, swapped
+    from ..patch import original_functions, swapped
+    from ..steps import cache_granularity
 
     cfg = _lm_config(preset, layers)
     state = torch.random.get_rng_state()
@@ -40,7 +43,7 @@ def _lm_and_caches(preset: str, layers: Optional[int], dt, device, max_length: i
     geo = (cfg.num_hidden_layers, cfg.num_key_value_heads, D, 1, device, dt)
     caches = {"upstream": StaticKVCache(*geo, max_length=max_length),
               "patched": RightSizedKVCache(*geo, max_length=max_length,
-                                           bucket=_cache_bucket(cfg, device, dt, max_length, bucket))}
+                                           bucket=cache_granularity(cfg, device, dt, max_length, bucket))}
     return lm, cfg, D, caches
 
 
@@ -83,7 +86,7 @@ def decode_step_sweep(positions: Sequence[int], *, preset: str = "small", layers
         _start_request(caches, _prefill(cfg, D, p, g, device, dt), p)
         pos = torch.tensor([p], device=device)
 
-        def call(name):
+        def call(name, pos=pos):
             def run():
                 lm.kv_cache = caches[name]
                 with swapped(fns[name]), torch.inference_mode():
@@ -140,8 +143,9 @@ def compiled_step_sweep(positions: Sequence[int], *, preset: str = "tiny", layer
         _start_request(caches, _prefill(cfg, D, p, g, device, dt), p)
         pos = torch.tensor([p], device=device)
 
-        def call(name):
+        def call(name, pos=pos):
             v, f = step[name]
+
             def run():
                 lm.kv_cache = static if v == "upstream" else right
                 with swapped(fns[v]), torch.inference_mode():

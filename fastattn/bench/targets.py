@@ -69,11 +69,12 @@ def check_targets(records: dict) -> list[dict]:
     for key, goal in (("decode_bf16", 0.4), ("decode_fp32", 0.85)):
         rec = records.get(key)
         if rec:
-            up, pa = _row(rec["rows"], variant="upstream", position=256), _row(rec["rows"], variant="patched", position=256)
+            up = _row(rec["rows"], variant="upstream", position=256)
+            pa = _row(rec["rows"], variant="patched", position=256)
             if up and pa:
                 r = pa["median_ms"] / up["median_ms"]
-                add(f"decode step p=256 ({rec['params']['dtype']}, hidden {rec['params']['hidden']}): patched / upstream",
-                    r, f"<= {goal}", r <= goal)
+                what = f"{rec['params']['dtype']}, hidden {rec['params']['hidden']}"
+                add(f"decode step p=256 ({what}): patched / upstream", r, f"<= {goal}", r <= goal)
     kv = records.get("kv")
     if kv:
         add(f"KV of a {kv['params']['prefill'] + kv['params']['steps']}-token request: patched / upstream",
@@ -88,30 +89,10 @@ def check_targets(records: dict) -> list[dict]:
         note = (f"Amdahl: upstream's LM decode attention is {att / wall:.0%} of its wall time and the local DiT "
                 f"{dit / wall:.0%}; removing all attention time alone would leave about {bound:.2f}. The target "
                 "needs attention to be over half of a step, which it is not on this device" if bound > 0.5 else "")
-        add(f"whole decode ({whole['params']['preset']}, {whole['params']['dtype']}, {whole['params']['steps']} steps): "
-            "patched / upstream wall", whole["ratio"], "<= 0.50", whole["ratio"] <= 0.5, note)
+        wp = whole["params"]
+        add(f"whole decode ({wp['preset']}, {wp['dtype']}, {wp['steps']} steps): patched / upstream wall",
+            whole["ratio"], "<= 0.50", whole["ratio"] <= 0.5, note)
         add("whole decode output bit-identical", whole["identical"], "True", whole["identical"])
     return out
 
 
-def headline(att: dict, dec: dict, whole: dict, targets: list, position: int = 256) -> dict:
-    """The profiling notebook's findings, read from its records: ratios at ``position``, the whole-decode
-    ratio and identity, the LMs' decode-attention share of wall time, and how many targets were met."""
-    def at(rec, key, value):
-        row = _row(rec["rows"], **{key: value, "position": position})
-        return row["median_ms"] if row else float("nan")
-
-    a, d16, d32 = att["float32"], dec["bfloat16"], dec["float32"]
-    share = {v: sum(r["lm_attention_s"] for r in whole["rows"] if r["variant"] == v) /
-             sum(r["wall_s"] for r in whole["rows"] if r["variant"] == v) for v in ("upstream", "patched")}
-    p = whole["params"]
-    return {
-        f"attention fp32 at p={position}: exact / reference": at(a, "mode", "exact") / at(a, "mode", "reference"),
-        f"attention fp32 at p={position}: fast / reference": at(a, "mode", "fast") / at(a, "mode", "reference"),
-        f"decode step bf16 at p={position}: patched / upstream": at(d16, "variant", "patched") / at(d16, "variant", "upstream"),
-        f"decode step fp32 at p={position}: patched / upstream": at(d32, "variant", "patched") / at(d32, "variant", "upstream"),
-        f"whole decode ({p['preset']}, {p['dtype']}, {p['steps']} steps): patched / upstream wall": whole["ratio"],
-        "whole decode output bit-identical": whole["identical"],
-        "LM decode attention share of wall time (upstream, patched)": f"{share['upstream']:.2f}, {share['patched']:.2f}",
-        "targets met": f"{sum(t['passed'] for t in targets)}/{len(targets)}",
-    }

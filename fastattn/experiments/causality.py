@@ -1,28 +1,16 @@
-"""Correctness sweeps the causality notebook plots: exact vs reference bit for bit, fast and
-reference vs a float64 reference, over dense position sweeps. Plain data out, no plotting."""
+"""Notebook 03's experiments: exact vs reference bit for bit, fast and both vs float64, the calibration
+ladder, a padded batch through MaskInfo, stale NaN past the length. Plain data out, no plotting."""
 
 from __future__ import annotations
 
-import math
 from typing import Optional, Sequence
 
 import torch
 
-from .attention import attention_step
+from ..attention import attention_step, f64_attention
+from ..modes import MODES
 
-__all__ = ["f64_attention", "exactness_sweep", "first_divergence", "calibration_ladders"]
-
-
-def f64_attention(q, k, v, length: int) -> torch.Tensor:
-    """Float64 decode attention over keys [0, length), bottom-right causal; GQA by repetition."""
-    lq = q.shape[2]
-    g = q.shape[1] // k.shape[1]
-    kk = k[:, :, :length].double().repeat_interleave(g, 1)
-    vv = v[:, :, :length].double().repeat_interleave(g, 1)
-    s = q.double() @ kk.transpose(-1, -2) / math.sqrt(q.shape[-1])
-    rows = torch.arange(lq, device=q.device).view(-1, 1) + (length - lq)
-    s = s.masked_fill(torch.arange(length, device=q.device).view(1, -1) > rows, float("-inf"))
-    return torch.softmax(s, -1) @ vv
+__all__ = ["exactness_sweep", "calibration_ladders", "padded_batch_check", "stale_nan_check"]
 
 
 @torch.no_grad()
@@ -54,18 +42,28 @@ def exactness_sweep(positions: Sequence[int], *, capacity: int = 2048, dtypes=("
     return rows
 
 
-def first_divergence(a: torch.Tensor, b: torch.Tensor, *, axis: int = -1, chunk: int = 1) -> dict:
-    """Where two sequences (e.g. two decodes' waveforms) first differ and by how much."""
-    n = min(a.shape[axis], b.shape[axis])
-    a, b = a.narrow(axis, 0, n), b.narrow(axis, 0, n)
-    diff = (a.double() - b.double()).abs()
-    ax = axis % diff.dim()
-    other = [d for d in range(diff.dim()) if d != ax]
-    per = diff.amax(dim=other) if other else diff
-    nz = torch.nonzero(per > 0)
-    first = int(nz[0, 0]) // chunk if len(nz) else None
-    return {"identical": first is None and a.shape == b.shape, "first_diff_index": first,
-            "max_abs_diff": diff.max().item() if diff.numel() else 0.0, "compared": n}
+def calibration_ladders(device="cpu", *, capacity: int = 8192, dtypes=("float32", "bfloat16"), lqs=(1, 5),
+                        hq: int = 16, hkv: int = 2, head_dim: int = 128, draws: int = 3) -> list[dict]:
+    """The exactness calibration ladder (every candidate measured) per dtype and query length.
+
+    One row per (dtype, lq, candidate): whether that window granularity is eligible by
+    construction, whether it was bit-identical at every length and draw, the max |difference|,
+    and which granularity the default ``exact`` uses for that call geometry (``chosen``).
+    """
+    from ..exactness import calibrate_exact
+
+    rows = []
+    for name in dtypes:
+        for lq in lqs:
+            cal = calibrate_exact(device, getattr(torch, name), hq=hq, hkv=hkv, head_dim=head_dim,
+                                  capacity=capacity, lq=lq, draws=draws, exhaustive=True)
+            for r in cal["ladder"]:
+                rows.append({"dtype": name, "lq": lq, "candidate": r["candidate"], "eligible": r["eligible"],
+                             "bit_identical": r["bit_identical"], "max_abs_diff": r["max_abs_diff"],
+                             "lengths": r["lengths_checked"], "draws": r["draws"],
+                             "first_diff_length": r["first_diff_length"], "chosen": cal["bucket"],
+                             "kernel": cal["kernel"], "seconds": cal["seconds"]})
+    return rows
 
 
 def padded_batch_check(*, lengths=(37, 200, 5), Lq: int = 3, Lk: int = 256, hq: int = 8, hkv: int = 2,
@@ -74,7 +72,7 @@ def padded_batch_check(*, lengths=(37, 200, 5), Lq: int = 3, Lk: int = 256, hq: 
     ``MaskInfo(keys, causal=True, padding="left")``: against SDPA with the dense mask (bit for bit),
     against a float64 reference per row, and with ``check=True`` verifying the structure.
     With left padding every row's real keys end at key Lk-1, so bottom-right causality is each row's own."""
-    from .masks import MaskInfo, attention
+    from ..masks import MaskInfo, attention
     g = torch.Generator().manual_seed(seed)
     B = len(lengths)
     q = torch.randn(B, hq, Lq, head_dim, generator=g)
@@ -94,14 +92,14 @@ def padded_batch_check(*, lengths=(37, 200, 5), Lq: int = 3, Lk: int = 256, hq: 
 
 def stale_nan_check(*, capacity: int = 1024, length: int = 300, seed: int = 0) -> dict:
     """NaN stored past ``length``: which modes it reaches, and whether RightSizedKVCache clears it."""
-    from .cache import RightSizedKVCache
+    from ..cache import RightSizedKVCache
     g = torch.Generator().manual_seed(seed)
     q = torch.randn(1, 16, 1, 128, generator=g)
     k = torch.randn(1, 2, capacity, 128, generator=g)
     v = torch.randn(1, 2, capacity, 128, generator=g)
     k[:, :, length:] = float("nan")
     v[:, :, length:] = float("nan")
-    finite = {m: bool(torch.isfinite(attention_step(q, k, v, length, mode=m)).all()) for m in ("reference", "exact", "fast")}
+    finite = {m: bool(torch.isfinite(attention_step(q, k, v, length, mode=m)).all()) for m in MODES}
     c = RightSizedKVCache(1, 2, 128, 1, "cpu", torch.float32, max_length=capacity)
     c.fill_caches([(k[:, :, :length + 200], v[:, :, :length + 200])])  # an earlier, longer request ...
     c._storage[...] = float("nan")  # ... leaving garbage everywhere
@@ -110,27 +108,3 @@ def stale_nan_check(*, capacity: int = 1024, length: int = 300, seed: int = 0) -
     kk, vv = c.get_layer_cache(0)
     after = {m: bool(torch.isfinite(attention_step(q, kk, vv, p + 1, mode=m)).all()) for m in ("reference", "exact")}
     return {"finite_output_with_nan_past_length": finite, "finite_after_rightsized_fill": after}
-
-
-def calibration_ladders(device="cpu", *, capacity: int = 8192, dtypes=("float32", "bfloat16"), lqs=(1, 5),
-                        hq: int = 16, hkv: int = 2, head_dim: int = 128, draws: int = 3) -> list[dict]:
-    """The exactness calibration ladder (every candidate measured) per dtype and query length.
-
-    One row per (dtype, lq, candidate): whether that window granularity is eligible by
-    construction, whether it was bit-identical at every length and draw, the max |difference|,
-    and which granularity the default ``exact`` uses for that call geometry (``chosen``).
-    """
-    from .exactness import calibrate_exact
-
-    rows = []
-    for name in dtypes:
-        for lq in lqs:
-            cal = calibrate_exact(device, getattr(torch, name), hq=hq, hkv=hkv, head_dim=head_dim,
-                                  capacity=capacity, lq=lq, draws=draws, exhaustive=True)
-            for r in cal["ladder"]:
-                rows.append({"dtype": name, "lq": lq, "candidate": r["candidate"], "eligible": r["eligible"],
-                             "bit_identical": r["bit_identical"], "max_abs_diff": r["max_abs_diff"],
-                             "lengths": r["lengths_checked"], "draws": r["draws"],
-                             "first_diff_length": r["first_diff_length"], "chosen": cal["bucket"],
-                             "kernel": cal["kernel"], "seconds": cal["seconds"]})
-    return rows

@@ -1,0 +1,103 @@
+"""Notebook 04's experiments: whole decodes against upstream, and the ``torch.compile`` trap of the slice fix."""
+
+from __future__ import annotations
+
+import torch
+
+from ..graphs import graph_counts, reset_graph_counts
+from ..patch import PatchError, cache_bytes, patch_status, patch_voxcpm
+
+__all__ = ["compare_with_upstream", "compile_demo", "naive_slice_forward_step"]
+
+
+def compare_with_upstream(model, *, text: str, steps: int, mode: str = "exact", cache: bool = True,
+                          streaming: bool = False, seed: int = 0, inference_timesteps: int = 2) -> dict:
+    """Decode ``text`` for ``steps`` steps unpatched, then patched; compare the outputs chunk by chunk.
+
+    Returns ``identical`` (whole output ``torch.equal``), per-chunk identity
+    (streaming: one chunk per decode step), the first differing chunk, the max
+    |difference| and both runs' KV bytes. The model is left unpatched.
+    """
+    if patch_status()["applied"]:
+        raise PatchError("compare_with_upstream needs voxcpm unpatched to start; revert() the active patch first")
+
+    def run():
+        torch.manual_seed(seed)
+        kw = dict(min_len=steps, max_len=steps, inference_timesteps=inference_timesteps)
+        chunks = list(model.generate_streaming(text, **kw)) if streaming else [model.generate(text, **kw)]
+        return chunks, cache_bytes(model)["total"], model.base_lm.kv_cache.current_length
+
+    up, up_kv, length = run()
+    with patch_voxcpm(model, mode=mode, cache=cache):
+        ours, our_kv, _ = run()
+    per = [bool(a.shape == b.shape and (a == b).all()) for a, b in zip(up, ours)]
+    diffs = [float((a.double() - b.double()).abs().max()) if a.shape == b.shape else float("inf")
+             for a, b in zip(up, ours)]
+    return {"mode": mode, "cache": cache, "streaming": streaming, "steps": steps, "final_length": length,
+            "identical": len(up) == len(ours) and all(per), "chunks": len(up), "chunks_identical": sum(per),
+            "first_diff_chunk": next((i for i, ok in enumerate(per) if not ok), None),
+            "max_abs_diff": max(diffs) if diffs else 0.0, "upstream_kv_bytes": up_kv, "patched_kv_bytes": our_kv}
+
+
+def naive_slice_forward_step(self, hidden_states, position_emb, position_id, kv_cache):
+    """Seed 000's (and PR #199's) fix, for demonstration only: slice the cache by the tensor position.
+
+    Correct eagerly (within rounding), but ``cache[:, :, :position_id + 1]`` is a
+    data-dependent shape: under ``torch.compile(fullgraph=True)`` it fails.
+    """
+    from voxcpm.modules.minicpm4.model import apply_rotary_pos_emb
+    bsz, _ = hidden_states.size()
+    q = self.q_proj(hidden_states).view(bsz, 1, self.num_heads, self.head_dim).transpose(1, 2)
+    k = self.k_proj(hidden_states).view(bsz, 1, self.num_key_value_heads, self.head_dim).transpose(1, 2)
+    v = self.v_proj(hidden_states).view(bsz, 1, self.num_key_value_heads, self.head_dim).transpose(1, 2)
+    if position_emb is not None:
+        q, k = apply_rotary_pos_emb(q, k, *position_emb)
+    key_cache, value_cache = kv_cache
+    key_cache[:, :, position_id, :] = k
+    value_cache[:, :, position_id, :] = v
+    out = torch.nn.functional.scaled_dot_product_attention(
+        q, key_cache[:, :, :position_id + 1, :], value_cache[:, :, :position_id + 1, :], enable_gqa=True)
+    return self.o_proj(out.transpose(1, 2).contiguous().reshape(bsz, self.num_heads * self.head_dim))
+
+
+def compile_demo(variant: str, *, steps: int = 160, bucket: int = 16, text: str = "hello world " * 4,
+                 seed: int = 0) -> dict:
+    """Compile a fresh tiny model's base LM step like upstream's optimize() (fullgraph, cheap backend) and decode.
+
+    ``variant``: ``"upstream"`` (unpatched), ``"naive_slice"`` (seed 000's fix),
+    ``"patched"`` (fastattn exact + right-sized cache with ``bucket``-slot buckets).
+    Returns graph counts, the error (if compiling failed), and whether the
+    compiled output equals the eager output of the same variant.
+    """
+    from ..models import build_voxcpm2, silence_progress
+    from ..patch import original_functions, patch_voxcpm, swapped
+    if variant not in ("upstream", "naive_slice", "patched"):
+        raise ValueError(f"variant must be 'upstream', 'naive_slice' or 'patched'; got {variant!r}")
+    silence_progress()
+    fns = dict(original_functions())
+    if variant == "naive_slice":
+        fns["MiniCPMAttention.forward_step"] = naive_slice_forward_step
+    handle = None
+    with swapped(fns if variant != "patched" else {}):
+        model = build_voxcpm2("tiny", dtype="float32", seed=seed)
+        if variant == "patched":
+            handle = patch_voxcpm(model, bucket=bucket)
+        try:
+            run = lambda: (torch.manual_seed(seed), model.generate(text, min_len=steps, max_len=steps,
+                                                                   inference_timesteps=1))[1]
+            eager = run()
+            torch._dynamo.reset()
+            reset_graph_counts()
+            model.base_lm.forward_step = torch.compile(model.base_lm.forward_step, backend="eager", fullgraph=True)
+            error, equal = None, None
+            try:
+                equal = bool(torch.equal(run(), eager))
+            except Exception as exc:
+                error = f"{type(exc).__name__}: {' '.join(str(exc).split())[:300]}"
+            length = model.base_lm.kv_cache.current_length
+        finally:
+            if handle is not None:
+                handle.revert()
+            torch._dynamo.reset()
+    return {"variant": variant, **graph_counts(), "error": error, "equal_to_eager": equal, "final_length": length,
+            "buckets_touched": -(-length // bucket) if variant == "patched" else None}
