@@ -167,7 +167,7 @@ def test_compiled_step_sweep_one_graph_per_variant():
     assert rec["graphs"]["unique_graphs"] <= 2 + 1  # one per variant (+1 if the window's first size specialises)
 
 
-REF = Path(__file__).resolve().parents[1] / "data" / "results" / "cpu-xeon-avx512-2threads-torch2.13.0"
+REF = Path(__file__).resolve().parents[1] / "data" / "results" / "cpu-epyc-avx512-2threads-torch2.13.0"
 
 
 def test_readme_figures_are_the_reference_records():
@@ -186,6 +186,15 @@ def test_readme_figures_are_the_reference_records():
         f"{pa / up:.2f}x in bf16",
         f"`exact` {targets['attention p=256, cap 8192, fp32: exact / reference']:.2f}x",
         f"`fast` {targets['attention p=256, cap 8192, fp32: fast / reference']:.2f}x",
+        f"{targets['attention p=2048, bfloat16: fast / slice fix (seed 000)']:.2f}x in bf16 and "
+        f"{targets['attention p=2048, float32: fast / slice fix (seed 000)']:.2f}x in fp32 at position 2048",
+        f"({targets['attention p=4096, bfloat16: fast / slice fix (seed 000)']:.2f}x / "
+        f"{targets['attention p=4096, float32: fast / slice fix (seed 000)']:.2f}x at 4096)",
+        f"({targets[next(t for t in targets if t.startswith('attention float32: fast'))]:.2f}x fp32, "
+        f"{targets[next(t for t in targets if t.startswith('attention bfloat16: fast'))]:.2f}x bf16 at worst)",
+        f"{targets['attention p=4096, fp32: fast / DRAM floor (live K+V once)']:.1f}x",
+        f"moves its cache {targets[next(t for t in targets if t.endswith('storage moves'))]} times "
+        f"({targets[next(t for t in targets if t.endswith('total time in step(), s'))]:.2f} s in `step()`",
     ]
     for text in expected:
         assert text in readme, text
