@@ -83,6 +83,9 @@ def _check_tensors(q, k_cache, v_cache) -> None:
         raise ValueError(f"query heads (q.shape[1]={hq}) must be a multiple of KV heads (k_cache.shape[1]={hkv})")
     if not (q.dtype == k_cache.dtype == v_cache.dtype):
         raise TypeError(f"dtypes differ: q {q.dtype}, k_cache {k_cache.dtype}, v_cache {v_cache.dtype}")
+    if not q.dtype.is_floating_point:
+        raise TypeError(f"q, k_cache and v_cache must be floating point (float32, bfloat16, float16, float64), "
+                        f"got {q.dtype}")
     if not (q.device == k_cache.device == v_cache.device):
         raise ValueError(f"devices differ: q {q.device}, k_cache {k_cache.device}, v_cache {v_cache.device}")
 
@@ -311,6 +314,9 @@ def check_exactness(device, dtype, *, hq: int = 16, hkv: int = 2, head_dim: int 
     _check_bucket(bucket)
     device = torch.device(device)
     capacity = capacity or 4 * bucket
+    if capacity > 1 << 20:
+        raise ValueError(f"bucket={bucket} (capacity {capacity}): the self-check would allocate a {capacity}-slot "
+                         "cache; expected a bucket of at most 262144 (a window never exceeds the cache)")
     if positions is None:
         positions = sorted({0, 1, 15, 16, bucket - 1, bucket, bucket + 1, 2 * bucket + 7, 3 * bucket - 1, capacity - 1})
     positions = [p for p in positions if 0 <= p < capacity]

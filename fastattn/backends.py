@@ -32,7 +32,7 @@ import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from .attention import f64_attention, window_for
-from .devices import dtype_name, quiet_native_stderr, resolve_device
+from .devices import dtype_name, dtype_of, quiet_native_stderr, resolve_device
 
 __all__ = ["SDPAReport", "explain_sdpa", "backend_matrix", "device_backends", "KERNEL_OPS"]
 
@@ -231,7 +231,8 @@ def backend_matrix(device="cpu", dtype=None, *, capacity: int = 8192, position: 
     device = resolve_device(device)
     if not 0 <= position < capacity:
         raise ValueError(f"position must be in [0, capacity={capacity}), got {position}")
-    dtypes = [dtype] if dtype is not None else [torch.float32, torch.bfloat16, torch.float16]  # those that run
+    # an asked-for dtype must run (a clear error otherwise); by default those of fp32/bf16/fp16 that run here
+    dtypes = [dtype_of(dtype)] if dtype is not None else [torch.float32, torch.bfloat16, torch.float16]
     g = torch.Generator().manual_seed(seed)
     rows = []
 
@@ -258,7 +259,10 @@ def backend_matrix(device="cpu", dtype=None, *, capacity: int = 8192, position: 
                 v = torch.randn(1, hkv, capacity, D, generator=g).to(device=device, dtype=dt)
                 q = torch.randn(1, hq, 1, D, generator=g).to(device=device, dtype=dt)
                 F.scaled_dot_product_attention(q, k[:, :, :4], v[:, :, :4], enable_gqa=True)
-            except Exception:  # this device has no kernel for this dtype
+            except Exception as exc:  # this device has no kernel for this dtype
+                if dtype is not None and D == head_dim:
+                    raise ValueError(f"dtype={dtype_name(dt)}: SDPA cannot run it on {device} "
+                                     f"({type(exc).__name__}: {str(exc)[:120]})") from None
                 continue
             n = position + 1
             bool_mask = (torch.arange(capacity, device=device) <= position).view(1, 1, 1, -1)

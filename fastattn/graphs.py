@@ -28,11 +28,15 @@ from __future__ import annotations
 
 import functools
 import logging
+import weakref
 from typing import Optional
 
 import torch
 
-__all__ = ["optimize", "graph_counts", "reset_graph_counts"]
+__all__ = ["optimize", "deoptimize", "graph_counts", "reset_graph_counts", "OPTIMIZED"]
+
+#: models :func:`optimize` compiled (a patch revert deoptimizes them)
+OPTIMIZED: weakref.WeakSet = weakref.WeakSet()
 
 log = logging.getLogger("fastattn")
 
@@ -102,6 +106,19 @@ def optimize(model, *, compile_mode: Optional[str] = None, backend: str = "induc
             if hasattr(cache, "set_static_address"):
                 cache.set_static_address(True)
     model.fastattn_compiled = report
+    OPTIMIZED.add(model)
+    return model
+
+
+def deoptimize(model):
+    """Undo :func:`optimize`: drop the compiled wrappers, back to the class functions (``revert()`` calls it:
+    a compiled graph keeps running the functions it traced). Returns the model."""
+    for obj, attr in _parts(model).values():
+        if getattr(obj.__dict__.get(attr), "__fastattn_compiled__", False):
+            del obj.__dict__[attr]
+    model.__dict__.pop("_feat_encoder_raw", None)
+    model.__dict__.pop("fastattn_compiled", None)
+    OPTIMIZED.discard(model)
     return model
 
 

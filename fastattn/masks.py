@@ -141,8 +141,17 @@ def attention(q, k, v, *, mask=None, mask_info: Optional[MaskInfo] = None, scale
     for name, t in (("q", q), ("k", k), ("v", v)):
         if not isinstance(t, torch.Tensor) or t.dim() != 4:
             raise ValueError(f"{name} must be a 4-D tensor (B, H, L, D), got {getattr(t, 'shape', type(t).__name__)}")
-    if mask is not None and mask.dtype != torch.bool:
-        raise TypeError(f"mask must be a bool tensor (True = attend), got {mask.dtype}")
+    if mask is not None and (not isinstance(mask, torch.Tensor) or mask.dtype != torch.bool):
+        got = getattr(mask, "dtype", type(mask).__name__)
+        raise TypeError(f"mask must be a bool tensor (True = attend), got {got}")
+    if mask is not None:
+        dense = (q.shape[0], q.shape[1], q.shape[2], k.shape[2])
+        try:  # what SDPA accepts: broadcastable to (B, Hq, Lq, Lk), never truncated or stretched along keys
+            ok = torch.broadcast_shapes(tuple(mask.shape), dense) == dense and mask.shape[-1] == k.shape[2]
+        except RuntimeError:
+            ok = False
+        if not ok or mask.dim() > 4:
+            raise ValueError(f"mask of shape {tuple(mask.shape)} does not broadcast to (B, Hq, Lq, Lk) = {dense}")
     if mask_info is not None and not isinstance(mask_info, MaskInfo):
         raise TypeError(f"mask_info must be a MaskInfo, got {type(mask_info).__name__}")
     Lq, Lk = q.shape[2], k.shape[2]

@@ -27,8 +27,10 @@ function objects (identity) and gives converted models upstream caches again.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import inspect
+import logging
 import threading
 import weakref
 from contextlib import contextmanager
@@ -43,7 +45,9 @@ from .modes import REGISTRY, mode_spec
 from .steps import cache_granularity, make_attention_forward_step, make_model_forward_step, make_setup_cache
 
 __all__ = ["patch_voxcpm", "patch_status", "VoxcpmPatch", "PatchError", "fingerprints", "VERIFIED", "TARGETS",
-           "installed_functions"]
+           "installed_functions", "in_flight"]
+
+log = logging.getLogger("fastattn")
 
 #: sha256 (first 16 hex digits) of ``inspect.getsource`` of each function the patch replaces, per verified voxcpm.
 VERIFIED = {
@@ -87,9 +91,8 @@ def _targets():
 def fingerprints() -> dict:
     """Fingerprint of each function the patch replaces, as installed now (unpatched originals when applied)."""
     targets = _targets()
-    if _ACTIVE is not None:
-        for name, fn in _ACTIVE._originals.items():
-            targets[name] = fn
+    if _STATE is not None:
+        targets.update(_STATE.originals)
     return {name: hashlib.sha256(inspect.getsource(obj).encode()).hexdigest()[:16] for name, obj in targets.items()}
 
 
@@ -135,8 +138,8 @@ def installed_functions() -> dict:
 def original_functions() -> dict:
     """Upstream's class functions (the saved originals while a patch is applied)."""
     fns = installed_functions()
-    if _ACTIVE is not None:
-        fns.update(_ACTIVE._originals)
+    if _STATE is not None:
+        fns.update(_STATE.originals)
     return fns
 
 
@@ -157,11 +160,58 @@ def swapped(fns: dict):
             _install(name, fn)
 
 
-# --------------------------------------------------------------------------- the handle
+# --------------------------------------------------------------------------- requests in flight
 _LOCK = threading.RLock()
-_ACTIVE: Optional[VoxcpmPatch] = None
+_INFLIGHT: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model -> decodes running now
+
+#: voxcpm's decode generators (every generate / streaming / prompt-cache entry point runs one): wrapped, once
+#: per process, by a counter so the patch knows when a request is running. Behaviour-neutral.
+TRACKED = (("voxcpm.model.voxcpm2", "VoxCPM2Model", "_inference"), ("voxcpm.model.voxcpm", "VoxCPMModel", "_inference"))
 
 
+def _tracked(fn):
+    @functools.wraps(fn)
+    def _inference(self, *args, **kwargs):
+        with _LOCK:
+            _INFLIGHT[self] = _INFLIGHT.get(self, 0) + 1
+        try:
+            yield from fn(self, *args, **kwargs)
+        finally:
+            _request_ended(self)
+
+    _inference.__fastattn_tracked__ = True
+    return _inference
+
+
+def _track_requests() -> None:
+    import importlib
+
+    compat.ensure_torchaudio()
+    for mod, cls_name, attr in TRACKED:
+        cls = getattr(importlib.import_module(mod), cls_name)
+        if not getattr(cls.__dict__[attr], "__fastattn_tracked__", False):
+            setattr(cls, attr, _tracked(cls.__dict__[attr]))
+
+
+def in_flight(model=None) -> int:
+    """Decodes running now (on ``model``, or on any model)."""
+    with _LOCK:
+        return _INFLIGHT.get(model, 0) if model is not None else sum(_INFLIGHT.values())
+
+
+def _request_ended(model) -> None:
+    with _LOCK:
+        n = _INFLIGHT.get(model, 1) - 1
+        if n > 0:
+            _INFLIGHT[model] = n
+        else:
+            _INFLIGHT.pop(model, None)
+        finish = _STATE is not None and _STATE.pending_revert and not any(_INFLIGHT.values())
+    if finish:
+        _STATE.undo()
+
+
+# --------------------------------------------------------------------------- the applied patch and its holders
 def _lms(model):
     lms = [getattr(model, name, None) for name in ("base_lm", "residual_lm")]
     lms = [lm for lm in lms if lm is not None]
@@ -172,6 +222,9 @@ def _lms(model):
 
 
 def _check_not_compiled(model) -> None:
+    from .graphs import OPTIMIZED
+    if model in OPTIMIZED:
+        return  # fastattn.optimize: its wrappers compile whatever the class holds when first called
     for name in ("base_lm", "residual_lm"):
         lm = getattr(model, name, None)
         if lm is not None and "forward_step" in lm.__dict__:
@@ -190,29 +243,21 @@ def _static_to_rightsized(lm, cache, bucket):
                              bucket=cache_granularity(lm.config, k.device, k.dtype, cache.max_length, bucket))
 
 
-class VoxcpmPatch:
-    """Handle of an applied patch; a context manager. ``revert()`` is idempotent."""
+class _Applied:
+    """The one patch applied to voxcpm's classes, shared by every handle holding it."""
 
-    def __init__(self, mode: str, cache: bool, bucket: int, verification: dict):
-        self.mode, self.cache, self.bucket = mode, cache, bucket
-        self.verification = verification
-        self._originals: dict = {}
-        self._converted: weakref.WeakSet = weakref.WeakSet()
-        self.applied = False
-
-    @property
-    def settings(self) -> dict:
-        return {"mode": self.mode, "cache": self.cache, "bucket": self.bucket}
-
-    def _apply(self) -> None:
-        fns = variant_functions(self.mode, cache=self.cache, bucket=self.bucket)
-        self._originals = {name: _installed(name) for name in fns}
+    def __init__(self, mode: str, cache: bool, bucket, verification: dict):
+        self.mode, self.cache, self.bucket, self.verification = mode, cache, bucket, verification
+        self.settings = {"mode": mode, "cache": cache, "bucket": bucket}
+        self.holders: set = set()
+        self.converted: weakref.WeakSet = weakref.WeakSet()
+        self.pending_revert = False
+        fns = variant_functions(mode, cache=cache, bucket=bucket)
+        self.originals = {name: _installed(name) for name in fns}
         for name, fn in fns.items():
             _install(name, fn)
-        self.applied = True
 
     def convert(self, model) -> None:
-        """Check ``model`` and, with ``cache=True``, give its LMs right-sized caches."""
         lms = _lms(model)
         _check_not_compiled(model)
         if not self.cache:
@@ -221,37 +266,92 @@ class VoxcpmPatch:
         for lm in lms:
             if isinstance(lm.kv_cache, c.StaticKVCache):
                 lm.kv_cache = _static_to_rightsized(lm, lm.kv_cache, self.bucket)
-                self._converted.add(lm)
+                self.converted.add(lm)
 
-    def revert(self) -> None:
-        """Restore the original functions (by identity) and upstream caches on converted models."""
-        global _ACTIVE
+    def release(self, holder) -> None:
+        """``holder`` lets go; the last one reverts, after any decode in flight has ended."""
         with _LOCK:
-            if not self.applied:
+            self.holders.discard(id(holder))
+            if self.holders or self.pending_revert:
                 return
-            m, c = _modules()
-            for name, fn in self._originals.items():
+            if any(_INFLIGHT.values()):
+                self.pending_revert = True
+                log.warning("fastattn: revert() deferred: %d decode(s) in flight keep the patched functions "
+                            "and caches until they end", sum(_INFLIGHT.values()))
+                return
+        self.undo()
+
+    def undo(self) -> None:
+        """Restore the original functions (by identity), upstream caches and eager steps on every model touched."""
+        global _STATE
+        from .graphs import OPTIMIZED, deoptimize
+        from .steps import BUILT
+        with _LOCK:
+            if _STATE is not self:
+                return
+            for name, fn in self.originals.items():
                 _install(name, fn)
-            for lm in list(self._converted):
+            _, c = _modules()
+            for lm in list(self.converted) + list(BUILT):
                 old = lm.kv_cache
                 if isinstance(old, RightSizedKVCache):
                     lm.kv_cache = c.StaticKVCache(old.num_layers, old.num_kv_heads, old.dim_kv_head, old.batch_size,
                                                   old.device, old.dtype, max_length=old.max_length)
-            self._converted = weakref.WeakSet()
-            self.applied = False
-            if _ACTIVE is self:
-                _ACTIVE = None
+            BUILT.clear()
+            for model in list(OPTIMIZED):
+                deoptimize(model)
+                log.warning("fastattn: revert() dropped fastattn.optimize's compiled steps of a %s (they ran the "
+                            "patched functions); it runs eagerly now", type(model).__name__)
+            _STATE = None
+
+    def models(self) -> list:
+        from .steps import BUILT
+        out, seen = [], set()
+        for lm in list(self.converted) + list(BUILT):
+            if id(lm) not in seen:
+                seen.add(id(lm))
+                out.append({"lm": f"{type(lm).__name__}@{id(lm):x}", "cache": type(lm.kv_cache).__name__,
+                            "converted": lm in self.converted})
+        return out
+
+
+_STATE: Optional[_Applied] = None
+
+
+class VoxcpmPatch:
+    """One holder of the applied patch; a context manager. ``revert()`` lets go of it (idempotent).
+
+    The patch itself goes away when its last holder lets go, and not before any decode in flight ends."""
+
+    def __init__(self, state: _Applied):
+        self._state = state
+        state.holders.add(id(self))
+        self.mode, self.cache, self.bucket = state.mode, state.cache, state.bucket
+        self.verification = state.verification
+        self._held = True
+
+    @property
+    def applied(self) -> bool:
+        return self._held and _STATE is self._state
+
+    @property
+    def settings(self) -> dict:
+        return dict(self._state.settings)
+
+    def convert(self, model) -> None:
+        """Check ``model`` and, with ``cache=True``, give its LMs right-sized caches."""
+        self._state.convert(model)
+
+    def revert(self) -> None:
+        """Let go of the patch; the last holder restores upstream (see the class docstring)."""
+        with _LOCK:
+            if not self._held:
+                return
+            self._held = False
+        self._state.release(self)
 
     def status(self) -> dict:
-        return {"applied": self.applied, **self.settings, **self.verification,
-                "voxcpm": _voxcpm_version(), "patched": sorted(self._originals) if self.applied else [],
-                "converted_models": len(self._converted),
-                "exact_default": self.mode == "exact",
-                "granularity": ("calibrated" if self.bucket is None else f"int bucket {self.bucket} (self-checked)"),
-                "calibrations": [{k: c[k] for k in ("device", "dtype", "hq", "hkv", "head_dim", "capacity", "kernel",
-                                                    "bucket")}
-                                 for c in exactness_report() if c["check"] == "calibration" and c["lq"] == 1],
-                "note": REGISTRY[self.mode].note}
+        return _status(self._state)
 
     def __enter__(self):
         return self
@@ -260,8 +360,22 @@ class VoxcpmPatch:
         self.revert()
 
     def __repr__(self):
-        state = "applied" if self.applied else "reverted"
+        state = "applied" if self.applied else "released"
         return f"<fastattn voxcpm patch {state}: mode={self.mode!r} cache={self.cache} bucket={self.bucket}>"
+
+
+def _status(state: _Applied) -> dict:
+    return {"applied": _STATE is state, **state.settings, **state.verification,
+            "voxcpm": _voxcpm_version(), "patched": sorted(state.originals) if _STATE is state else [],
+            "holders": len(state.holders), "decodes_in_flight": in_flight(),
+            "revert_pending": state.pending_revert, "models": state.models(),
+            "converted_models": len(state.converted),
+            "exact_default": state.mode == "exact",
+            "granularity": ("calibrated" if state.bucket is None else f"int bucket {state.bucket} (self-checked)"),
+            "calibrations": [{k: c[k] for k in ("device", "dtype", "hq", "hkv", "head_dim", "capacity", "kernel",
+                                                "bucket")}
+                             for c in exactness_report() if c["check"] == "calibration" and c["lq"] == 1],
+            "note": REGISTRY[state.mode].note}
 
 
 def patch_voxcpm(model=None, *, mode: str = "exact", cache: bool = True, force: bool = False,
@@ -281,39 +395,48 @@ def patch_voxcpm(model=None, *, mode: str = "exact", cache: bool = True, force: 
             (a positive multiple of 16): that granularity, self-checked and warned about
             where it is not bit-identical.
 
-    Returns the :class:`VoxcpmPatch` handle (a context manager). Applying again
-    with the same settings returns the same handle; different settings while
-    applied raise :class:`PatchError`.
+    Returns a :class:`VoxcpmPatch` handle (a context manager). Handles nest: applying
+    again with the same settings adds a holder, and the patch goes away when the last
+    holder reverts. Different settings while applied raise :class:`PatchError`, and so
+    does patching while a decode is in flight (it would change a running request).
     """
-    global _ACTIVE
+    global _STATE
     mode_spec(mode)
     if not isinstance(cache, bool):
         raise TypeError(f"cache must be a bool, got {type(cache).__name__}")
     _check_bucket(bucket, allow_none=True)
+    if model is not None:
+        _lms(model)
+        _check_not_compiled(model)
     with _LOCK:
-        if _ACTIVE is not None:
-            want = {"mode": mode, "cache": cache, "bucket": bucket}
-            if _ACTIVE.settings != want:
-                raise PatchError(f"voxcpm is already patched with {_ACTIVE.settings}; revert() it before "
-                                 f"patching with {want}")
-        else:
-            if model is not None:
-                _lms(model)
-                _check_not_compiled(model)
-            handle = VoxcpmPatch(mode, cache, bucket, _verify(force))
-            handle._apply()
-            _ACTIVE = handle
+        _track_requests()
+        want = {"mode": mode, "cache": cache, "bucket": bucket}
+        if _STATE is not None and (_STATE.settings != want or _STATE.pending_revert):
+            why = ("its revert is pending until the decodes in flight end" if _STATE.pending_revert
+                   else f"with {_STATE.settings}")
+            raise PatchError(f"voxcpm is already patched {why}; revert() it before patching with {want}")
+        if model is not None and in_flight(model):
+            raise PatchError("a decode is in flight on this model; patch before it starts or after it ends "
+                             "(patching now would change a running request)")
+        if _STATE is None:
+            if in_flight():
+                raise PatchError(f"{in_flight()} decode(s) are in flight; patch when they have ended (a class-level "
+                                 "patch would change running requests)")
+            _STATE = _Applied(mode, cache, bucket, _verify(force))
+        handle = VoxcpmPatch(_STATE)
         if model is not None:
-            _ACTIVE.convert(model)
-        return _ACTIVE
+            _STATE.convert(model)
+        return handle
 
 
 def patch_status() -> dict:
-    """What is patched now and how (``{"applied": False, ...}`` when nothing is)."""
+    """What is patched now and how, which models hold what, decodes in flight (``{"applied": False, ...}``
+    when nothing is)."""
     with _LOCK:
-        if _ACTIVE is None:
-            return {"applied": False, "voxcpm": _voxcpm_version(), "fingerprints_match": _fingerprints_known()}
-        return _ACTIVE.status()
+        if _STATE is None:
+            return {"applied": False, "voxcpm": _voxcpm_version(), "fingerprints_match": _fingerprints_known(),
+                    "decodes_in_flight": in_flight()}
+        return _status(_STATE)
 
 
 def _fingerprints_known() -> Optional[str]:

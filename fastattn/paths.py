@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-__all__ = ["repo_root", "data_dir", "notebooks_dir", "reports_dir"]
+__all__ = ["repo_root", "data_dir", "notebooks_dir", "reports_dir", "atomic_write_text"]
 
 
 def repo_root() -> Path:
@@ -35,3 +35,20 @@ def notebooks_dir() -> Path:
 
 def reports_dir() -> Path:
     return repo_root() / "reports"
+
+
+def atomic_write_text(path, text: str) -> Path:
+    """Write ``text`` to ``path`` whole or not at all (a temporary file, flushed, then renamed): a full disk
+    leaves no cut-short file behind; the error propagates."""
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    try:
+        with open(tmp, "w") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    finally:
+        if tmp.exists():
+            tmp.unlink()
+    return path

@@ -15,6 +15,7 @@
 from __future__ import annotations
 
 import threading
+import weakref
 from typing import Optional
 
 import torch
@@ -156,8 +157,13 @@ def _live(position_id) -> int:
     return int(position_id.reshape(-1)[-1]) + 1 if isinstance(position_id, torch.Tensor) else int(position_id) + 1
 
 
+#: LMs whose cache the patched ``setup_cache`` built (so a revert can give them upstream's back)
+BUILT: weakref.WeakSet = weakref.WeakSet()
+
+
 def make_setup_cache(bucket):
     def setup_cache(self, batch_size, max_length, device, dtype):
+        BUILT.add(self)
         self.kv_cache = RightSizedKVCache(
             num_layers=self.config.num_hidden_layers,
             num_kv_heads=self.config.num_key_value_heads,

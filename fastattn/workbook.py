@@ -25,7 +25,7 @@ from typing import Optional
 
 from . import models as _models
 from .devices import DTYPES
-from .paths import notebooks_dir, reports_dir
+from .paths import atomic_write_text, notebooks_dir, reports_dir
 
 __all__ = ["check_params", "resolve_device", "provenance", "save_figure", "save", "table", "findings", "run_workbook",
            "notebooks", "PRESETS", "DTYPE_NAMES"]
@@ -60,12 +60,16 @@ def check_params(**params) -> dict:
     for name in ("capacity", "repeats", "steps"):
         if name in p and (isinstance(p[name], bool) or not isinstance(p[name], int) or p[name] < 1):
             raise ValueError(f"parameter {name}={p[name]!r}: expected a positive int")
+    if "seed" in p and (isinstance(p["seed"], bool) or not isinstance(p["seed"], int)):
+        raise ValueError(f"parameter seed={p['seed']!r}: expected an int")
+    if "interactive" in p and not isinstance(p["interactive"], bool):
+        raise ValueError(f"parameter interactive={p['interactive']!r}: expected true or false")
     if "positions" in p:
         pos = p["positions"]
-        if isinstance(pos, str):
-            pos = [int(x) for x in pos.replace(" ", "").split(",") if x]
-        if not pos or not all(isinstance(x, int) and x >= 0 for x in pos):
-            raise ValueError(f"parameter positions={p['positions']!r}: expected a non-empty list of ints >= 0")
+        if not isinstance(pos, (list, tuple)) or not pos or \
+                not all(isinstance(x, int) and not isinstance(x, bool) and x >= 0 for x in pos):
+            raise ValueError(f"parameter positions={p['positions']!r}: expected a non-empty list of ints >= 0, "
+                             "e.g. -p positions '[0, 256, 1024]'")
         cap = p.get("capacity")
         if cap is not None and max(pos) >= cap:
             raise ValueError(f"parameter positions: {max(pos)} is beyond capacity={cap} (positions must be < capacity)")
@@ -150,7 +154,7 @@ def findings(out_dir, items: dict) -> None:
     for k, v in items.items():
         vv = f"{v:.4g}" if isinstance(v, float) else v
         print(f"  - {k}: {vv}")
-    Path(out_dir, "findings.json").write_text(json.dumps(items, indent=1, default=str))
+    atomic_write_text(Path(out_dir, "findings.json"), json.dumps(items, indent=1, default=str))
 
 
 # --------------------------------------------------------------------------- runner
@@ -187,9 +191,7 @@ def _html(executed: Path) -> Path:
     import nbformat
     from nbconvert import HTMLExporter
     body, _ = HTMLExporter().from_notebook_node(nbformat.read(str(executed), as_version=4))
-    out = executed.with_suffix(".html")
-    out.write_text(body)
-    return out
+    return atomic_write_text(executed.with_suffix(".html"), body)
 
 
 def _index(run_dir: Path, summary: dict) -> None:
@@ -200,7 +202,7 @@ def _index(run_dir: Path, summary: dict) -> None:
         err = f"<pre>{escape(nb['error'])}</pre>" if nb.get("error") else ""
         rows += (f"<tr><td><a href='{escape(nb['html'] or nb['executed'])}'>{escape(nb['name'])}</a></td>"
                  f"<td>{escape(nb['status'])}</td><td>{nb['duration_s']:.1f} s</td><td><ul>{f}</ul>{err}</td></tr>")
-    (run_dir / "index.html").write_text(
+    atomic_write_text(run_dir / "index.html",
         f"<html><head><meta charset='utf-8'><title>fastattn workbook {escape(run_dir.name)}</title></head><body>"
         f"<h1>fastattn workbook run {escape(run_dir.name)}</h1><p>{escape(json.dumps(summary['parameters']))}</p>"
         f"<table border=1 cellpadding=4><tr><th>notebook</th><th>status</th><th>time</th><th>findings</th></tr>"
@@ -211,12 +213,13 @@ def run_workbook(params: Optional[dict] = None, *, only: Optional[list] = None, 
                  out: Optional[Path] = None, timeout: int = 1800, log=print) -> tuple[Path, dict]:
     """Run the notebooks; return (run folder, summary). A failure stops the run unless ``keep_going``."""
     params = dict(params or {})
-    device = resolve_device(str(params.get("device", "auto")))  # ValueError for cuda without CUDA
     nbs = notebooks()
     if only:
         nbs = [p for p in nbs if any(p.name.startswith(o) or p.stem == o for o in only)]
         if not nbs:
             raise ValueError(f"--only {only}: no notebook matches (have: {', '.join(p.name for p in notebooks())})")
+    _validate_run(params, nbs)
+    device = resolve_device(str(params.get("device", "auto")))  # ValueError for cuda without CUDA
     run_dir = _new_run_dir(device, out)
     kernel = _kernelspec(run_dir)
     saved_path = os.environ.get("JUPYTER_PATH")
@@ -228,9 +231,33 @@ def run_workbook(params: Optional[dict] = None, *, only: Optional[list] = None, 
             os.environ.pop("JUPYTER_PATH", None)
         else:
             os.environ["JUPYTER_PATH"] = saved_path
-    (run_dir / "summary.json").write_text(json.dumps(summary, indent=1, default=str))
+    atomic_write_text(run_dir / "summary.json", json.dumps(summary, indent=1, default=str))
     _index(run_dir, summary)
     return run_dir, summary
+
+
+def _validate_run(params: dict, nbs: list) -> None:
+    """Before anything runs: every parameter is declared by a selected notebook, has its one type, and fits
+    each notebook that takes it (positions within that notebook's capacity). A ValueError names it."""
+    import ast
+
+    import papermill as pm
+
+    declared = {nb.stem: pm.inspect_notebook(str(nb)) for nb in nbs}
+    names = set().union(*declared.values()) if declared else set()
+    unknown = sorted(set(params) - names)
+    if unknown:
+        raise ValueError(f"parameter {', '.join(map(repr, unknown))} is not declared by any selected notebook "
+                         f"(they declare: {', '.join(sorted(names - {'out_dir'}))})")
+    check_params(**{k: v for k, v in params.items() if k != "out_dir"})
+    if "positions" in params:
+        for stem, d in declared.items():
+            if "positions" in d and "capacity" in d:
+                cap = params.get("capacity", ast.literal_eval(d["capacity"]["default"]))
+                try:
+                    check_params(positions=params["positions"], capacity=cap)
+                except ValueError as exc:
+                    raise ValueError(f"{stem}: {exc}") from None
 
 
 def _run_all(nbs, params, run_dir: Path, device: str, kernel: str, keep_going: bool, timeout: int, log) -> dict:
@@ -267,8 +294,10 @@ def _run_all(nbs, params, run_dir: Path, device: str, kernel: str, keep_going: b
         if executed.exists():
             try:
                 entry["html"] = _html(executed).name
-            except Exception as exc:  # keep the executed notebook even when rendering fails
-                entry["html_error"] = str(exc)
+            except Exception as exc:  # keep the executed notebook; a run whose report failed is not "ok"
+                entry["html_error"] = f"{type(exc).__name__}: {exc}"
+                entry["status"], entry["error"] = "failed", f"{nb.name}: writing its HTML failed: {exc}"
+                failed = True
         fj = nb_out / "findings.json"
         entry["findings"] = json.loads(fj.read_text()) if fj.exists() else {}
         summary["notebooks"].append(entry)
@@ -279,6 +308,38 @@ def _run_all(nbs, params, run_dir: Path, device: str, kernel: str, keep_going: b
     summary["finished_utc"] = datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
     summary["status"] = "failed" if failed else "ok"
     return summary
+
+
+def _params_file(path: str) -> dict:
+    """A --params YAML file: a mapping of parameter names to values, or a ValueError naming the file."""
+    import yaml
+    p = Path(path)
+    if not p.is_file():
+        raise ValueError(f"--params {path}: no such file")
+    try:
+        data = yaml.safe_load(p.read_text())
+    except yaml.YAMLError as exc:
+        raise ValueError(f"--params {path}: not valid YAML ({str(exc).splitlines()[0]})") from None
+    if data is None:
+        return {}
+    if not isinstance(data, dict) or not all(isinstance(k, str) for k in data):
+        raise ValueError(f"--params {path}: expected a mapping of parameter names to values, got "
+                         f"{type(data).__name__}")
+    return dict(data)
+
+
+def _out_dir(path: str) -> Path:
+    """--out: an existing writable folder, or one that can be made; a ValueError naming it otherwise."""
+    p = Path(path).expanduser()
+    if p.exists() and not p.is_dir():
+        raise ValueError(f"--out {path}: exists and is not a folder")
+    try:
+        p.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise ValueError(f"--out {path}: cannot create it ({exc.strerror})") from None
+    if not os.access(p, os.W_OK | os.X_OK):
+        raise ValueError(f"--out {path}: not writable")
+    return p
 
 
 def _parse_value(text: str):
@@ -301,15 +362,13 @@ def main(argv=None) -> int:
     ap.add_argument("--out", help="parent folder of the run folder (default: reports/)")
     ap.add_argument("--timeout", type=int, default=1800, help="per-cell timeout in seconds")
     args = ap.parse_args(argv)
-    params = {}
-    if args.params:
-        import yaml
-        params.update(yaml.safe_load(Path(args.params).read_text()) or {})
-    params.update({k: _parse_value(v) for k, v in args.param})
     try:
-        run_dir, summary = run_workbook(params, only=args.only, keep_going=args.keep_going,
-                                        out=Path(args.out) if args.out else None, timeout=args.timeout)
-    except ValueError as exc:
+        params = _params_file(args.params) if args.params else {}
+        params.update({k: _parse_value(v) for k, v in args.param})
+        out = _out_dir(args.out) if args.out else None
+        run_dir, summary = run_workbook(params, only=args.only, keep_going=args.keep_going, out=out,
+                                        timeout=args.timeout)
+    except (ValueError, OSError) as exc:
         print(f"[fastattn] error: {exc}", file=sys.stderr)
         return 2
     print(f"[fastattn] run folder: {run_dir}")

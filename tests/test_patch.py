@@ -33,8 +33,8 @@ def decode(model, steps=STEPS, streaming=False, seed=1, timesteps=2):
 @pytest.fixture(autouse=True)
 def _no_patch_leaks():
     yield
-    if P._ACTIVE is not None:
-        P._ACTIVE.revert()
+    if P._STATE is not None:
+        P._STATE.undo()
         pytest.fail("a test left voxcpm patched")
 
 
@@ -163,7 +163,10 @@ def test_revert_restores_identity_and_is_idempotent():
     originals = class_dicts()
     h = patch_voxcpm()
     assert all(class_dicts()[n] is not originals[n] for n in P.TARGETS)
-    assert patch_voxcpm() is h  # same settings: no-op
+    inner = patch_voxcpm()  # same settings: a second holder of the same patch
+    assert inner is not h and inner.applied and patch_status()["holders"] == 2
+    inner.revert()
+    assert h.applied and patch_status()["applied"]  # h still holds it
     with pytest.raises(PatchError, match="already patched"):
         patch_voxcpm(mode="fast")
     h.revert()
@@ -196,7 +199,7 @@ def test_compiled_model_is_refused():
     model.base_lm.forward_step = torch.compile(model.base_lm.forward_step, backend="eager")
     with pytest.raises(PatchError, match="optimize=False"):
         patch_voxcpm(model)
-    assert P._ACTIVE is None
+    assert P._STATE is None
 
 
 def test_unknown_voxcpm_source_is_refused_unless_forced(monkeypatch):

@@ -18,7 +18,7 @@ NOTEBOOKS = sorted((ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb"))
 SMOKE = {
     "01_root_cause": {"positions": [0, 100, 500], "capacity": 1024, "repeats": 2},
     "02_backend_selection": {"capacity": 1024, "position": 100},
-    "03_causality_checks": {"capacity": 512, "positions": "0:512:16", "interactive": True},
+    "03_causality_checks": {"capacity": 512, "positions": list(range(0, 512, 16)), "interactive": True},
     "04_patch_application": {"dtype": "float32", "steps": 40},
     "05_profiling": {"positions": [0, 256], "capacity": 1024, "repeats": 2, "preset": "tiny", "steps": 4,
                      "interactive": True},
@@ -63,13 +63,23 @@ def test_runner_executes_all_notebooks(tmp_path):
     assert len({p.name for p in tmp_path.iterdir()}) == len(SMOKE), "a run folder was reused"
 
 
-def test_bad_parameter_fails_early_and_clearly(tmp_path):
+def test_bad_parameter_fails_before_anything_runs(tmp_path):
     r = subprocess.run([sys.executable, "-m", "fastattn", "workbook", "--only", "01", "-p", "dtype", "int3",
                         "--out", str(tmp_path)], capture_output=True, text=True, timeout=600)
-    assert r.returncode != 0
-    assert "01_root_cause.ipynb, cell" in r.stderr and "dtype='int3'" in r.stderr
-    run = next(tmp_path.iterdir())
-    assert (run / "01_root_cause.ipynb").exists(), "the partial executed notebook is kept"
+    assert r.returncode == 2 and "parameter dtype='int3'" in r.stderr and "Traceback" not in r.stderr
+    assert not any(tmp_path.iterdir()), "nothing was run or written"
+
+
+def test_failing_cell_names_notebook_and_cell_and_keeps_the_partial_notebook(tmp_path):
+    empty = tmp_path / "not-a-checkpoint"
+    empty.mkdir()
+    out = tmp_path / "runs"
+    r = subprocess.run([sys.executable, "-m", "fastattn", "workbook", "--only", "04", "-p", "checkpoint_path",
+                        str(empty), "--out", str(out)], capture_output=True, text=True, timeout=600)
+    assert r.returncode == 1
+    assert "04_patch_application.ipynb, cell" in r.stderr and "model.safetensors" in r.stderr
+    run = next(out.iterdir())
+    assert (run / "04_patch_application.ipynb").exists(), "the partial executed notebook is kept"
     summary = json.loads((run / "summary.json").read_text())
     assert summary["status"] == "failed"
 

@@ -51,7 +51,31 @@ def reference_run(out, *, device="cpu", positions=(0, 16, 256, 512, 1024, 2048, 
 
 
 def _ints(s: str) -> list[int]:
-    return [int(x) for x in s.split(",") if x.strip()]
+    import argparse
+    try:
+        return [int(x) for x in s.split(",") if x.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated ints, got {s!r}") from None
+
+
+def _check_args(args):
+    from ..devices import dtype_of
+    from ..models import PRESETS
+    device = resolve_device(args.device, name="--device")
+    if args.dtype is not None:
+        dtype_of(args.dtype, name="--dtype")
+    if args.preset is not None and args.preset not in PRESETS:
+        raise ValueError(f"--preset must be one of {', '.join(PRESETS)}, got {args.preset!r}")
+    for name in ("capacity", "steps", "repeats"):
+        if getattr(args, name) < 1:
+            raise ValueError(f"--{name} must be a positive int, got {getattr(args, name)}")
+    bad = [p for p in args.positions if not 0 <= p < args.capacity]
+    if bad or not args.positions:
+        raise ValueError(f"--positions must be a non-empty list of positions in [0, capacity={args.capacity}), "
+                         f"got {args.positions}")
+    if args.out and Path(args.out).exists() and not Path(args.out).is_dir():
+        raise ValueError(f"--out {args.out}: exists and is not a folder")
+    return device
 
 
 def main(argv=None) -> int:
@@ -69,7 +93,10 @@ def main(argv=None) -> int:
     ap.add_argument("--repeats", type=int, default=7)
     ap.add_argument("--out", default=None, help="output folder (default: reports/bench-<UTC time>)")
     args = ap.parse_args(argv)
-    device = resolve_device(args.device)
+    try:  # every argument checked before anything is measured or written
+        device = _check_args(args)
+    except ValueError as exc:
+        ap.error(str(exc))
     if args.what == "reference":
         out = Path(args.out) if args.out else Path("reports") / f"reference-{datetime.now(timezone.utc):%Y%m%dT%H%M%SZ}"
         for p in reference_run(out, device=str(device), positions=args.positions, repeats=args.repeats):

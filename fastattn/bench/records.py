@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import csv
+import io
 import json
 from pathlib import Path
 from typing import Optional
 
 from ..devices import env_facts
+from ..paths import atomic_write_text
 
 
 def env_record(device="cpu", dtype=None) -> dict:
@@ -41,14 +43,15 @@ def save_record(record: dict, out_dir, name: Optional[str] = None) -> Path:
     while path.exists() or path.with_suffix(".csv").exists():
         i += 1
         path = out_dir / f"{stem}-{i}.json"
-    path.write_text(json.dumps(record, indent=1, default=str))
+    atomic_write_text(path, json.dumps(record, indent=1, default=str))
     rows = record.get("rows")
     if rows and isinstance(rows, list) and isinstance(rows[0], dict):
         keys = list(dict.fromkeys(k for r in rows for k in r if not isinstance(r[k], (dict, list))))
-        with path.with_suffix(".csv").open("w", newline="") as f:
-            w = csv.DictWriter(f, fieldnames=keys, extrasaction="ignore")
-            w.writeheader()
-            w.writerows(rows)
+        buf = io.StringIO(newline="")
+        w = csv.DictWriter(buf, fieldnames=keys, extrasaction="ignore")
+        w.writeheader()
+        w.writerows(rows)
+        atomic_write_text(path.with_suffix(".csv"), buf.getvalue())
     return path
 
 
