@@ -28,7 +28,8 @@ from . import compat
 from .devices import DTYPES, resolve_device
 from .paths import data_dir
 
-__all__ = ["PRESETS", "DTYPES", "architecture", "voxcpm2_config", "build_voxcpm2", "load_voxcpm2", "count_parameters"]
+__all__ = ["PRESETS", "DTYPES", "architecture", "voxcpm2_config", "build_voxcpm2", "load_voxcpm2", "save_voxcpm2",
+           "count_parameters"]
 
 PRESETS = ("tiny", "small", "full")
 
@@ -131,15 +132,81 @@ _WEIGHTS = ("model.safetensors", "pytorch_model.bin")
 _VAE = ("audiovae.safetensors", "audiovae.pth")
 
 
+TEST_STRING = "hello world"
+
+
+def save_voxcpm2(model, path) -> Path:
+    """Write ``model`` in voxcpm's own on-disk layout: ``config.json``, ``model.safetensors`` (everything but
+    the AudioVAE), ``audiovae.safetensors`` and the tokenizer files, into a new or empty folder ``path``
+    (never over an existing checkpoint). :func:`load_voxcpm2` reads it back through voxcpm's ``from_local``.
+    Returns the folder."""
+    from safetensors.torch import save_file
+
+    p = Path(path).expanduser()
+    if p.exists() and (not p.is_dir() or any(p.iterdir())):
+        raise FileExistsError(f"path {str(p)!r} exists and is not an empty folder: a checkpoint is never overwritten")
+    tok = getattr(getattr(model, "text_tokenizer", None), "tokenizer", None)
+    if tok is None or not hasattr(model, "audio_vae"):
+        raise TypeError(f"model must be a voxcpm VoxCPM2Model, got {type(model).__name__}")
+    p.mkdir(parents=True, exist_ok=True)
+    state = {k: v.detach().contiguous().clone() for k, v in model.state_dict().items()}  # no shared storage
+    vae = {k[len("audio_vae."):]: v for k, v in state.items() if k.startswith("audio_vae.")}
+    lm = {k: v for k, v in state.items() if not k.startswith("audio_vae.")}
+    save_file(lm, str(p / "model.safetensors"))
+    save_file(vae, str(p / "audiovae.safetensors"))
+    (p / "config.json").write_text(model.config.model_dump_json(indent=1))
+    tok.save_pretrained(str(p))
+    return p
+
+
+def _checkpoint_keys(path: Path) -> tuple[set, set]:
+    """The tensor names in the checkpoint's model and AudioVAE files (safetensors headers only)."""
+    def keys(names):
+        for name in names:
+            f = path / name
+            if f.is_file() and f.suffix == ".safetensors":
+                from safetensors import safe_open
+                with safe_open(str(f), framework="pt") as h:
+                    return set(h.keys())
+            if f.is_file():
+                sd = torch.load(str(f), map_location="cpu", weights_only=True)
+                return set(sd.get("state_dict", sd))
+        return set()
+    return keys(_WEIGHTS), keys(_VAE)
+
+
+def _check_coverage(model, path: Path) -> None:
+    """voxcpm loads with ``strict=False``: a checkpoint that does not cover the model's parameters would
+    silently leave random weights. Refuse it, naming the missing and unexpected keys."""
+    lm_keys, vae_keys = _checkpoint_keys(path)
+    have = lm_keys | {f"audio_vae.{k}" for k in vae_keys}
+    want = {k for k in model.state_dict() if "lora_" not in k}
+    missing, unexpected = sorted(want - have), sorted(have - want)
+    if missing or unexpected:
+        show = lambda ks: ", ".join(ks[:8]) + (f", ... ({len(ks)} in all)" if len(ks) > 8 else "")  # noqa: E731
+        raise ValueError(f"checkpoint {str(path)!r} does not match the model its config.json describes: "
+                         f"missing {len(missing)} key(s) [{show(missing)}]; unexpected {len(unexpected)} "
+                         f"[{show(unexpected)}]. voxcpm would load it with strict=False and keep random weights.")
+
+
+def _check_tokenizer(model, path: Path) -> None:
+    ids = model.text_tokenizer(TEST_STRING)
+    if len(ids) == 0:
+        raise ValueError(f"checkpoint {str(path)!r}: its tokenizer encodes {TEST_STRING!r} as no tokens "
+                         "(a tokenizer_config.json alone is not a tokenizer: expected tokenizer.json or "
+                         "tokenizer.model)")
+
+
 def load_voxcpm2(path, *, device: Optional[str] = None):
     """Load a local VoxCPM2 checkpoint directory with voxcpm's ``from_local(..., optimize=False)``.
 
     Never touches the network: ``path`` must be an existing directory holding
-    ``config.json``, a tokenizer, ``model.safetensors`` (or ``pytorch_model.bin``)
-    and ``audiovae.safetensors`` (or ``audiovae.pth``); otherwise a
-    FileNotFoundError says what is missing before voxcpm is called.
-    ``optimize=False`` keeps ``forward_step`` uncompiled so that
-    :func:`fastattn.patch_voxcpm` can patch it.
+    ``config.json``, a tokenizer (``tokenizer.json`` or ``tokenizer.model``), ``model.safetensors``
+    (or ``pytorch_model.bin``) and ``audiovae.safetensors`` (or ``audiovae.pth``); otherwise a
+    FileNotFoundError says what is missing before voxcpm is called. After loading, the weights must
+    cover the model's parameters exactly (voxcpm itself loads with ``strict=False``) and the tokenizer
+    must encode a test string, else a ValueError names what is wrong. ``optimize=False`` keeps
+    ``forward_step`` uncompiled so that :func:`fastattn.patch_voxcpm` can patch it.
     """
     if path is None or str(path).strip() == "":
         raise ValueError("checkpoint path is empty: give the local directory of a VoxCPM2 checkpoint")
@@ -152,7 +219,7 @@ def load_voxcpm2(path, *, device: Optional[str] = None):
         missing.append(" or ".join(_WEIGHTS))
     if not any((p / f).is_file() for f in _VAE):
         missing.append(" or ".join(_VAE))
-    if not any((p / f).is_file() for f in ("tokenizer.json", "tokenizer.model", "tokenizer_config.json")):
+    if not any((p / f).is_file() for f in ("tokenizer.json", "tokenizer.model")):
         missing.append("tokenizer.json or tokenizer.model")
     if missing:
         raise FileNotFoundError(f"checkpoint directory {str(p)!r} lacks: {', '.join(missing)}")
@@ -162,7 +229,10 @@ def load_voxcpm2(path, *, device: Optional[str] = None):
     from voxcpm.model.voxcpm2 import VoxCPM2Model
 
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    model = VoxCPM2Model.from_local(str(p), optimize=False, device=device)
+    with redirect_stderr(StringIO()):
+        model = VoxCPM2Model.from_local(str(p), optimize=False, device=device)
+    _check_coverage(model, p)
+    _check_tokenizer(model, p)
     model.fastattn_info = {"checkpoint": str(p), "weights": "checkpoint", "dtype": model.config.dtype,
                            "device": model.device, "max_length": model.config.max_length,
                            "parameters": count_parameters(model)}
