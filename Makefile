@@ -31,8 +31,9 @@ test: $(STAMP)
 	$(BIN)/ruff check fastattn tests data/upstream-tests
 	$(BIN)/python -m pytest -q $(ARGS)
 
+# GPU boxes often run containers as root: JupyterLab refuses root without --allow-root.
 lab: $(STAMP)
-	$(BIN)/jupyter lab notebooks/
+	$(BIN)/jupyter lab notebooks/ $(if $(filter 0,$(shell id -u)),--allow-root,) $(ARGS)
 
 doctor: $(STAMP)
 	$(BIN)/python -m fastattn doctor

@@ -201,3 +201,22 @@ def fast_choice_table(rec: dict) -> str:
             cells.append(f"<td>{v}</td>")
         body += "<tr>" + "".join(cells) + "</tr>"
     return f"<table><tr>{head}</tr>{body}</table>"
+
+
+def stream(rec: dict, *, ax=None, window: int = 25):
+    """ms per streamed chunk vs chunk index for each variant: every chunk faint, a rolling median bold."""
+    import statistics
+    fig, ax = (ax.figure, ax) if ax is not None else plt.subplots(figsize=(7, 4))
+    for v in rec["params"]["modes"]:
+        rows = [r for r in rec["rows"] if r["variant"] == v and r["repeat"] == 0 and r["chunk"] > 0]
+        x, y = [r["chunk"] for r in rows], [r["ms"] for r in rows]
+        color = COLORS.get(v, COLORS.get("patched") if v == "exact" else None)
+        ax.plot(x, y, lw=0.5, alpha=0.35, color=color)
+        roll = [statistics.median(y[max(0, i - window // 2):i + window // 2 + 1]) for i in range(len(y))]
+        ax.plot(x, roll, lw=2, color=color, label=f"{v}: {rec['verdict'][v]}")
+    p = rec["params"]
+    ax.set_xlabel("chunk (one decode step each)")
+    ax.set_ylabel("ms per chunk")
+    ax.set_ylim(bottom=0)
+    return _finish(fig, ax, _title(rec, f"generate_streaming, {p['preset']} preset, {p['dtype']}, {p['chunks']} chunks "
+                                        f"(rolling median of {window})"))

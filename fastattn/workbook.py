@@ -57,7 +57,7 @@ def check_params(**params) -> dict:
         raise ValueError(f"parameter dtype={p['dtype']!r}: expected one of {', '.join(DTYPE_NAMES)}")
     if "preset" in p and p["preset"] not in PRESETS:
         raise ValueError(f"parameter preset={p['preset']!r}: expected one of {', '.join(PRESETS)}")
-    for name in ("capacity", "repeats", "steps"):
+    for name in ("capacity", "repeats", "steps", "chunks"):
         if name in p and (isinstance(p[name], bool) or not isinstance(p[name], int) or p[name] < 1):
             raise ValueError(f"parameter {name}={p[name]!r}: expected a positive int")
     if "seed" in p and (isinstance(p["seed"], bool) or not isinstance(p["seed"], int)):

@@ -241,3 +241,22 @@ def test_bench_cli_smoke(tmp_path, capsys):
     assert kinds == {"bandwidth", "attention"}
     with pytest.raises(SystemExit):
         main(["nonsense"])
+
+
+def test_stream_profile_record_and_verdict():
+    from fastattn.bench.stream import verdict
+    rec = bench.stream_profile("tiny", 14, modes=("upstream", "exact"), progress=False)
+    assert rec["kind"] == "stream_profile" and rec["params"]["chunks"] == 14
+    assert {r["variant"] for r in rec["rows"]} == {"upstream", "exact"} and len(rec["rows"]) == 28
+    assert all(r["ms"] > 0 for r in rec["rows"]) and rec["rows"][1]["position"] == rec["rows"][0]["position"] + 1
+    assert rec["identical"] == {"upstream": True, "exact": True}  # exact streams upstream's chunks bit for bit
+    assert len(rec["sixths"]["exact"]) == 6 and rec["verdict"]["exact"].split()[0] in ("flat", "decays", "speeds")
+    drawn = _lines_by_label(plots.stream(rec).axes[0])
+    assert any(k.startswith("exact: ") for k in drawn)
+    assert verdict([1.0, 1, 1, 1, 1, 1.5]).startswith("decays (+50%")
+    assert verdict([1.0, 1, 1, 1, 1, 1.1]).startswith("flat (+10%")
+    assert verdict([1.0, 1, 1, 1, 1, 0.5]).startswith("speeds up (-50%")
+    with pytest.raises(ValueError, match="modes must be"):
+        bench.stream_profile("tiny", 14, modes=("flash",))
+    with pytest.raises(ValueError, match="chunks must be an int >= 7"):
+        bench.stream_profile("tiny", 3)

@@ -16,7 +16,7 @@ ROOT = Path(__file__).resolve().parents[1]
 NOTEBOOKS = sorted((ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb"))
 
 SMOKE = {
-    "01_root_cause": {"positions": [0, 100, 500], "capacity": 1024, "repeats": 2},
+    "01_root_cause": {"positions": [0, 100, 500], "capacity": 1024, "repeats": 2, "preset": "tiny", "chunks": 30},
     "02_backend_selection": {"capacity": 1024, "position": 100},
     "03_causality_checks": {"capacity": 512, "positions": list(range(0, 512, 16)), "interactive": True},
     "04_patch_application": {"dtype": "float32", "steps": 40},

@@ -12,7 +12,8 @@ with the workbook's targets and says pass or fail with the measured figure.
 Layout: ``timing`` (interleaving, statistics), ``floor`` (bandwidth, live bytes),
 ``attention`` (one call per mode, fast's choice), ``steps`` (one decode step,
 eager and compiled), ``decode`` (a whole generate, split by component),
-``memory`` (KV bytes, allocations, fill and growth, peak RSS), ``records``,
+``memory`` (KV bytes, allocations, fill and growth, peak RSS), ``stream`` (time per streamed chunk),
+``records``,
 ``targets``, ``cli``.
 """
 
@@ -24,10 +25,11 @@ from .floor import bandwidth, floor_ms, live_kv_bytes, llc_bytes
 from .memory import cache_growth, fill_cost, kv_memory, peak_rss, step_allocations
 from .records import env_record, load_record, record, save_record
 from .steps import compiled_step_sweep, decode_step_sweep
+from .stream import stream_profile
 from .targets import check_targets
 from .timing import time_interleaved
 
 __all__ = ["env_record", "record", "time_interleaved", "attention_sweep", "fast_choices", "decode_step_sweep",
            "compiled_step_sweep", "whole_decode", "resolve_device", "kv_memory", "step_allocations", "fill_cost",
-           "cache_growth", "peak_rss", "bandwidth", "floor_ms", "live_kv_bytes", "llc_bytes", "save_record",
-           "load_record", "check_targets", "reference_run", "main", "DTYPES"]
+           "cache_growth", "stream_profile", "peak_rss", "bandwidth", "floor_ms", "live_kv_bytes", "llc_bytes",
+           "save_record", "load_record", "check_targets", "reference_run", "main", "DTYPES"]

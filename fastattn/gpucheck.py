@@ -1,0 +1,190 @@
+"""``python -m fastattn gpu-check``: everything CUDA-side the workbook claims, produced in one command.
+
+On a GPU box with the workbook installed it runs, in order: ``doctor``; the
+backend matrix (bf16/fp16/fp32, torch's ``can_use_*`` reasons); the exactness
+calibration ladder at capacity 8192 (Lq 1 and 5, bf16 and fp32); the attention
+sweep (reference / exact / fast, fast's chosen implementation, CUDA-event
+timing); the decode-step sweep; the whole decode of the full preset in bf16,
+upstream vs patched, eager and under :func:`fastattn.optimize` (graph counts,
+outputs compared); and a decode through the upstream diff under a
+``fullgraph`` compile. Every step writes a record (JSON + CSV, each with its
+environment); ``summary.md`` lists each step with its outcome or the reason it
+was skipped. The folder is named by device and torch version, ready to commit
+under ``data/results/``.
+
+``--device cpu --quick`` runs the same sequence on CPU at small sizes, CUDA-only
+steps reported as skipped with the reason, so the kit is tested on every CI run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import sys
+import time
+import traceback
+from pathlib import Path
+
+import torch
+
+__all__ = ["gpu_check", "main"]
+
+
+def _slug(text: str) -> str:
+    return re.sub(r"[^a-z0-9]+", "-", text.lower()).strip("-")[:40]
+
+
+def folder_name(device: torch.device) -> str:
+    from .devices import device_name
+    return f"{device.type}-{_slug(device_name(device))}-torch{torch.__version__.split('+')[0]}"
+
+
+def _sizes(device: torch.device, quick: bool) -> dict:
+    if quick and device.type == "cpu":
+        return {"capacity": 1024, "positions": [0, 256, 768], "repeats": 2, "preset": "tiny", "steps": 6,
+                "ladder_capacity": 1024, "dtypes": ("float32", "bfloat16")}
+    if quick:
+        return {"capacity": 8192, "positions": [0, 256, 4096], "repeats": 3, "preset": "small", "steps": 8,
+                "ladder_capacity": 8192, "dtypes": ("bfloat16", "float32")}
+    return {"capacity": 8192, "positions": [0, 256, 1024, 4096, 8000], "repeats": 7, "preset": "full", "steps": 12,
+            "ladder_capacity": 8192, "dtypes": ("bfloat16", "float16", "float32")}
+
+
+def _steps(device: torch.device, size: dict) -> list:
+    """(name, function returning records, reason it cannot run here or None)."""
+    from . import bench
+    from .backends import backend_matrix
+    from .bench.records import env_record, record
+    from .doctor import doctor
+    from .experiments.causality import calibration_ladders
+
+    cuda_only = None if device.type == "cuda" else "CUDA graphs and upstream's reduce-overhead compile need CUDA"
+    env = lambda: env_record(device)  # noqa: E731
+
+    def matrix():
+        rows = [r for dt in size["dtypes"] for r in backend_matrix(device, dtype=dt, capacity=size["capacity"],
+                                                                 position=size["positions"][1])]
+        for r in rows:
+            r.pop("report", None)
+        return [record("backend_matrix", env=env(), params={"dtypes": list(size["dtypes"])}, rows=rows)]
+
+    def ladder():
+        rows = calibration_ladders(device, capacity=size["ladder_capacity"], dtypes=("bfloat16", "float32"))
+        return [record("exactness_calibration", env=env(), params={"capacity": size["ladder_capacity"]}, rows=rows)]
+
+    return [
+        ("doctor", lambda: [record("doctor", env=env(), params={}, rows=[doctor()])], None),
+        ("backend_matrix", matrix, None),
+        ("exactness_calibration", ladder, None),
+        ("attention_sweep", lambda: [bench.attention_sweep(size["positions"], capacity=size["capacity"], dtype=dt,
+                                                           device=device, repeats=size["repeats"], progress=False)
+                                     for dt in ("bfloat16", "float32")], None),
+        ("decode_step_sweep", lambda: [bench.decode_step_sweep(size["positions"], preset="small" if size["preset"] !=
+                                                               "tiny" else "tiny", dtype="bfloat16", device=device,
+                                                               repeats=size["repeats"], progress=False)], None),
+        ("whole_decode_eager", lambda: [bench.whole_decode(size["preset"], steps=size["steps"], dtype="bfloat16",
+                                                           device=str(device), repeats=1, progress=False)], None),
+        ("whole_decode_optimized", lambda: [_optimized_decode(device, size)], cuda_only),
+        ("upstream_diff_compiled", lambda: [_diff_compiled(device, size)], cuda_only),
+    ]
+
+
+def _optimized_decode(device, size) -> dict:
+    """Upstream vs patched under fastattn.optimize (CUDA graphs): outputs, graph counts, captures after growth."""
+    from .bench.records import env_record, record
+    from .graphs import graph_counts, optimize, reset_graph_counts
+    from .models import build_voxcpm2
+    from .patch import patch_voxcpm
+    text, rows = "The quick brown fox jumps over the lazy dog. " * 4, []
+    outs = {}
+    for variant in ("upstream", "patched"):
+        model = build_voxcpm2(size["preset"], device=str(device), dtype="bfloat16")
+        handle = patch_voxcpm(model) if variant == "patched" else None
+        try:
+            torch._dynamo.reset()
+            reset_graph_counts()
+            if variant == "patched":
+                optimize(model)
+            else:
+                model.optimize()
+            torch.manual_seed(0)
+            t0 = time.perf_counter()
+            outs[variant] = model.generate(text, min_len=size["steps"], max_len=size["steps"], inference_timesteps=2)
+            torch.cuda.synchronize()
+            rows.append({"variant": variant, "wall_s": time.perf_counter() - t0, **graph_counts()})
+        finally:
+            if handle is not None:
+                handle.revert()
+    return record("whole_decode_optimized", env=env_record(device, "bfloat16"), params=dict(size), rows=rows,
+                  identical=bool(torch.equal(outs["upstream"], outs["patched"])))
+
+
+def _diff_compiled(device, size) -> dict:
+    """The upstream diff applied to a copy of voxcpm, decoding under upstream's own fullgraph compile."""
+    import subprocess
+    import tempfile
+
+    from .bench.records import env_record, record
+    from .upstream import patched_copy
+    code = ("import torch, fastattn; from fastattn.models import build_voxcpm2; "
+            f"m = build_voxcpm2({size['preset']!r}, device='cuda', dtype='bfloat16'); m.optimize(); "
+            "torch.manual_seed(0); "
+            f"w = m.generate('hello world ' * 8, min_len={size['steps']}, max_len={size['steps']}, "
+            "inference_timesteps=2); print('ok', w.shape)")
+    with tempfile.TemporaryDirectory() as tmp:
+        root = patched_copy(Path(tmp) / "pkg")
+        r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=900,
+                           env={**__import__("os").environ, "PYTHONPATH": str(root)})
+    return record("upstream_diff_compiled", env=env_record(device, "bfloat16"), params=dict(size),
+                  rows=[{"returncode": r.returncode, "stdout": r.stdout[-500:], "stderr": r.stderr[-2000:]}])
+
+
+def gpu_check(device="cuda", *, quick: bool = False, out=None, log=print) -> Path:
+    """Run the kit; return the folder holding its records and ``summary.md``."""
+    from .bench.records import save_record
+    from .devices import resolve_device
+    device = resolve_device(device)
+    size = _sizes(device, quick)
+    folder = Path(out) if out else Path("reports") / folder_name(device)
+    if folder.exists() and any(folder.iterdir()):
+        raise ValueError(f"--out {folder}: exists and is not empty (a run never overwrites an earlier one)")
+    folder.mkdir(parents=True, exist_ok=True)
+    lines = [f"# fastattn gpu-check: {folder_name(device)}", "",
+             f"device {device}, quick={quick}, torch {torch.__version__}", "", "| step | outcome | seconds |",
+             "|---|---|---|"]
+    for name, fn, skip in _steps(device, size):
+        if skip:
+            lines.append(f"| {name} | skipped: {skip} | |")
+            log(f"[gpu-check] {name}: skipped ({skip})")
+            continue
+        t0 = time.perf_counter()
+        try:
+            paths = [save_record(rec, folder, f"{name}-{i}" if i else name) for i, rec in enumerate(fn())]
+            outcome = "ok: " + ", ".join(p.name for p in paths)
+        except Exception as exc:  # noqa: BLE001 - one failing step is reported, the kit goes on
+            outcome = f"failed: {type(exc).__name__}: {str(exc).splitlines()[0][:200] if str(exc) else ''}"
+            (folder / f"{name}-error.txt").write_text(traceback.format_exc())
+        lines.append(f"| {name} | {outcome} | {time.perf_counter() - t0:.1f} |")
+        log(f"[gpu-check] {name}: {outcome.split(':')[0]} ({time.perf_counter() - t0:.1f} s)")
+    (folder / "summary.md").write_text("\n".join(lines) + "\n")
+    return folder
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m fastattn gpu-check", description=__doc__.split("\n\n")[0])
+    ap.add_argument("--device", default="cuda", help="cuda (default), cuda:N, or cpu (the kit's own test)")
+    ap.add_argument("--quick", action="store_true", help="small sizes: under 3 minutes on a modern GPU")
+    ap.add_argument("--out", default=None, help="output folder (default: reports/<device>-<name>-torch<version>)")
+    args = ap.parse_args(argv)
+    if args.device.startswith("cuda") and not torch.cuda.is_available():
+        print("[gpu-check] error: CUDA is not available on this machine; this kit validates the CUDA path "
+              "(run it on a GPU box, or pass --device cpu --quick to test the kit itself)", file=sys.stderr)
+        return 2
+    try:
+        folder = gpu_check(args.device, quick=args.quick, out=args.out)
+    except ValueError as exc:
+        print(f"[gpu-check] error: {exc}", file=sys.stderr)
+        return 2
+    print(f"[gpu-check] records and summary.md in {folder}")
+    failed = "failed:" in (folder / "summary.md").read_text()
+    return 1 if failed else 0

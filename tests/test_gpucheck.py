@@ -1,0 +1,42 @@
+"""The GPU validation kit: its CPU quick run end to end, CUDA-only steps skipped with a reason, the refusal."""
+
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from fastattn import bench
+from fastattn.gpucheck import gpu_check
+
+from .conftest import cuda
+
+
+@pytest.mark.slow
+def test_cpu_quick_run_writes_records_and_summary(tmp_path):
+    folder = gpu_check("cpu", quick=True, out=tmp_path / "kit", log=lambda *_: None)
+    summary = (folder / "summary.md").read_text()
+    for step in ("doctor", "backend_matrix", "exactness_calibration", "attention_sweep", "decode_step_sweep",
+                 "whole_decode_eager"):
+        assert f"| {step} | ok: " in summary, summary
+    for step in ("whole_decode_optimized", "upstream_diff_compiled"):
+        assert f"| {step} | skipped: " in summary and "need CUDA" in summary
+    assert "failed" not in summary
+    kinds = {bench.load_record(p)["kind"] for p in folder.glob("*.json")}
+    assert {"doctor", "backend_matrix", "exactness_calibration", "attention", "decode_step", "whole_decode"} <= kinds
+    assert all(bench.load_record(p)["env"]["torch"] == torch.__version__ for p in folder.glob("*.json"))
+    assert list(folder.glob("*.csv"))
+    with pytest.raises(ValueError, match="not empty"):
+        gpu_check("cpu", quick=True, out=folder, log=lambda *_: None)  # never over an earlier run
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has CUDA")
+def test_refuses_without_cuda_naming_it():
+    r = subprocess.run([sys.executable, "-m", "fastattn", "gpu-check"], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2 and "CUDA is not available" in r.stderr and "Traceback" not in r.stderr
+
+
+@cuda
+def test_cuda_quick_run(tmp_path):
+    folder = gpu_check("cuda", quick=True, out=tmp_path / "kit", log=lambda *_: None)
+    assert "failed" not in (folder / "summary.md").read_text()
