@@ -1,4 +1,4 @@
-"""``python -m fastattn {doctor,bench,workbook,diff,gpu-check} ...``"""
+"""``python -m fastattn {doctor,bench,workbook,diff,compare,gpu-check} ...``"""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ COMMANDS = {
     "bench": ("bench", "run benchmark sweeps and write records"),
     "workbook": ("workbook", "run the notebooks headless into a new reports/ folder"),
     "diff": ("upstream", "print (or --write) the upstream-ready diff against the installed voxcpm"),
+    "compare": ("report", "a hardware matrix across run folders and committed record folders"),
     "gpu-check": ("gpucheck", "validate the CUDA path in one command (--device cpu --quick tests the kit)"),
 }
 

@@ -150,10 +150,10 @@ def findings(out_dir, items: dict) -> None:
 
     ``items`` maps a short claim to its measured value (numbers, booleans, short text).
     """
+    from .report import fmt
     print("Findings (measured in this run)")
     for k, v in items.items():
-        vv = f"{v:.4g}" if isinstance(v, float) else v
-        print(f"  - {k}: {vv}")
+        print(f"  - {k}: {fmt(v, k)}")
     atomic_write_text(Path(out_dir, "findings.json"), json.dumps(items, indent=1, default=str))
 
 
@@ -162,10 +162,11 @@ def notebooks() -> list[Path]:
     return sorted(p for p in notebooks_dir().glob("[0-9][0-9]_*.ipynb"))
 
 
-def _kernelspec(run_dir: Path) -> str:
-    """A kernelspec for this interpreter, in the run folder, found first through JUPYTER_PATH."""
+def _kernelspec(spec_root: Path) -> str:
+    """A kernelspec for this interpreter under ``spec_root`` (a temporary folder, found first through
+    JUPYTER_PATH; never in the run folder, which is shared and must not carry a local venv path)."""
     name = "fastattn-runner"
-    kdir = run_dir / ".jupyter" / "kernels" / name
+    kdir = spec_root / "kernels" / name
     kdir.mkdir(parents=True, exist_ok=True)
     (kdir / "kernel.json").write_text(json.dumps({
         "argv": [sys.executable, "-m", "ipykernel_launcher", "-f", "{connection_file}"],
@@ -187,26 +188,34 @@ def _new_run_dir(device: str, base: Optional[Path]) -> Path:
     return run
 
 
-def _html(executed: Path) -> Path:
+#: what the rendered notebooks add to nbconvert's page: code lines wrap instead of being clipped
+_HTML_CSS = ("<style>.jp-InputArea-editor pre, .highlight pre, .jp-OutputArea-output pre "
+             "{white-space: pre-wrap !important; overflow-wrap: anywhere;}</style>")
+
+
+def _html(executed: Path, run_dir: Optional[Path] = None, params: Optional[dict] = None) -> Path:
+    """The executed notebook as HTML: code never clipped, no machine paths (shown relative to the run folder),
+    no empty widget cells when widgets are off."""
     import nbformat
     from nbconvert import HTMLExporter
-    body, _ = HTMLExporter().from_notebook_node(nbformat.read(str(executed), as_version=4))
-    return atomic_write_text(executed.with_suffix(".html"), body)
+    nb = nbformat.read(str(executed), as_version=4)
+    if not (params or {}).get("interactive"):
+        nb.cells = [c for c in nb.cells if not (c.cell_type == "code" and c.source.lstrip().startswith(
+            'if P["interactive"]') and not c.get("outputs"))]
+    body, _ = HTMLExporter().from_notebook_node(nb)
+    body = body.replace("</head>", _HTML_CSS + "</head>", 1)
+    return atomic_write_text(executed.with_suffix(".html"), _relative_paths(body, run_dir or executed.parent))
 
 
-def _index(run_dir: Path, summary: dict) -> None:
-    from html import escape
-    rows = ""
-    for nb in summary["notebooks"]:
-        f = "".join(f"<li>{escape(str(k))}: {escape(str(v))}</li>" for k, v in nb.get("findings", {}).items())
-        err = f"<pre>{escape(nb['error'])}</pre>" if nb.get("error") else ""
-        rows += (f"<tr><td><a href='{escape(nb['html'] or nb['executed'])}'>{escape(nb['name'])}</a></td>"
-                 f"<td>{escape(nb['status'])}</td><td>{nb['duration_s']:.1f} s</td><td><ul>{f}</ul>{err}</td></tr>")
-    atomic_write_text(run_dir / "index.html",
-        f"<html><head><meta charset='utf-8'><title>fastattn workbook {escape(run_dir.name)}</title></head><body>"
-        f"<h1>fastattn workbook run {escape(run_dir.name)}</h1><p>{escape(json.dumps(summary['parameters']))}</p>"
-        f"<table border=1 cellpadding=4><tr><th>notebook</th><th>status</th><th>time</th><th>findings</th></tr>"
-        f"{rows}</table></body></html>")
+def _relative_paths(text: str, run_dir: Path) -> str:
+    """Machine paths out of a text: the run folder becomes ``.``, the checkout ``<fastattn>``, the venv
+    ``<python>``, the home folder ``~``."""
+    from .paths import repo_root
+    for old, new in ((str(run_dir.resolve()), "."), (str(run_dir), "."), (sys.prefix, "<python>"),
+                     (str(repo_root()), "<fastattn>"), (str(Path.home()), "~")):
+        if old and old not in (".", "/"):
+            text = text.replace(old, new)
+    return text
 
 
 def run_workbook(params: Optional[dict] = None, *, only: Optional[list] = None, keep_going: bool = False,
@@ -220,10 +229,17 @@ def run_workbook(params: Optional[dict] = None, *, only: Optional[list] = None, 
             raise ValueError(f"--only {only}: no notebook matches (have: {', '.join(p.name for p in notebooks())})")
     _validate_run(params, nbs)
     device = resolve_device(str(params.get("device", "auto")))  # ValueError for cuda without CUDA
+    import shutil
+    import tempfile
+
+    from .doctor import doctor
+    from .report import write_report
+
     run_dir = _new_run_dir(device, out)
-    kernel = _kernelspec(run_dir)
+    spec_root = Path(tempfile.mkdtemp(prefix="fastattn-kernel-"))
+    kernel = _kernelspec(spec_root)
     saved_path = os.environ.get("JUPYTER_PATH")
-    os.environ["JUPYTER_PATH"] = os.pathsep.join(p for p in (str(run_dir / ".jupyter"), saved_path) if p)
+    os.environ["JUPYTER_PATH"] = os.pathsep.join(p for p in (str(spec_root), saved_path) if p)
     try:
         summary = _run_all(nbs, params, run_dir, device, kernel, keep_going, timeout, log)
     finally:
@@ -231,8 +247,10 @@ def run_workbook(params: Optional[dict] = None, *, only: Optional[list] = None, 
             os.environ.pop("JUPYTER_PATH", None)
         else:
             os.environ["JUPYTER_PATH"] = saved_path
+        shutil.rmtree(spec_root, ignore_errors=True)
+    summary["environment"] = {k: v for k, v in doctor(calibrate=False).items() if not isinstance(v, dict)}
     atomic_write_text(run_dir / "summary.json", json.dumps(summary, indent=1, default=str))
-    _index(run_dir, summary)
+    write_report(run_dir, summary)
     return run_dir, summary
 
 
@@ -293,7 +311,7 @@ def _run_all(nbs, params, run_dir: Path, device: str, kernel: str, keep_going: b
         entry["duration_s"] = time.perf_counter() - t0
         if executed.exists():
             try:
-                entry["html"] = _html(executed).name
+                entry["html"] = _html(executed, run_dir, nb_params).name
             except Exception as exc:  # keep the executed notebook; a run whose report failed is not "ok"
                 entry["html_error"] = f"{type(exc).__name__}: {exc}"
                 entry["status"], entry["error"] = "failed", f"{nb.name}: writing its HTML failed: {exc}"

@@ -2,6 +2,7 @@
 it promises; bad parameters fail early and clearly; source notebooks carry no outputs."""
 
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -11,6 +12,7 @@ import papermill as pm
 import pytest
 
 from fastattn import workbook as wb
+from fastattn.paths import repo_root
 
 ROOT = Path(__file__).resolve().parents[1]
 NOTEBOOKS = sorted((ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb"))
@@ -60,7 +62,30 @@ def test_runner_executes_all_notebooks(tmp_path):
         if stem in ("01_root_cause", "03_causality_checks", "05_profiling"):
             assert list((run_dir / stem / "figures").glob("*.png"))
             assert "image/png" in text
+        _check_report(run_dir, stem)
     assert len({p.name for p in tmp_path.iterdir()}) == len(SMOKE), "a run folder was reused"
+
+
+UNROUNDED = re.compile(r"\d\.\d{5,}")  # a float printed with more than ~4 significant digits
+
+
+def _check_report(run_dir, stem):
+    """What a maintainer receives: a landing page and a GitHub-ready summary with the environment, rounded
+    numbers, no machine paths, no kernel folder."""
+    index, md = (run_dir / "index.html").read_text(), (run_dir / "summary.md").read_text()
+    for text in (index, md):
+        assert "torch" in text and "device_name" in text and stem in text
+        assert not UNROUNDED.search(text), UNROUNDED.search(text).group(0)
+    assert "<style>" in index and "<table>" in index
+    if stem == "05_profiling":
+        assert "Verdicts" in index and "| claim | measured | goal | met | note |" in md
+    if stem in ("01_root_cause", "05_profiling"):
+        assert "<img src='" in index
+    page = (run_dir / f"{stem}.html").read_text()
+    for path in (str(repo_root()), sys.prefix, str(run_dir)):
+        assert path not in page, f"{stem}.html shows the machine path {path}"
+    assert "white-space: pre-wrap" in page
+    assert not (run_dir / ".jupyter").exists()
 
 
 def test_bad_parameter_fails_before_anything_runs(tmp_path):

@@ -1,0 +1,257 @@
+"""What maintainers receive: a run's landing page, a GitHub-ready summary, and a hardware matrix across runs.
+
+* :func:`fmt`: the one place numbers are formatted (3 significant digits, units; bytes as MB).
+* :func:`write_report`: ``index.html`` (self-contained: inline CSS, relative links) and ``summary.md`` for a
+  run folder: the environment, the verdict table (05's targets), each notebook with status, duration, key
+  findings and thumbnails of its figures.
+* :func:`compare` / ``python -m fastattn compare RUN_OR_RECORDS ...``: one column per machine, rows for the
+  headline measures, read from run folders (``reports/<run>/``) and committed record folders
+  (``data/results/<box>/``); a machine that lacks a measure shows "not measured", never a guess.
+"""
+
+from __future__ import annotations
+
+import html
+import json
+import math
+from pathlib import Path
+from typing import Optional
+
+__all__ = ["fmt", "short", "write_report", "compare", "compare_markdown", "compare_html", "main"]
+
+CSS = ("body{font-family:system-ui,sans-serif;max-width:1100px;margin:2em auto;padding:0 1em;color:#222}"
+       "table{border-collapse:collapse;margin:1em 0}td,th{border:1px solid #ccc;padding:4px 8px;text-align:left;"
+       "vertical-align:top}th{background:#f3f3f3}.ok{color:#1e7b34;font-weight:600}.bad{color:#b3261e;"
+       "font-weight:600}img{max-width:240px;border:1px solid #ddd;margin:4px}code{background:#f6f6f6}")
+
+
+def fmt(value, key: str = "") -> str:
+    """A value as a reader wants it: 3 significant digits; bytes (by the key's name) in MB; yes/no for bools."""
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    if isinstance(value, int) and "bytes" in key.lower() and "(mb)" not in key.lower():
+        return f"{value / 1e6:.3g} MB"
+    if isinstance(value, float):
+        if math.isnan(value):
+            return "n/a"
+        return f"{value:.3g}"
+    if isinstance(value, (list, tuple)):
+        return ", ".join(fmt(v, key) for v in value)
+    return short(str(value))
+
+
+def short(text: str, limit: int = 160) -> str:
+    """Long texts (a compiler error in a finding) cut to ``limit`` characters; the record keeps the whole."""
+    text = " ".join(text.split())
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def _load(path: Path) -> Optional[dict]:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def _targets(run_dir: Path) -> list:
+    for p in sorted(run_dir.glob("*/records/targets*.json")):
+        rec = _load(p)
+        if rec and rec.get("rows"):
+            return rec["rows"]
+    return []
+
+
+def _environment(summary: dict) -> dict:
+    env = summary.get("environment") or {}
+    keys = ("device_name", "device", "torch", "voxcpm", "fastattn", "git_commit", "threads", "cpu_capability")
+    return {k: env.get(k) for k in keys if env.get(k) is not None}
+
+
+def _verdict_rows(targets: list) -> list:
+    return [{"claim": t["target"], "measured": fmt(t["measured"]), "goal": t["goal"], "met": bool(t["passed"]),
+             "note": short(t.get("note", ""), 200)} for t in targets]
+
+
+def write_report(run_dir, summary: dict) -> tuple:
+    """Write ``index.html`` and ``summary.md`` into ``run_dir``; return their paths."""
+    from .paths import atomic_write_text
+    run_dir = Path(run_dir)
+    env, verdicts = _environment(summary), _verdict_rows(_targets(run_dir))
+    return (atomic_write_text(run_dir / "index.html", _index_html(run_dir, summary, env, verdicts)),
+            atomic_write_text(run_dir / "summary.md", _summary_md(run_dir, summary, env, verdicts)))
+
+
+def _index_html(run_dir: Path, summary: dict, env: dict, verdicts: list) -> str:
+    e = html.escape
+    status = summary.get("status", "?")
+    out = [f"<!doctype html><html><head><meta charset='utf-8'><title>fastattn {e(run_dir.name)}</title>"
+           f"<style>{CSS}</style></head><body>",
+           f"<h1>fastattn workbook: {e(run_dir.name)}</h1>",
+           f"<p>Overall: <span class='{'ok' if status == 'ok' else 'bad'}'>{e(status)}</span>. Weights are random "
+           "unless a checkpoint was given; timings are real.</p>", "<h2>Environment</h2><table>"]
+    out += [f"<tr><th>{e(k)}</th><td>{e(fmt(v))}</td></tr>" for k, v in env.items()]
+    params = summary.get("parameters") or {}
+    out.append(f"<tr><th>parameters</th><td>{e(', '.join(f'{k}={v}' for k, v in params.items()) or 'defaults')}"
+               "</td></tr></table>")
+    if verdicts:
+        out.append("<h2>Verdicts (targets judged in this run)</h2><table><tr><th>claim</th><th>measured</th>"
+                   "<th>goal</th><th>met</th><th>note</th></tr>")
+        out += [f"<tr><td>{e(v['claim'])}</td><td>{e(v['measured'])}</td><td>{e(v['goal'])}</td>"
+                f"<td class='{'ok' if v['met'] else 'bad'}'>{'yes' if v['met'] else 'no'}</td><td>{e(v['note'])}"
+                "</td></tr>" for v in verdicts]
+        out.append("</table>")
+    out.append("<h2>Notebooks</h2>")
+    for nb in summary.get("notebooks", []):
+        link = nb.get("html") or nb.get("executed")
+        cls = "ok" if nb.get("status") == "ok" else "bad"
+        out.append(f"<h3><a href='{e(link)}'>{e(nb['name'])}</a> <span class='{cls}'>{e(nb.get('status', '?'))}"
+                   f"</span> ({fmt(nb.get('duration_s', float('nan')))} s)</h3>")
+        if nb.get("error"):
+            out.append(f"<p class='bad'>{e(short(nb['error'], 300))}</p>")
+        items = nb.get("findings") or {}
+        if items:
+            out.append("<table>" + "".join(f"<tr><td>{e(k)}</td><td>{e(fmt(v, k))}</td></tr>"
+                                           for k, v in items.items()) + "</table>")
+        figs = sorted((run_dir / Path(nb["name"]).stem / "figures").glob("*.png"))
+        out += [f"<a href='{e(link)}'><img src='{e(str(f.relative_to(run_dir)))}' alt='{e(f.stem)}'></a>"
+                for f in figs[:4]]
+    out.append("</body></html>")
+    return "\n".join(out)
+
+
+def _md_table(rows: list) -> list:
+    if not rows:
+        return []
+    cols = list(rows[0])
+    esc = lambda s: str(s).replace("|", "\\|")  # noqa: E731
+    return ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)] + \
+           ["| " + " | ".join(esc(r[c]) for c in cols) + " |" for r in rows]
+
+
+def _summary_md(run_dir: Path, summary: dict, env: dict, verdicts: list) -> str:
+    lines = [f"## fastattn workbook: `{run_dir.name}` ({summary.get('status', '?')})", "",
+             "Environment: " + ", ".join(f"{k} {fmt(v)}" for k, v in env.items()), ""]
+    if verdicts:
+        lines += ["### Verdicts", ""] + _md_table([{**v, "met": "yes" if v["met"] else "**no**"} for v in verdicts])
+        lines.append("")
+    lines += ["### Notebooks", ""]
+    for nb in summary.get("notebooks", []):
+        link = nb.get("html") or nb.get("executed")
+        lines.append(f"* [{nb['name']}]({link}): {nb.get('status')} in {fmt(nb.get('duration_s', float('nan')))} s")
+        if nb.get("error"):
+            lines.append(f"  * error: {short(nb['error'], 300)}")
+        lines += [f"  * {k}: {fmt(v, k)}" for k, v in (nb.get("findings") or {}).items()]
+    return "\n".join(lines) + "\n"
+
+
+# --------------------------------------------------------------------------- the hardware matrix
+def _records(folder: Path) -> list:
+    paths = list(folder.glob("*.json")) + list(folder.glob("*/records/*.json"))
+    return [r for r in (_load(p) for p in sorted(paths)) if isinstance(r, dict) and "kind" in r]
+
+
+def _row(rows, **match):
+    return next((r for r in rows if all(r.get(k) == v for k, v in match.items())), None)
+
+
+def _att_ratio(recs, dtype, num, den, position):
+    for r in recs:
+        if r["kind"] == "attention" and r["params"].get("dtype") == dtype and r["params"].get("capacity") == 8192:
+            a, b = _row(r["rows"], mode=num, position=position), _row(r["rows"], mode=den, position=position)
+            if a and b:
+                return f"{a['median_ms'] / b['median_ms']:.3g}x"
+    return None
+
+
+def _measures(recs: list) -> dict:
+    """The headline measures one machine's records hold (absent ones are simply missing)."""
+    out = {}
+    for dt, label in (("float32", "fp32"), ("bfloat16", "bf16")):
+        for num, den, p in (("exact", "reference", 256), ("fast", "reference", 256), ("fast", "slice_fix", 4096)):
+            v = _att_ratio(recs, dt, num, den, p)
+            if v:
+                out[f"attention {label} p={p}: {num} / {den}"] = v
+        att = next((r for r in recs if r["kind"] == "attention" and r["params"].get("dtype") == dt), None)
+        if att and att.get("fast_choice"):
+            out[f"fast's implementation, {label}"] = ", ".join(sorted({c["winner"] for c in att["fast_choice"]}))
+        if att and "exact_granularity" in att["params"]:
+            out[f"exact granularity, {label}"] = str(att["params"]["exact_granularity"])
+    for r in recs:
+        if r["kind"] == "decode_step":
+            up, pa = _row(r["rows"], variant="upstream", position=256), _row(r["rows"], variant="patched",
+                                                                             position=256)
+            if up and pa:
+                out[f"decode step p=256 {r['params']['dtype']}: patched / upstream"] = \
+                    f"{pa['median_ms'] / up['median_ms']:.3g}x"
+        elif r["kind"] == "whole_decode":
+            p = r["params"]
+            out[f"whole decode {p['preset']} {p['dtype']} {p['steps']} steps: patched / upstream"] = \
+                f"{r['ratio']:.3g}x ({'bit-identical' if r['identical'] else 'differs'})"
+        elif r["kind"] == "kv_memory":
+            out["KV of a 300-token request, full model"] = \
+                f"{r['upstream_bytes'] / 1e6:.3g} MB -> {r['patched_bytes'] / 1e6:.3g} MB"
+        elif r["kind"] == "stream_profile":
+            for v, text in r.get("verdict", {}).items():
+                out[f"stream {r['params']['preset']} {r['params']['chunks']} chunks: {v}"] = text
+    return out
+
+
+def _machine(recs: list, folder: Path) -> str:
+    env = next((r["env"] for r in recs if isinstance(r.get("env"), dict) and r["env"].get("device_name")), {})
+    name = env.get("device_name") or folder.name
+    return f"{name} · torch {env.get('torch', '?')} · {env.get('threads', '?')} threads ({folder.name})"
+
+
+def compare(paths) -> dict:
+    """``{"machines": [...], "rows": [{"measure": ..., machine: value or "not measured"}]}`` over folders."""
+    cols, per = [], []
+    for p in map(Path, paths):
+        if not p.is_dir():
+            raise ValueError(f"{p}: not a run folder or a record folder")
+        recs = _records(p)
+        if not recs:
+            raise ValueError(f"{p}: holds no fastattn records")
+        cols.append(_machine(recs, p))
+        per.append(_measures(recs))
+    names = list(dict.fromkeys(k for m in per for k in m))
+    rows = [{"measure": n, **{c: m.get(n, "not measured") for c, m in zip(cols, per)}} for n in names]
+    return {"machines": cols, "rows": rows}
+
+
+def compare_markdown(matrix: dict) -> str:
+    return "\n".join(_md_table(matrix["rows"])) + "\n"
+
+
+def compare_html(matrix: dict) -> str:
+    e = html.escape
+    head = "".join(f"<th>{e(c)}</th>" for c in ["measure", *matrix["machines"]])
+    body = "".join("<tr>" + "".join(f"<td>{e(str(r[c]))}</td>" for c in ["measure", *matrix["machines"]]) + "</tr>"
+                   for r in matrix["rows"])
+    return (f"<!doctype html><html><head><meta charset='utf-8'><title>fastattn hardware matrix</title>"
+            f"<style>{CSS}</style></head><body><h1>fastattn hardware matrix</h1><table><tr>{head}</tr>{body}"
+            "</table></body></html>")
+
+
+def main(argv=None) -> int:
+    import argparse
+    import sys
+    ap = argparse.ArgumentParser(prog="python -m fastattn compare",
+                                 description="A hardware matrix across runs and committed record folders.")
+    ap.add_argument("folders", nargs="+", help="reports/<run>/ or data/results/<box>/ folders")
+    ap.add_argument("--html", default=None, help="also write the matrix as HTML to this file (never overwritten)")
+    args = ap.parse_args(argv)
+    try:
+        matrix = compare(args.folders)
+    except ValueError as exc:
+        print(f"[fastattn] error: {exc}", file=sys.stderr)
+        return 2
+    print(compare_markdown(matrix), end="")
+    if args.html:
+        out = Path(args.html)
+        if out.exists():
+            print(f"[fastattn] error: --html {out}: exists (never overwritten)", file=sys.stderr)
+            return 2
+        from .paths import atomic_write_text
+        atomic_write_text(out, compare_html(matrix))
+        print(f"[fastattn] wrote {out}")
+    return 0
