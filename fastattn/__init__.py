@@ -37,9 +37,9 @@ __all__ = ["MODES", "attention_step", "calibrate_exact", "check_exactness", "exa
            "MaskInfo", "attention", *_LAZY]
 
 
-_SUBMODULES = {"exactness", "fast", "modes", "devices", "experiments", "masks", "cache", "backends", "doctor", "patch",
-               "models", "graphs", "bench", "plots",
-               "workbook", "upstream", "paths", "compat"}
+_SUBMODULES = {"modes", "masks", "cache", "exactness", "fast", "backends", "devices", "doctor",
+               "patch", "steps", "inflight", "models", "graphs", "upstream", "compat", "bench", "plots", "report",
+               "workbook", "gpucheck", "experiments", "paths"}
 
 
 def __getattr__(name):

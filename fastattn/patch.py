@@ -27,20 +27,19 @@ function objects (identity) and gives converted models upstream caches again.
 
 from __future__ import annotations
 
-import functools
 import hashlib
 import inspect
 import logging
-import threading
 import weakref
 from contextlib import contextmanager
 from typing import Optional
 
-from . import compat
+from . import compat, inflight
 from .attention import _check_bucket
 from .cache import RightSizedKVCache
 from .devices import package_version
 from .exactness import exactness_report
+from .inflight import in_flight
 from .modes import REGISTRY, mode_spec
 from .steps import cache_granularity, make_attention_forward_step, make_model_forward_step, make_setup_cache
 
@@ -160,55 +159,7 @@ def swapped(fns: dict):
             _install(name, fn)
 
 
-# --------------------------------------------------------------------------- requests in flight
-_LOCK = threading.RLock()
-_INFLIGHT: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model -> decodes running now
-
-#: voxcpm's decode generators (every generate / streaming / prompt-cache entry point runs one): wrapped, once
-#: per process, by a counter so the patch knows when a request is running. Behaviour-neutral.
-TRACKED = (("voxcpm.model.voxcpm2", "VoxCPM2Model", "_inference"), ("voxcpm.model.voxcpm", "VoxCPMModel", "_inference"))
-
-
-def _tracked(fn):
-    @functools.wraps(fn)
-    def _inference(self, *args, **kwargs):
-        with _LOCK:
-            _INFLIGHT[self] = _INFLIGHT.get(self, 0) + 1
-        try:
-            yield from fn(self, *args, **kwargs)
-        finally:
-            _request_ended(self)
-
-    _inference.__fastattn_tracked__ = True
-    return _inference
-
-
-def _track_requests() -> None:
-    import importlib
-
-    compat.ensure_torchaudio()
-    for mod, cls_name, attr in TRACKED:
-        cls = getattr(importlib.import_module(mod), cls_name)
-        if not getattr(cls.__dict__[attr], "__fastattn_tracked__", False):
-            setattr(cls, attr, _tracked(cls.__dict__[attr]))
-
-
-def in_flight(model=None) -> int:
-    """Decodes running now (on ``model``, or on any model)."""
-    with _LOCK:
-        return _INFLIGHT.get(model, 0) if model is not None else sum(_INFLIGHT.values())
-
-
-def _request_ended(model) -> None:
-    with _LOCK:
-        n = _INFLIGHT.get(model, 1) - 1
-        if n > 0:
-            _INFLIGHT[model] = n
-        else:
-            _INFLIGHT.pop(model, None)
-        finish = _STATE is not None and _STATE.pending_revert and not any(_INFLIGHT.values())
-    if finish:
-        _STATE.undo()
+_LOCK = inflight.LOCK
 
 
 # --------------------------------------------------------------------------- the applied patch and its holders
@@ -274,10 +225,11 @@ class _Applied:
             self.holders.discard(id(holder))
             if self.holders or self.pending_revert:
                 return
-            if any(_INFLIGHT.values()):
+            if in_flight():
                 self.pending_revert = True
+                inflight.when_idle(self.undo)
                 log.warning("fastattn: revert() deferred: %d decode(s) in flight keep the patched functions "
-                            "and caches until they end", sum(_INFLIGHT.values()))
+                            "and caches until they end", in_flight())
                 return
         self.undo()
 
@@ -409,7 +361,7 @@ def patch_voxcpm(model=None, *, mode: str = "exact", cache: bool = True, force: 
         _lms(model)
         _check_not_compiled(model)
     with _LOCK:
-        _track_requests()
+        inflight.track_requests()
         want = {"mode": mode, "cache": cache, "bucket": bucket}
         if _STATE is not None and (_STATE.settings != want or _STATE.pending_revert):
             why = ("its revert is pending until the decodes in flight end" if _STATE.pending_revert

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 import fastattn
-from fastattn import patch as P
+from fastattn import patch as patch_mod
 from fastattn.models import build_voxcpm2, load_voxcpm2
 from fastattn.patch import PatchError, cache_bytes, patch_status, patch_voxcpm
 
@@ -33,8 +33,8 @@ def decode(model, steps=STEPS, streaming=False, seed=1, timesteps=2):
 @pytest.fixture(autouse=True)
 def _no_patch_leaks():
     yield
-    if P._STATE is not None:
-        P._STATE.undo()
+    if patch_mod._STATE is not None:
+        patch_mod._STATE.undo()
         pytest.fail("a test left voxcpm patched")
 
 
@@ -63,7 +63,9 @@ def test_exact_patch_is_bit_identical_whole_decode(tiny, cache):
 def test_small_preset_real_geometry_few_steps(dtype):
     model = build_voxcpm2("small", dtype=dtype)
     text = "a short sentence for the small preset"
-    run = lambda: (torch.manual_seed(3), model.generate(text, min_len=6, max_len=8, inference_timesteps=2))[1]
+    def run():
+        torch.manual_seed(3)
+        return model.generate(text, min_len=6, max_len=8, inference_timesteps=2)
     ref = run()
     with patch_voxcpm(model):
         assert torch.equal(run(), ref)
@@ -157,12 +159,13 @@ def test_revert_restores_identity_and_is_idempotent():
     from voxcpm.modules.minicpm4 import model as M
 
     def class_dicts():  # read voxcpm's classes directly, not through fastattn's table
-        return {n: getattr(M, n.split(".")[0]).__dict__[n.split(".")[1]] for n in P.TARGETS}
+        return {n: getattr(M, n.split(".")[0]).__dict__[n.split(".")[1]] for n in patch_mod.TARGETS}
 
-    assert set(P.TARGETS) == {"MiniCPMAttention.forward_step", "MiniCPMModel.forward_step", "MiniCPMModel.setup_cache"}
+    assert set(patch_mod.TARGETS) == {"MiniCPMAttention.forward_step", "MiniCPMModel.forward_step",
+                                      "MiniCPMModel.setup_cache"}
     originals = class_dicts()
     h = patch_voxcpm()
-    assert all(class_dicts()[n] is not originals[n] for n in P.TARGETS)
+    assert all(class_dicts()[n] is not originals[n] for n in patch_mod.TARGETS)
     inner = patch_voxcpm()  # same settings: a second holder of the same patch
     assert inner is not h and inner.applied and patch_status()["holders"] == 2
     inner.revert()
@@ -171,7 +174,7 @@ def test_revert_restores_identity_and_is_idempotent():
         patch_voxcpm(mode="fast")
     h.revert()
     h.revert()  # twice: no-op
-    assert all(class_dicts()[n] is originals[n] for n in P.TARGETS)
+    assert all(class_dicts()[n] is originals[n] for n in patch_mod.TARGETS)
     assert patch_status()["applied"] is False
 
 
@@ -199,11 +202,12 @@ def test_compiled_model_is_refused():
     model.base_lm.forward_step = torch.compile(model.base_lm.forward_step, backend="eager")
     with pytest.raises(PatchError, match="optimize=False"):
         patch_voxcpm(model)
-    assert P._STATE is None
+    assert patch_mod._STATE is None
 
 
 def test_unknown_voxcpm_source_is_refused_unless_forced(monkeypatch):
-    monkeypatch.setattr(P, "VERIFIED", {"2.0.3": {**P.VERIFIED["2.0.3"], "MiniCPMModel.forward_step": "0" * 16}})
+    changed = {**patch_mod.VERIFIED["2.0.3"], "MiniCPMModel.forward_step": "0" * 16}
+    monkeypatch.setattr(patch_mod, "VERIFIED", {"2.0.3": changed})
     with pytest.raises(PatchError, match=r"changed source in MiniCPMModel\.forward_step.*force=True"):
         patch_voxcpm()
     with patch_voxcpm(force=True) as h:
@@ -223,7 +227,9 @@ def test_short_request_kv_memory_under_a_tenth():
     """Prefill ~100, 200 steps: the patched request's KV bytes are <= 1/10 of upstream's."""
     model = build_voxcpm2("tiny", dtype="bfloat16")
     text = "a b c d e f g h i j " * 5  # ~100 tokens
-    run = lambda: (torch.manual_seed(0), model.generate(text, min_len=200, max_len=210, inference_timesteps=1))[1]
+    def run():
+        torch.manual_seed(0)
+        return model.generate(text, min_len=200, max_len=210, inference_timesteps=1)
     run()
     up = cache_bytes(model)["total"]
     assert 280 <= model.base_lm.kv_cache.current_length <= 320
@@ -251,7 +257,9 @@ def _voxcpm1_tiny(dtype="float32"):
 @pytest.mark.slow
 def test_voxcpm1_models_share_the_classes_and_stay_identical():
     m = _voxcpm1_tiny()
-    run = lambda: (torch.manual_seed(2), m.generate(TEXT, min_len=120, max_len=130, inference_timesteps=2))[1]
+    def run():
+        torch.manual_seed(2)
+        return m.generate(TEXT, min_len=120, max_len=130, inference_timesteps=2)
     ref = run()
     with patch_voxcpm(m):
         assert isinstance(m.base_lm.kv_cache, fastattn.RightSizedKVCache)

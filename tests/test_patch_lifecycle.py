@@ -6,7 +6,7 @@ import pytest
 import torch
 
 import fastattn
-from fastattn import patch as P
+from fastattn import patch as patch_mod
 from fastattn.models import build_voxcpm2
 from fastattn.patch import PatchError, patch_status, patch_voxcpm
 
@@ -17,8 +17,8 @@ KW = dict(min_len=40, max_len=40, inference_timesteps=2)
 @pytest.fixture(autouse=True)
 def _no_patch_leaks():
     yield
-    if P._STATE is not None:
-        P._STATE.undo()
+    if patch_mod._STATE is not None:
+        patch_mod._STATE.undo()
         pytest.fail("a test left voxcpm patched")
 
 
@@ -56,11 +56,11 @@ def test_patching_while_a_decode_runs_is_refused(model):
         pass  # the request tracker is installed from the first patch on
     gen = stream(model)
     next(gen)
-    assert P.in_flight(model) == 1
+    assert patch_mod.in_flight(model) == 1
     with pytest.raises(PatchError, match="in flight"):
         patch_voxcpm(model)
     gen.close()
-    assert P.in_flight(model) == 0
+    assert patch_mod.in_flight(model) == 0
     with patch_voxcpm(model):
         pass
 

@@ -83,8 +83,9 @@ def compile_demo(variant: str, *, steps: int = 160, bucket: int = 16, text: str 
         if variant == "patched":
             handle = patch_voxcpm(model, bucket=bucket)
         try:
-            run = lambda: (torch.manual_seed(seed), model.generate(text, min_len=steps, max_len=steps,
-                                                                   inference_timesteps=1))[1]
+            def run():
+                torch.manual_seed(seed)
+                return model.generate(text, min_len=steps, max_len=steps, inference_timesteps=1)
             eager = run()
             torch._dynamo.reset()
             reset_graph_counts()
