@@ -74,14 +74,17 @@ def _verdict_rows(targets: list) -> list:
 
 def write_report(run_dir, summary: dict) -> tuple:
     """Write ``index.html`` and ``summary.md`` into ``run_dir``; return their paths."""
+    from .experiments.claims import claims_ledger
     from .paths import atomic_write_text
     run_dir = Path(run_dir)
     env, verdicts = _environment(summary), _verdict_rows(_targets(run_dir))
-    return (atomic_write_text(run_dir / "index.html", _index_html(run_dir, summary, env, verdicts)),
-            atomic_write_text(run_dir / "summary.md", _summary_md(run_dir, summary, env, verdicts)))
+    ledger = [dict(r, evidence=short(r["evidence"], 220)) for r in claims_ledger(run_dir)]
+    atomic_write_text(run_dir / "claims_ledger.json", json.dumps(claims_ledger(run_dir), indent=1))
+    return (atomic_write_text(run_dir / "index.html", _index_html(run_dir, summary, env, verdicts, ledger)),
+            atomic_write_text(run_dir / "summary.md", _summary_md(run_dir, summary, env, verdicts, ledger)))
 
 
-def _index_html(run_dir: Path, summary: dict, env: dict, verdicts: list) -> str:
+def _index_html(run_dir: Path, summary: dict, env: dict, verdicts: list, ledger: list) -> str:
     e = html.escape
     status = summary.get("status", "?")
     out = [f"<!doctype html><html><head><meta charset='utf-8'><title>fastattn {e(run_dir.name)}</title>"
@@ -99,6 +102,13 @@ def _index_html(run_dir: Path, summary: dict, env: dict, verdicts: list) -> str:
         out += [f"<tr><td>{e(v['claim'])}</td><td>{e(v['measured'])}</td><td>{e(v['goal'])}</td>"
                 f"<td class='{'ok' if v['met'] else 'bad'}'>{'yes' if v['met'] else 'no'}</td><td>{e(v['note'])}"
                 "</td></tr>" for v in verdicts]
+        out.append("</table>")
+    if ledger:
+        out.append("<h2>The seeds' claims, judged on this device</h2><table><tr><th>source</th><th>claim</th>"
+                   "<th>verdict</th><th>evidence</th></tr>")
+        out += [f"<tr><td>{e(r['source'])}</td><td>{e(r['claim'])}</td><td class='"
+                f"{'ok' if r['verdict'] == 'holds' else 'bad' if r['verdict'] == 'does not hold' else ''}'>"
+                f"{e(r['verdict'])}</td><td>{e(r['evidence'])}</td></tr>" for r in ledger]
         out.append("</table>")
     out.append("<h2>Notebooks</h2>")
     for nb in summary.get("notebooks", []):
@@ -128,12 +138,14 @@ def _md_table(rows: list) -> list:
            ["| " + " | ".join(esc(r[c]) for c in cols) + " |" for r in rows]
 
 
-def _summary_md(run_dir: Path, summary: dict, env: dict, verdicts: list) -> str:
+def _summary_md(run_dir: Path, summary: dict, env: dict, verdicts: list, ledger: list) -> str:
     lines = [f"## fastattn workbook: `{run_dir.name}` ({summary.get('status', '?')})", "",
              "Environment: " + ", ".join(f"{k} {fmt(v)}" for k, v in env.items()), ""]
     if verdicts:
         lines += ["### Verdicts", ""] + _md_table([{**v, "met": "yes" if v["met"] else "**no**"} for v in verdicts])
         lines.append("")
+    if ledger:
+        lines += ["### The seeds' claims, judged on this device", ""] + _md_table(ledger) + [""]
     lines += ["### Notebooks", ""]
     for nb in summary.get("notebooks", []):
         link = nb.get("html") or nb.get("executed")

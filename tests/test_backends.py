@@ -145,3 +145,26 @@ def test_window_claim_verdict_follows_the_measurement(monkeypatch):
     assert broken["verdict"].startswith("does not hold") and "differs at length" in broken["shows"]
     assert "default exact granularity here: 1024" in broken["shows"]
     reset_exactness_cache()
+
+
+def test_claims_ledger_verdicts_come_from_measurements(tmp_path):
+    """Every seed claim gets one of four verdicts; direct measurements decide some; run records decide others."""
+    from fastattn import bench
+    from fastattn.experiments.claims import FAILS, HOLDS, NOT_HERE, NOT_RUN, claims_ledger
+    ledger = claims_ledger(None)
+    assert len(ledger) == 18 and {r["verdict"] for r in ledger} <= {HOLDS, FAILS, NOT_HERE, NOT_RUN}
+    by = {r["claim"]: r for r in ledger}
+    assert by[".contiguous() on the layer caches is a no-op (no copy)"]["verdict"] == HOLDS
+    assert by["sdpa_kernel switches SDPA's kernel for all threads (process-wide)"]["verdict"] == HOLDS
+    assert by["Every request zero-fills the whole cache of both LMs"]["verdict"] == HOLDS
+    assert by["MPS needs .contiguous() on sliced views"]["verdict"] == NOT_HERE
+    symptom = "Streaming slows from ~0.3 s to 1-2 s per chunk after 400+ chunks (#293)"
+    assert by[symptom]["verdict"] == NOT_RUN and "01_root_cause" in by[symptom]["evidence"]
+    for word, verdict in (("decays (+80% from the first to the last sixth)", HOLDS),
+                          ("flat (+2% from the first to the last sixth)", FAILS)):
+        run = tmp_path / word.split()[0]
+        rec = bench.record("stream_profile", env={}, params={"chunks": 600, "preset": "small"}, rows=[],
+                           verdict={"upstream": word})
+        bench.save_record(rec, run / "01_root_cause" / "records", "stream_profile")
+        got = {r["claim"]: r for r in claims_ledger(run)}[symptom]
+        assert got["verdict"] == verdict and word in got["evidence"]
