@@ -1,7 +1,27 @@
-"""Shared test tools: kernels injected in place of SDPA."""
+"""Shared test tools: random caches, kernels injected in place of SDPA, the patch-leak guard."""
 
+import pytest
 import torch
 import torch.nn.functional as F
+
+
+def rand_cache(B, hq, hkv, cap, D, dtype, seed=0, lq=1):
+    """Random (q, k_cache, v_cache): q (B, hq, lq, D), caches (B, hkv, cap, D), never zeros."""
+    g = torch.Generator().manual_seed(seed)
+    k = torch.randn(B, hkv, cap, D, generator=g).to(dtype)
+    v = torch.randn(B, hkv, cap, D, generator=g).to(dtype)
+    q = torch.randn(B, hq, lq, D, generator=g).to(dtype)
+    return q, k, v
+
+
+@pytest.fixture(autouse=True)
+def no_patch_leaks():
+    """Fail a test that leaves voxcpm patched (and undo it for the next one). Import it where needed."""
+    yield
+    from fastattn import patch as patch_mod
+    if patch_mod._STATE is not None:
+        patch_mod._STATE.undo()
+        pytest.fail("a test left voxcpm patched")
 
 
 def order_sensitive(exact_multiple=None, capacity=None):

@@ -12,19 +12,13 @@ from hypothesis import strategies as st
 import fastattn
 from fastattn.attention import attention_step, check_exactness, window_for
 
+from .helpers import rand_cache
+
 MODES_TEXT = re.escape(", ".join(map(repr, fastattn.MODES)))  # the message lists the registry
 
 DTYPES = [torch.float32, torch.bfloat16]
 # float64-reference tolerance per dtype: a few ulps of the output scale.
 TOL = {torch.float32: 1e-5, torch.bfloat16: 2e-2}
-
-
-def rand_cache(B, hq, hkv, cap, D, dtype, seed=0, lq=1):
-    g = torch.Generator().manual_seed(seed)
-    k = torch.randn(B, hkv, cap, D, generator=g).to(dtype)
-    v = torch.randn(B, hkv, cap, D, generator=g).to(dtype)
-    q = torch.randn(B, hq, lq, D, generator=g).to(dtype)
-    return q, k, v
 
 
 def f64_reference(q, k, v, length):

@@ -196,9 +196,14 @@ def test_readme_figures_are_the_reference_records():
         f"moves its cache {targets[next(t for t in targets if t.endswith('storage moves'))]} times "
         f"({targets[next(t for t in targets if t.endswith('total time in step(), s'))]:.2f} s in `step()`",
     ]
+    stream = rec("stream_profile_full")
+    six = stream["sixths"]
+    expected.append(f"costs {six['upstream'][0] / 1e3:.2f} s per chunk upstream in the first sixth and "
+                    f"{six['upstream'][-1] / 1e3:.2f} s in the last")
+    expected.append(f"{six['exact'][0] / 1e3:.2f} -> {six['exact'][-1] / 1e3:.2f} s patched")
     for text in expected:
         assert text in readme, text
-    assert whole["identical"]
+    assert whole["identical"] and stream["identical"]["exact"]
 
 
 def _lines_by_label(ax):

@@ -19,18 +19,13 @@ import torch.nn.functional as F
 from fastattn import attention_step, calibrate_exact, exactness_report, reset_exactness_cache
 from fastattn.exactness import CPU_FLASH_KEY_BLOCK
 
-from .helpers import order_sensitive
+from .helpers import order_sensitive, rand_cache
 
 ROOT = Path(__file__).resolve().parents[1]
 DTYPES = [torch.float32, torch.bfloat16]
 
 
-def rand(B, hq, hkv, cap, D, dtype, lq=1, seed=0):
-    g = torch.Generator().manual_seed(seed)
-    k = torch.randn(B, hkv, cap, D, generator=g).to(dtype)
-    v = torch.randn(B, hkv, cap, D, generator=g).to(dtype)
-    q = torch.randn(B, hq, lq, D, generator=g).to(dtype)
-    return q, k, v
+rand = rand_cache
 
 
 def edge_lengths(cap, lq, step=256):

@@ -15,6 +15,8 @@ from fastattn import patch as patch_mod
 from fastattn.models import build_voxcpm2, load_voxcpm2
 from fastattn.patch import PatchError, cache_bytes, patch_status, patch_voxcpm
 
+from .helpers import no_patch_leaks  # noqa: F401  (autouse: no test leaves voxcpm patched)
+
 MODES_TEXT = re.escape(", ".join(map(repr, fastattn.MODES)))  # the message lists the registry
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -30,12 +32,6 @@ def decode(model, steps=STEPS, streaming=False, seed=1, timesteps=2):
     return model.generate(TEXT, **kw)
 
 
-@pytest.fixture(autouse=True)
-def _no_patch_leaks():
-    yield
-    if patch_mod._STATE is not None:
-        patch_mod._STATE.undo()
-        pytest.fail("a test left voxcpm patched")
 
 
 @pytest.fixture(scope="module", params=["float32", "bfloat16"])

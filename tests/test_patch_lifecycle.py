@@ -10,16 +10,12 @@ from fastattn import patch as patch_mod
 from fastattn.models import build_voxcpm2
 from fastattn.patch import PatchError, patch_status, patch_voxcpm
 
+from .helpers import no_patch_leaks  # noqa: F401  (autouse: no test leaves voxcpm patched)
+
 TEXT = "a stream that is still running when the patch is left " * 3
 KW = dict(min_len=40, max_len=40, inference_timesteps=2)
 
 
-@pytest.fixture(autouse=True)
-def _no_patch_leaks():
-    yield
-    if patch_mod._STATE is not None:
-        patch_mod._STATE.undo()
-        pytest.fail("a test left voxcpm patched")
 
 
 @pytest.fixture(scope="module")
