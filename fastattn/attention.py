@@ -50,7 +50,6 @@ capacity-sized mask outside ``reference``.
 from __future__ import annotations
 
 import math
-import warnings
 from typing import Optional, Union
 
 import torch
@@ -218,7 +217,7 @@ def attention_step(
     else:
         _check_length_tensor(length, lq, capacity, upper)
     if spec.windowed and window is not None and bucket is None:
-        _check_window_granularity(q, k_cache, window)
+        _exactness.warn_if_unaligned_window(q, k_cache, window)
     return _attend(q, k_cache, v_cache, length, mode, bucket, window)
 
 
@@ -232,20 +231,6 @@ def _check_length_tensor(length: torch.Tensor, lq: int, capacity: int, upper: in
     elif length.device.type != "meta":
         torch._assert_async(((length >= lq) & (length <= upper)).reshape(()),
                             f"length must satisfy Lq ({lq}) <= length <= {upper}")
-
-
-def _check_window_granularity(q, k_cache, window: int) -> None:
-    """A caller-chosen window must end on a calibrated block edge (or be the capacity) to stay exact."""
-    capacity = k_cache.shape[2]
-    g = _exactness.exact_granularity(q.device, q.dtype, hq=q.shape[1], hkv=k_cache.shape[1], head_dim=q.shape[3],
-                                     capacity=capacity, lq=q.shape[2])
-    if window != capacity and (g is None or window % g):
-        key = ("window", str(q.device), q.dtype, g)
-        if key not in _exactness._WARNED:
-            _exactness._WARNED.add(key)
-            warnings.warn(f"fastattn: window={window} is not a multiple of the calibrated exact granularity ({g}) "
-                          f"nor the capacity ({capacity}): the result is within rounding of mode='reference', "
-                          "not guaranteed bit-identical.", RuntimeWarning, stacklevel=3)
 
 
 def _attend(q, k_cache, v_cache, length, mode: str, bucket, window):
@@ -273,75 +258,11 @@ def _host_length(length: torch.Tensor, lq: int, capacity: int) -> int:
     return n
 
 
-# --------------------------------------------------------------------------- int-bucket self-check
-def _self_check_once(q: torch.Tensor, k_cache: torch.Tensor, bucket: int) -> None:
-    """An explicit int bucket: check it once per device/dtype/geometry/bucket and warn where it differs."""
-    if _exactness._capturing_or_compiling() or q.device.type == "meta":
-        return
-    key = (_exactness._device_name(q.device), _exactness._dtype_name(q.dtype), q.shape[1], k_cache.shape[1],
-           q.shape[3], bucket)
-    if key in _exactness._SELF_CHECKS or bucket >= k_cache.shape[2]:
-        return  # a bucket at or above capacity always windows the whole cache: upstream's call
-    with _exactness._LOCK:
-        if key in _exactness._SELF_CHECKS:
-            return
-        result = check_exactness(q.device, q.dtype, hq=q.shape[1], hkv=k_cache.shape[1], head_dim=q.shape[3],
-                                 bucket=bucket)
-        _exactness._SELF_CHECKS[key] = result
-    if not result["bit_identical"]:
-        warnings.warn(
-            "fastattn: mode='exact' is NOT bit-identical to mode='reference' on "
-            f"{key[0]} {key[1]} (Hq={key[2]}, Hkv={key[3]}, D={key[4]}, bucket={bucket}): "
-            f"max |diff| {result['max_abs_diff']:.3g} over {result['positions_checked']} positions "
-            f"(first differing position {result['first_diff_position']}). Results stay within rounding; "
-            "use bucket=None (calibrated) or mode='reference' where bits must match upstream.",
-            RuntimeWarning,
-            stacklevel=3,
-        )
-
-
-@torch.no_grad()
-def check_exactness(device, dtype, *, hq: int = 16, hkv: int = 2, head_dim: int = 128, bucket: int = 256,
-                    capacity: Optional[int] = None, positions=None, seed: int = 0) -> dict:
-    """Compare an int-``bucket`` ``exact`` against ``reference`` with random data on ``device``/``dtype``.
-
-    A quick check (one draw, Lq=1, positions around the bucket edges of a cache
-    of ``capacity``, default 4 buckets): it can pass a granularity that is not
-    exact at other lengths or draws. :func:`fastattn.calibrate_exact` is the
-    dense check the default ``bucket=None`` relies on. Returns
-    ``{"bit_identical", "max_abs_diff", "positions_checked", "first_diff_position", ...}``.
-    """
-    _check_bucket(bucket)
-    device = torch.device(device)
-    capacity = capacity or 4 * bucket
-    if capacity > 1 << 20:
-        raise ValueError(f"bucket={bucket} (capacity {capacity}): the self-check would allocate a {capacity}-slot "
-                         "cache; expected a bucket of at most 262144 (a window never exceeds the cache)")
-    if positions is None:
-        positions = sorted({0, 1, 15, 16, bucket - 1, bucket, bucket + 1, 2 * bucket + 7, 3 * bucket - 1, capacity - 1})
-    positions = [p for p in positions if 0 <= p < capacity]
-    gen = torch.Generator(device="cpu").manual_seed(seed)
-    k = torch.randn(1, hkv, capacity, head_dim, generator=gen).to(device=device, dtype=dtype)
-    v = torch.randn(1, hkv, capacity, head_dim, generator=gen).to(device=device, dtype=dtype)
-    max_diff, first = 0.0, None
-    for p in positions:
-        q = torch.randn(1, hq, 1, head_dim, generator=gen).to(device=device, dtype=dtype)
-        ref = _sdpa(q, k, v, _mask(capacity, 1, p + 1, device))
-        w = window_for(p + 1, capacity, bucket)
-        ex = _sdpa(q, k[:, :, :w], v[:, :, :w], _mask(w, 1, p + 1, device))
-        if not torch.equal(ref, ex):
-            d = (ref.double() - ex.double()).abs().max().item()
-            max_diff = max(max_diff, d)
-            first = p if first is None else first
-    return {
-        "device": str(device), "dtype": _exactness._dtype_name(dtype), "hq": hq, "hkv": hkv,
-        "head_dim": head_dim, "bucket": bucket, "capacity": capacity,
-        "bit_identical": first is None, "max_abs_diff": max_diff,
-        "positions_checked": len(positions), "first_diff_position": first,
-        "torch": torch.__version__,
-    }
-
-
 from . import exactness as _exactness  # noqa: E402  (imports _mask from this module)
-from .exactness import calibrate_exact, exactness_report, reset_exactness_cache  # noqa: E402,F401
+from .exactness import (  # noqa: E402,F401  (re-exported)
+    calibrate_exact,
+    check_exactness,
+    exactness_report,
+    reset_exactness_cache,
+)
 from .modes import MODES, REGISTRY, mode_spec  # noqa: E402,F401  (MODES re-exported)

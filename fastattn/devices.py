@@ -21,7 +21,7 @@ from importlib.metadata import PackageNotFoundError, version
 import torch
 
 __all__ = ["DTYPES", "resolve_device", "dtype_of", "dtype_name", "package_version", "cpu_name", "git_commit",
-           "device_name", "env_facts", "quiet_native_stderr"]
+           "device_name", "device_key", "env_facts", "quiet_native_stderr"]
 
 DTYPES = {"bfloat16": torch.bfloat16, "float32": torch.float32, "float16": torch.float16}
 _DEVICE_TYPES = ("auto", "cpu", "cuda", "mps")
@@ -61,6 +61,14 @@ def dtype_of(dtype, *, name: str = "dtype") -> torch.dtype:
 def dtype_name(dtype) -> str:
     """``"bfloat16"`` for ``torch.bfloat16`` (any torch dtype)."""
     return str(dtype).replace("torch.", "")
+
+
+def device_key(device) -> str:
+    """A device as a cache key: ``"cpu"``, ``"cuda:0"`` (the current index filled in), ``"meta"``."""
+    device = torch.device(device)
+    if device.type == "cuda" and device.index is None and torch.cuda.is_available():
+        return f"cuda:{torch.cuda.current_device()}"
+    return str(device)
 
 
 def package_version(dist: str) -> str:

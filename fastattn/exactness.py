@@ -40,8 +40,10 @@ from typing import Optional
 import torch
 import torch.nn.functional as F
 
-__all__ = ["CPU_FLASH_KEY_BLOCK", "calibrate_exact", "exact_granularity", "kernel_key_block",
-           "exactness_report", "reset_exactness_cache"]
+from .devices import device_key, dtype_name
+
+__all__ = ["CPU_FLASH_KEY_BLOCK", "calibrate_exact", "exact_granularity", "kernel_key_block", "check_exactness",
+           "self_check_once", "warn_if_unaligned_window", "exactness_report", "reset_exactness_cache"]
 
 #: torch's CPU flash-attention kernel walks keys in blocks of this many (kvSplitSize, every qSize).
 CPU_FLASH_KEY_BLOCK = 512
@@ -50,16 +52,6 @@ _LOCK = threading.RLock()
 _CALIBRATIONS: dict = {}   # geometry key -> calibration dict
 _SELF_CHECKS: dict = {}    # (int-bucket) self-check key -> check_exactness dict
 _WARNED: set = set()
-
-
-def _dtype_name(dtype) -> str:
-    return str(dtype).replace("torch.", "")
-
-
-def _device_name(device: torch.device) -> str:
-    if device.type == "cuda" and device.index is None and torch.cuda.is_available():
-        return f"cuda:{torch.cuda.current_device()}"
-    return str(device)
 
 
 def _check_geometry(hq, hkv, head_dim, capacity, lq) -> None:
@@ -169,7 +161,7 @@ def calibrate_exact(device, dtype, *, hq: int, hkv: int, head_dim: int, capacity
     if device.type != "meta" and ladder:
         _measure(ladder, lengths, device, dtype, hq, hkv, head_dim, capacity, lq, draws, seed, exhaustive)
     chosen = next((r["candidate"] for r in ladder if r["eligible"] and r["bit_identical"]), None)
-    return {"device": _device_name(device), "dtype": _dtype_name(dtype), "hq": hq, "hkv": hkv, "head_dim": head_dim,
+    return {"device": device_key(device), "dtype": dtype_name(dtype), "hq": hq, "hkv": hkv, "head_dim": head_dim,
             "capacity": capacity, "lq": lq, "draws": draws, "threads": torch.get_num_threads(),
             "kernel": kernel, "key_block": block, "bucket": chosen, "ladder": ladder,
             "lengths": len(lengths), "exhaustive": exhaustive, "torch": torch.__version__,
@@ -207,6 +199,77 @@ def _measure(ladder, lengths, device, dtype, hq, hkv, head_dim, capacity, lq, dr
             return
 
 
+# --------------------------------------------------------------------------- an explicit int bucket
+def self_check_once(q: torch.Tensor, k_cache: torch.Tensor, bucket: int) -> None:
+    """An explicit int bucket: check it once per device/dtype/geometry/bucket and warn where it differs."""
+    if _capturing_or_compiling() or q.device.type == "meta":
+        return
+    key = (device_key(q.device), dtype_name(q.dtype), q.shape[1], k_cache.shape[1],
+           q.shape[3], bucket)
+    if key in _SELF_CHECKS or bucket >= k_cache.shape[2]:
+        return  # a bucket at or above capacity always windows the whole cache: upstream's call
+    with _LOCK:
+        if key in _SELF_CHECKS:
+            return
+        result = check_exactness(q.device, q.dtype, hq=q.shape[1], hkv=k_cache.shape[1], head_dim=q.shape[3],
+                                 bucket=bucket)
+        _SELF_CHECKS[key] = result
+    if not result["bit_identical"]:
+        warnings.warn(
+            "fastattn: mode='exact' is NOT bit-identical to mode='reference' on "
+            f"{key[0]} {key[1]} (Hq={key[2]}, Hkv={key[3]}, D={key[4]}, bucket={bucket}): "
+            f"max |diff| {result['max_abs_diff']:.3g} over {result['positions_checked']} positions "
+            f"(first differing position {result['first_diff_position']}). Results stay within rounding; "
+            "use bucket=None (calibrated) or mode='reference' where bits must match upstream.",
+            RuntimeWarning,
+            stacklevel=3,
+        )
+
+
+@torch.no_grad()
+def check_exactness(device, dtype, *, hq: int = 16, hkv: int = 2, head_dim: int = 128, bucket: int = 256,
+                    capacity: Optional[int] = None, positions=None, seed: int = 0) -> dict:
+    """Compare an int-``bucket`` ``exact`` against ``reference`` with random data on ``device``/``dtype``.
+
+    A quick check (one draw, Lq=1, positions around the bucket edges of a cache
+    of ``capacity``, default 4 buckets): it can pass a granularity that is not
+    exact at other lengths or draws. :func:`fastattn.calibrate_exact` is the
+    dense check the default ``bucket=None`` relies on. Returns
+    ``{"bit_identical", "max_abs_diff", "positions_checked", "first_diff_position", ...}``.
+    """
+    from .attention import _check_bucket, _mask, _sdpa, window_for
+
+    _check_bucket(bucket)
+    device = torch.device(device)
+    capacity = capacity or 4 * bucket
+    if capacity > 1 << 20:
+        raise ValueError(f"bucket={bucket} (capacity {capacity}): the self-check would allocate a {capacity}-slot "
+                         "cache; expected a bucket of at most 262144 (a window never exceeds the cache)")
+    if positions is None:
+        positions = sorted({0, 1, 15, 16, bucket - 1, bucket, bucket + 1, 2 * bucket + 7, 3 * bucket - 1, capacity - 1})
+    positions = [p for p in positions if 0 <= p < capacity]
+    gen = torch.Generator(device="cpu").manual_seed(seed)
+    k = torch.randn(1, hkv, capacity, head_dim, generator=gen).to(device=device, dtype=dtype)
+    v = torch.randn(1, hkv, capacity, head_dim, generator=gen).to(device=device, dtype=dtype)
+    max_diff, first = 0.0, None
+    for p in positions:
+        q = torch.randn(1, hq, 1, head_dim, generator=gen).to(device=device, dtype=dtype)
+        ref = _sdpa(q, k, v, _mask(capacity, 1, p + 1, device))
+        w = window_for(p + 1, capacity, bucket)
+        ex = _sdpa(q, k[:, :, :w], v[:, :, :w], _mask(w, 1, p + 1, device))
+        if not torch.equal(ref, ex):
+            d = (ref.double() - ex.double()).abs().max().item()
+            max_diff = max(max_diff, d)
+            first = p if first is None else first
+    return {
+        "device": str(device), "dtype": dtype_name(dtype), "hq": hq, "hkv": hkv,
+        "head_dim": head_dim, "bucket": bucket, "capacity": capacity,
+        "bit_identical": first is None, "max_abs_diff": max_diff,
+        "positions_checked": len(positions), "first_diff_position": first,
+        "torch": torch.__version__,
+    }
+
+
 # --------------------------------------------------------------------------- the cached choice
 def _capturing_or_compiling() -> bool:
     if torch.compiler.is_compiling():
@@ -215,7 +278,7 @@ def _capturing_or_compiling() -> bool:
 
 
 def _key(device, dtype, hq, hkv, head_dim, capacity, lq) -> tuple:
-    return (_device_name(torch.device(device)), _dtype_name(dtype), hq, hkv, head_dim, capacity, lq,
+    return (device_key(torch.device(device)), dtype_name(dtype), hq, hkv, head_dim, capacity, lq,
             torch.get_num_threads(), id(F.scaled_dot_product_attention))
 
 
@@ -243,6 +306,20 @@ def exact_granularity(device, dtype, *, hq: int, hkv: int, head_dim: int, capaci
                       f"({cal['kernel']}): {why}. It stays bit-identical to upstream but is no faster than "
                       "mode='reference' there; mode='fast' is the opt-in speed path.", RuntimeWarning, stacklevel=3)
     return cal["bucket"]
+
+
+def warn_if_unaligned_window(q, k_cache, window: int) -> None:
+    """A caller-chosen window must end on a calibrated block edge (or be the capacity) to stay exact."""
+    capacity = k_cache.shape[2]
+    g = exact_granularity(q.device, q.dtype, hq=q.shape[1], hkv=k_cache.shape[1], head_dim=q.shape[3],
+                          capacity=capacity, lq=q.shape[2])
+    if window != capacity and (g is None or window % g):
+        key = ("window", str(q.device), q.dtype, g)
+        if key not in _WARNED:
+            _WARNED.add(key)
+            warnings.warn(f"fastattn: window={window} is not a multiple of the calibrated exact granularity ({g}) "
+                          f"nor the capacity ({capacity}): the result is within rounding of mode='reference', "
+                          "not guaranteed bit-identical.", RuntimeWarning, stacklevel=3)
 
 
 def exactness_report() -> list:

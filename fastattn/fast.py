@@ -33,11 +33,12 @@ import logging
 import math
 import statistics
 import threading
-import time
 from typing import Callable, Optional
 
 import torch
 import torch.nn.functional as F
+
+from .devices import device_key, dtype_name
 
 __all__ = ["CANDIDATES", "fast_attention", "fast_report", "reset_fast_cache", "choose_fast", "grouped_window"]
 
@@ -124,30 +125,16 @@ def _length_class(n: int) -> str:
 
 
 def _key(q, k) -> tuple:
-    from .exactness import _device_name, _dtype_name
-    return (_device_name(q.device), _dtype_name(q.dtype), q.shape[1], k.shape[1], q.shape[3],
+    return (device_key(q.device), dtype_name(q.dtype), q.shape[1], k.shape[1], q.shape[3],
             "lq=1" if q.shape[2] == 1 else "lq>1", _length_class(k.shape[2]))
 
 
-def _sync(device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
 def _time(fns: dict, args_list: list, device, repeats: int = 7, warmup: int = 2) -> dict:
-    """Median seconds per candidate over the probe lengths, candidates interleaved call by call."""
-    times = {name: [] for name in fns}
-    for r in range(warmup + repeats):
-        for name, fn in fns.items():
-            total = 0.0
-            for args in args_list:
-                _sync(device)
-                t0 = time.perf_counter()
-                fn(*args)
-                _sync(device)
-                total += time.perf_counter() - t0
-            if r >= warmup:
-                times[name].append(total)
+    """Median seconds per candidate, each sample one call at every probe length; candidates interleaved
+    call by call (bench's timer: rotating order, CUDA events on CUDA)."""
+    from .bench.timing import time_interleaved
+    runs = {name: (lambda fn=fn: [fn(*a) for a in args_list]) for name, fn in fns.items()}
+    times = time_interleaved(runs, repeats=repeats, warmup=warmup, device=device)
     return {name: statistics.median(t) for name, t in times.items()}
 
 
@@ -199,7 +186,7 @@ def choose_fast(device, dtype, *, hq: int, hkv: int, head_dim: int, lq: int = 1,
         if row["candidate"] in medians:
             row["median_ms"] = medians[row["candidate"]] * 1e3
     winner = min(medians, key=medians.get)
-    return {"device": str(device), "dtype": str(dtype).replace("torch.", ""), "hq": hq, "hkv": hkv,
+    return {"device": str(device), "dtype": dtype_name(dtype), "hq": hq, "hkv": hkv,
             "head_dim": head_dim, "lq_class": "lq=1" if lq == 1 else "lq>1", "length_class": length_class,
             "probe_lengths": lengths,
             "reference_max_err": ref_err, "candidates": rows, "winner": winner,

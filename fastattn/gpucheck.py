@@ -19,6 +19,7 @@ steps reported as skipped with the reason, so the kit is tested on every CI run.
 from __future__ import annotations
 
 import argparse
+import os
 import re
 import sys
 import time
@@ -134,7 +135,7 @@ def _diff_compiled(device, size) -> dict:
     with tempfile.TemporaryDirectory() as tmp:
         root = patched_copy(Path(tmp) / "pkg")
         r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=900,
-                           env={**__import__("os").environ, "PYTHONPATH": str(root)})
+                           env={**os.environ, "PYTHONPATH": str(root)})
     return record("upstream_diff_compiled", env=env_record(device, "bfloat16"), params=dict(size),
                   rows=[{"returncode": r.returncode, "stdout": r.stdout[-500:], "stderr": r.stderr[-2000:]}])
 

@@ -13,6 +13,12 @@ from __future__ import annotations
 
 from typing import Callable, NamedTuple, Optional
 
+# Imported at module level, not per call: these run once per layer per token. fastattn.attention imports this
+# module at its end, when everything named here is defined.
+from .attention import _exact_window, _host_length, _mask, _sdpa
+from .exactness import self_check_once
+from .fast import fast_attention
+
 __all__ = ["Mode", "REGISTRY", "MODES", "mode_spec"]
 
 
@@ -28,14 +34,12 @@ class Mode(NamedTuple):
 
 
 def _reference(q, k_cache, v_cache, length, bucket, window):
-    from .attention import _mask, _sdpa
     return _sdpa(q, k_cache, v_cache, _mask(k_cache.shape[2], q.shape[2], length, q.device))
 
 
 def _exact(q, k_cache, v_cache, length, bucket, window):
-    from .attention import _exact_window, _mask, _sdpa, _self_check_once
     if bucket is not None:
-        _self_check_once(q, k_cache, bucket)
+        self_check_once(q, k_cache, bucket)
     if window is None:
         window = _exact_window(q, k_cache, length, bucket)
     if window == k_cache.shape[2]:  # the whole cache: upstream's call, no host sync
@@ -46,8 +50,6 @@ def _exact(q, k_cache, v_cache, length, bucket, window):
 
 def _fast(q, k_cache, v_cache, length, bucket, window):
     """Exactly the live keys, the implementation chosen for this device and shape (:mod:`fastattn.fast`)."""
-    from .attention import _host_length
-    from .fast import fast_attention
     n = length if isinstance(length, int) else _host_length(length, q.shape[2], k_cache.shape[2])
     return fast_attention(q, k_cache[:, :, :n], v_cache[:, :, :n])
 

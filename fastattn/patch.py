@@ -197,9 +197,12 @@ def _static_to_rightsized(lm, cache, bucket):
 class _Applied:
     """The one patch applied to voxcpm's classes, shared by every handle holding it."""
 
+    @property
+    def settings(self) -> dict:
+        return {"mode": self.mode, "cache": self.cache, "bucket": self.bucket}
+
     def __init__(self, mode: str, cache: bool, bucket, verification: dict):
         self.mode, self.cache, self.bucket, self.verification = mode, cache, bucket, verification
-        self.settings = {"mode": mode, "cache": cache, "bucket": bucket}
         self.holders: set = set()
         self.converted: weakref.WeakSet = weakref.WeakSet()
         self.pending_revert = False
@@ -278,9 +281,12 @@ class VoxcpmPatch:
     def __init__(self, state: _Applied):
         self._state = state
         state.holders.add(id(self))
-        self.mode, self.cache, self.bucket = state.mode, state.cache, state.bucket
-        self.verification = state.verification
         self._held = True
+
+    mode = property(lambda self: self._state.mode)
+    cache = property(lambda self: self._state.cache)
+    bucket = property(lambda self: self._state.bucket)
+    verification = property(lambda self: self._state.verification)
 
     @property
     def applied(self) -> bool:

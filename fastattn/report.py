@@ -78,8 +78,9 @@ def write_report(run_dir, summary: dict) -> tuple:
     from .paths import atomic_write_text
     run_dir = Path(run_dir)
     env, verdicts = _environment(summary), _verdict_rows(_targets(run_dir))
-    ledger = [dict(r, evidence=short(r["evidence"], 220)) for r in claims_ledger(run_dir)]
-    atomic_write_text(run_dir / "claims_ledger.json", json.dumps(claims_ledger(run_dir), indent=1))
+    full = claims_ledger(run_dir)
+    atomic_write_text(run_dir / "claims_ledger.json", json.dumps(full, indent=1))
+    ledger = [dict(r, evidence=short(r["evidence"], 220)) for r in full]
     return (atomic_write_text(run_dir / "index.html", _index_html(run_dir, summary, env, verdicts, ledger)),
             atomic_write_text(run_dir / "summary.md", _summary_md(run_dir, summary, env, verdicts, ledger)))
 

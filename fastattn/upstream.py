@@ -24,6 +24,7 @@ under ``data/``.
 from __future__ import annotations
 
 import difflib
+import os
 from pathlib import Path
 
 from . import compat
@@ -270,7 +271,7 @@ def decode_with_diff(preset: str, *, text: str, steps: int, dtype: str = "bfloat
     with tempfile.TemporaryDirectory() as tmp:
         root = patched_copy(Path(tmp) / "pkg")
         out = Path(tmp) / "out.pt"
-        env = {**__import__("os").environ, "PYTHONPATH": str(root)}
+        env = {**os.environ, "PYTHONPATH": str(root)}
         r = subprocess.run([sys.executable, "-c", _DECODE_SCRIPT, str(root), preset, dtype, text, str(steps),
                             str(seed), str(out)], capture_output=True, text=True, env=env, timeout=1800)
         if r.returncode:

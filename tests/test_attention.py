@@ -142,8 +142,7 @@ def test_stale_garbage_past_length(bad):
 
 def test_int_bucket_self_check_reports_and_warns(monkeypatch):
     """An explicit int bucket keeps its meaning: checked once per geometry, warned about where it differs."""
-    import importlib
-    A = importlib.import_module("fastattn.attention")  # the module (fastattn.attention is the masks function)
+    A = fastattn.exactness  # where the int-bucket self-check lives
     fastattn.reset_exactness_cache()
     q, k, v = rand_cache(1, 16, 2, 1024, 128, torch.float32)
     attention_step(q, k, v, 10, bucket=256)

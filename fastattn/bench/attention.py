@@ -9,6 +9,7 @@ import torch
 from ..attention import MODES, attention_step
 from ..devices import dtype_name, resolve_device
 from ..devices import dtype_of as _dtype
+from ..modes import REGISTRY
 from .floor import bandwidth, floor_ms, live_kv_bytes
 from .records import env_record, record
 from .timing import _progress, _stats_ms, time_interleaved
@@ -30,7 +31,7 @@ def attention_sweep(positions: Sequence[int], *, capacity: int = 8192, dtype="fl
     measurement), so ``fast`` is judged against what others ship. ``fast_choice``
     records which implementation ``fast`` picked and why.
     """
-    from ..attention import _exact_window, f64_attention
+    from ..attention import f64_attention
     from ..fast import fast_report, sdpa_slice
 
     device, dt = resolve_device(device), _dtype(dtype)
@@ -47,6 +48,7 @@ def attention_sweep(positions: Sequence[int], *, capacity: int = 8192, dtype="fl
     bw = bw or bandwidth(device)
     llc = bw.get("llc_bytes") or 0
     variants = list(modes) + (["slice_fix"] if slice_fix else [])
+    g = _granularity_of(q, k, bucket)
     rows = []
     for p in _progress(positions, progress, f"attention {dtype}"):
         n = p + 1
@@ -59,7 +61,7 @@ def attention_sweep(positions: Sequence[int], *, capacity: int = 8192, dtype="fl
         fl = floor_ms(n, hkv, head_dim, dt, bw["gb_per_s"])
         for m in variants:
             st = _stats_ms(times[m])
-            window = {"reference": capacity, "fast": n, "slice_fix": n}.get(m) or _exact_window(q, k, n, bucket)
+            window = n if m == "slice_fix" else REGISTRY[m].keys(n, capacity, g)  # the mode's own rule
             rows.append({"mode": m, "position": p, "length": n, "window": window, **st,
                          "max_err_f64": (fns[m]().double() - r64).abs().max().item(),
                          "live_bytes": live, "floor_ms": fl, "floor_meaningful": live > llc,
@@ -67,7 +69,7 @@ def attention_sweep(positions: Sequence[int], *, capacity: int = 8192, dtype="fl
     fast_choice = [c for c in fast_report() if c["dtype"] == dtype_name(dt)
                    and (c["hq"], c["hkv"], c["head_dim"]) == (hq, hkv, head_dim)]
     params = {"positions": list(positions), "capacity": capacity, "dtype": dtype_name(dt), "hq": hq, "hkv": hkv,
-              "head_dim": head_dim, "bucket": bucket, "exact_granularity": _granularity_of(q, k, bucket),
+              "head_dim": head_dim, "bucket": bucket, "exact_granularity": g,
               "repeats": repeats, "warmup": warmup, "modes": variants}
     return record("attention", env=env_record(device, dt), params=params, rows=rows, fast_choice=fast_choice,
                   bandwidth=bw)

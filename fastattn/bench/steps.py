@@ -8,7 +8,6 @@ import torch
 
 from ..devices import dtype_name, resolve_device
 from ..devices import dtype_of as _dtype
-from .attention import _granularity_of  # noqa: F401  (re-exported for tests)
 from .records import env_record, record
 from .timing import _progress, _stats_ms, time_interleaved
 
