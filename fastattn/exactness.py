@@ -149,9 +149,11 @@ def calibrate_exact(device, dtype, *, hq: int, hkv: int, head_dim: int, capacity
     device, t0 = torch.device(device), time.perf_counter()
     block, kernel = kernel_key_block(device, dtype, hq=hq, hkv=hkv, head_dim=head_dim, lq=lq)
     cands = _candidates(block, capacity, exhaustive)
-    # Lengths around every key-block edge: L = e - 1 and e fill the window's last block, L = e + 1 opens a
-    # new one with a single live key; a sub-block window ends inside a block at e + 1 too.
-    lengths = _lengths(block or (min(cands) if cands else capacity), capacity, lq)
+    # Lengths around every edge of the finest candidate: L = e - 1 and e fill a window's last block, L = e + 1
+    # opens a new one with a single live key. Lean checks need only the key block's edges (every eligible
+    # window ends on one); the exhaustive ladder also walks the half block's edges, where it fails.
+    step = min(cands) if exhaustive and cands else (block or (min(cands) if cands else capacity))
+    lengths = _lengths(step, capacity, lq)
     ladder = [{"candidate": c, "eligible": bool(block and c % block == 0),
                "reason": (f"multiple of the {kernel} key block ({block})" if block and c % block == 0 else
                           f"not a multiple of the {kernel} key block ({block})" if block else

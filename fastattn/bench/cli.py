@@ -31,6 +31,10 @@ def reference_run(out, *, device="cpu", positions=(0, 16, 256, 512, 1024, 2048, 
     for dt in att:
         written.append(save_record(att[dt], out, f"attention_{dt}"))
         written.append(save_record(dec[dt], out, f"decode_step_{dt}"))
+    from ..experiments.causality import calibration_ladders
+    ladder = calibration_ladders(device, capacity=8192)
+    written.append(save_record(record("exactness_calibration", env=env_record(device), params={"capacity": 8192},
+                                      rows=ladder), out, "exactness_calibration"))
     kv = kv_memory("full", prefill=100, steps=200, dtype="bfloat16")
     written.append(save_record(kv, out, "kv_memory_full"))
     written.append(save_record(fill_cost("full", device=device), out, "fill_cost_full"))
