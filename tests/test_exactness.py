@@ -62,6 +62,7 @@ def test_contract_calibration_on_this_machine():
     cands = [r["candidate"] for r in cal["ladder"]]
     assert cands == [256, 512, 1024]  # the half block (ineligible, shown), then powers of two from the block
     assert all(r["measured"] and r["lengths_checked"] == cal["lengths"] and r["draws"] == 3 for r in cal["ladder"])
+    assert cal["lengths"] == len(edge_lengths(2048, 3, 256))  # the half block's edges are walked too (255 etc.)
     elig = [r for r in cal["ladder"] if r["eligible"]]
     assert [r["candidate"] for r in elig] == [512, 1024]
     if cal["bucket"] is not None:
