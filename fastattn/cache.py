@@ -45,6 +45,7 @@ with ``resize_(0)`` was tried: writes then raise, but reads segfault.)
 
 from __future__ import annotations
 
+import sys
 from typing import List, Tuple
 
 import torch
@@ -84,6 +85,19 @@ def _pos_int(value, name: str) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
         raise ValueError(f"{name} must be a positive int, got {value!r}")
     return value
+
+
+def _mark_dynamic(t: torch.Tensor, dim: int) -> None:
+    """``torch._dynamo.maybe_mark_dynamic(t, dim)`` without importing dynamo into a process that never
+    compiles (the import costs ~30 MB of resident modules, sympy among them, in every patched process).
+    Where dynamo is loaded, its function runs; where not, the two marks it sets (torch 2.13) are set, so a
+    later compile reads them the same (tested against dynamo's own function)."""
+    dynamo = sys.modules.get("torch._dynamo")
+    if dynamo is not None:
+        dynamo.maybe_mark_dynamic(t, dim)
+        return
+    t._dynamo_weak_dynamic_indices = getattr(t, "_dynamo_weak_dynamic_indices", set()) | {dim}
+    t._has_dynamo_dim_marking = True
 
 
 class RightSizedKVCache:
@@ -139,7 +153,7 @@ class RightSizedKVCache:
         if w != getattr(self, "window", None) or view is None or view.data_ptr() != self._storage.data_ptr():
             self.window = w
             self.kv_cache = self._storage[:, :, :, :, :w]
-            torch._dynamo.maybe_mark_dynamic(self.kv_cache, 4)
+            _mark_dynamic(self.kv_cache, 4)
 
     @property
     def capacity(self) -> int:

@@ -243,3 +243,27 @@ def test_upstream_diff_cache_sizes_every_request_like_the_library(seq, g):
                 k, _ = c.get_layer_cache(1)
                 k[:, :, c.current_length - 1] = float(c.current_length)
             same()
+
+
+def test_window_marks_equal_dynamos_own_without_importing_it():
+    """A patched process that never compiles does not import torch._dynamo (~30 MB of modules, sympy among
+    them) to mark the window; the marks it sets are the ones dynamo's own maybe_mark_dynamic sets."""
+    import subprocess
+    import sys
+    code = ("import sys, torch\nfrom fastattn.cache import RightSizedKVCache\n"
+            "c = RightSizedKVCache(2, 2, 8, 1, torch.device('cpu'), torch.float32, max_length=64, bucket=16)\n"
+            "c.fill_caches([(torch.randn(1, 2, 5, 8),) * 2] * 2)\nfor _ in range(20): c.step()\n"
+            "print('torch._dynamo' in sys.modules, sorted(c.kv_cache._dynamo_weak_dynamic_indices))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split()
+    assert out == ["False", "[4]"]
+    import torch._dynamo
+    from fastattn.cache import _mark_dynamic
+    ours, theirs = torch.zeros(2, 3, 1, 2, 16, 8)[..., :4, :], torch.zeros(2, 3, 1, 2, 16, 8)[..., :4, :]
+    sys.modules.pop("torch._dynamo")  # as if dynamo were not loaded (restored below)
+    try:
+        _mark_dynamic(ours, 4)
+    finally:
+        sys.modules["torch._dynamo"] = torch._dynamo
+    torch._dynamo.maybe_mark_dynamic(theirs, 4)
+    marks = lambda t: {k: v for k, v in vars(t).items() if "dynamo" in k}  # noqa: E731
+    assert marks(ours) == marks(theirs) and marks(ours)

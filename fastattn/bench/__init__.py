@@ -18,18 +18,20 @@ eager and compiled), ``decode`` (a whole generate, split by component),
 """
 
 from ..devices import DTYPES, resolve_device
-from .attention import attention_sweep, fast_choices
+from .attention import attention_sweep, cpu_flags, dtype_costs, fast_choices
 from .cli import main, reference_run
 from .decode import whole_decode
 from .floor import bandwidth, floor_ms, live_kv_bytes, llc_bytes
 from .memory import cache_growth, fill_cost, kv_memory, peak_rss, step_allocations
 from .records import env_record, load_record, record, save_record
+from .stats import ratio_ci, scaled_ci
 from .steps import compiled_step_sweep, decode_step_sweep
 from .stream import stream_profile
-from .targets import check_targets
+from .targets import GOALS, check_targets, target_goals
 from .timing import time_interleaved
 
-__all__ = ["env_record", "record", "time_interleaved", "attention_sweep", "fast_choices", "decode_step_sweep",
-           "compiled_step_sweep", "whole_decode", "resolve_device", "kv_memory", "step_allocations", "fill_cost",
-           "cache_growth", "stream_profile", "peak_rss", "bandwidth", "floor_ms", "live_kv_bytes", "llc_bytes",
-           "save_record", "load_record", "check_targets", "reference_run", "main", "DTYPES"]
+__all__ = ["env_record", "record", "time_interleaved", "attention_sweep", "fast_choices", "dtype_costs", "cpu_flags",
+           "decode_step_sweep", "compiled_step_sweep", "whole_decode", "resolve_device", "kv_memory",
+           "step_allocations", "fill_cost", "cache_growth", "stream_profile", "peak_rss", "bandwidth", "floor_ms",
+           "live_kv_bytes", "llc_bytes", "save_record", "load_record", "check_targets", "target_goals", "GOALS",
+           "ratio_ci", "scaled_ci", "reference_run", "main", "DTYPES"]

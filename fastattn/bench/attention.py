@@ -18,61 +18,90 @@ from .timing import _progress, _stats_ms, time_interleaved
 def attention_sweep(positions: Sequence[int], *, capacity: int = 8192, dtype="float32", device="cpu",
                     hq: int = 16, hkv: int = 2, head_dim: int = 128, modes: Sequence[str] = MODES,
                     bucket: Optional[int] = None, repeats: int = 7, warmup: int = 2, seed: int = 0,
-                    bw: Optional[dict] = None, slice_fix: bool = True, progress: bool = True) -> dict:
+                    bw: Optional[dict] = None, slice_fix: bool = True, caches: int = 1,
+                    progress: bool = True) -> dict:
     """One ``attention_step`` call per mode at each position (length = position + 1), interleaved.
 
-    Rows: ``{mode, position, length, window, median_ms, p10_ms, p90_ms, min_ms, n,
-    max_err_f64, live_bytes, floor_ms, floor_meaningful, x_floor}``; ``floor_meaningful`` is
-    False where the live K/V fit in the last-level cache (the loop re-reads
-    them warm, so the DRAM floor does not bind). ``bucket=None`` measures the
-    default ``exact`` (the calibrated granularity, recorded in params). With
-    ``slice_fix``, a ``slice_fix`` row per position times the public slice fix
-    (SDPA over ``cache[:, :, :p+1]``, no mask: what ``fast`` was before it chose by
-    measurement), so ``fast`` is judged against what others ship. ``fast_choice``
-    records which implementation ``fast`` picked and why.
+    Rows: ``{mode, position, length, window, median_ms, p10_ms, p90_ms, min_ms, n, samples_ms,
+    max_err_f64, live_bytes, floor_ms, floor_meaningful, x_floor}``. ``caches`` > 1 rotates the calls over
+    that many distinct K/V caches (36: one per layer of both LMs, as in a real decode step), so each call
+    reads its K/V cache-cold, as a model step does; ``floor_meaningful`` says whether the K/V the calls
+    cycle through exceed the last-level cache (else the loop re-reads them warm and the DRAM floor does not
+    bind). ``bucket=None`` measures the default ``exact`` (the calibrated granularity, recorded in params).
+    With ``slice_fix``, a ``slice_fix`` row per position times the public slice fix (SDPA over
+    ``cache[:, :, :p+1]``, no mask: what ``fast`` was before it chose by measurement). In float32 a
+    ``gemm_floor`` row times the two bare GEMMs of the grouped form (``q @ k^T``, ``p @ v``, softmax
+    precomputed): the best torch's BLAS does with these bytes. ``fast_choice`` records what ``fast`` picked.
     """
-    from ..attention import f64_attention
-    from ..fast import fast_report, sdpa_slice
+    from ..fast import fast_report
 
     device, dt = resolve_device(device), _dtype(dtype)
+    _check_sweep_args(positions, capacity, modes, caches)
+    g = torch.Generator().manual_seed(seed)
+    kvs = [(torch.randn(1, hkv, capacity, head_dim, generator=g).to(device=device, dtype=dt),
+            torch.randn(1, hkv, capacity, head_dim, generator=g).to(device=device, dtype=dt)) for _ in range(caches)]
+    q = torch.randn(1, hq, 1, head_dim, generator=g).to(device=device, dtype=dt)
+    bw = bw or bandwidth(device)
+    llc = bw.get("llc_bytes") or 0
+    gran = _granularity_of(q, kvs[0][0], bucket)
+    rows = []
+    for p in _progress(positions, progress, f"attention {dtype}"):
+        fns = _variants(q, p + 1, modes, bucket, slice_fix, gemm=dt == torch.float32)
+        rows += _position_rows(fns, q, kvs, p, device, repeats, warmup, capacity, gran, bw, llc)
+    fast_choice = [c for c in fast_report() if c["dtype"] == dtype_name(dt)
+                   and (c["hq"], c["hkv"], c["head_dim"]) == (hq, hkv, head_dim)]
+    params = {"positions": list(positions), "capacity": capacity, "dtype": dtype_name(dt), "hq": hq, "hkv": hkv,
+              "head_dim": head_dim, "bucket": bucket, "exact_granularity": gran, "caches": caches,
+              "repeats": repeats, "warmup": warmup, "modes": list(fns)}
+    return record("attention", env=env_record(device, dt), params=params, rows=rows, fast_choice=fast_choice,
+                  bandwidth=bw)
+
+
+def _check_sweep_args(positions, capacity, modes, caches):
     for p in positions:
         if not 0 <= p < capacity:
             raise ValueError(f"positions must be in [0, capacity={capacity}), got {p}")
     bad = [m for m in modes if m not in MODES]
     if bad:
         raise ValueError(f"modes must be among {MODES}, got {bad}")
-    g = torch.Generator().manual_seed(seed)
-    k = torch.randn(1, hkv, capacity, head_dim, generator=g).to(device=device, dtype=dt)
-    v = torch.randn(1, hkv, capacity, head_dim, generator=g).to(device=device, dtype=dt)
-    q = torch.randn(1, hq, 1, head_dim, generator=g).to(device=device, dtype=dt)
-    bw = bw or bandwidth(device)
-    llc = bw.get("llc_bytes") or 0
-    variants = list(modes) + (["slice_fix"] if slice_fix else [])
-    g = _granularity_of(q, k, bucket)
+    if not isinstance(caches, int) or caches < 1:
+        raise ValueError(f"caches must be an int >= 1 (distinct K/V caches to rotate over), got {caches!r}")
+
+
+def _variants(q, n: int, modes, bucket, slice_fix: bool, gemm: bool) -> dict:
+    """name -> fn(k, v) of one call at length ``n`` over full-capacity caches ``k``, ``v``."""
+    from ..fast import sdpa_slice
+    fns = {m: (lambda k, v, m=m: attention_step(q, k, v, n, mode=m, bucket=bucket)) for m in modes}
+    if slice_fix:
+        fns["slice_fix"] = lambda k, v: sdpa_slice(q, k[:, :, :n], v[:, :, :n])
+    if gemm:
+        def gemms(k, v):
+            b, hq, _, d = q.shape
+            qg = q.reshape(b, k.shape[1], hq // k.shape[1], d)                 # (B, Hkv, G, D)
+            s = qg @ k[:, :, :n].transpose(-1, -2)                             # (B, Hkv, G, n)
+            return s, s @ v[:, :, :n]  # softmax left out: the same bytes, less work
+        fns["gemm_floor"] = gemms
+    return fns
+
+
+def _position_rows(fns, q, kvs, p, device, repeats, warmup, capacity, gran, bw, llc) -> list:
+    from ..attention import f64_attention
+    n, k0, v0 = p + 1, kvs[0][0], kvs[0][1]
+    turn = iter(range(10**12))
+    timed = {m: (lambda fn=fn: fn(*kvs[next(turn) % len(kvs)])) for m, fn in fns.items()}
+    times = time_interleaved(timed, repeats=repeats, warmup=warmup, device=device)
+    r64 = f64_attention(q, k0, v0, n)
+    live = live_kv_bytes(n, k0.shape[1], q.shape[3], k0.dtype)
+    fl = floor_ms(n, k0.shape[1], q.shape[3], k0.dtype, bw["gb_per_s"])
     rows = []
-    for p in _progress(positions, progress, f"attention {dtype}"):
-        n = p + 1
-        fns = {m: (lambda m=m, n=n: attention_step(q, k, v, n, mode=m, bucket=bucket)) for m in modes}
-        if slice_fix:
-            fns["slice_fix"] = lambda n=n: sdpa_slice(q, k[:, :, :n], v[:, :, :n])
-        times = time_interleaved(fns, repeats=repeats, warmup=warmup, device=device)
-        r64 = f64_attention(q, k, v, n)
-        live = live_kv_bytes(n, hkv, head_dim, dt)
-        fl = floor_ms(n, hkv, head_dim, dt, bw["gb_per_s"])
-        for m in variants:
-            st = _stats_ms(times[m])
-            window = n if m == "slice_fix" else REGISTRY[m].keys(n, capacity, g)  # the mode's own rule
-            rows.append({"mode": m, "position": p, "length": n, "window": window, **st,
-                         "max_err_f64": (fns[m]().double() - r64).abs().max().item(),
-                         "live_bytes": live, "floor_ms": fl, "floor_meaningful": live > llc,
-                         "x_floor": st["median_ms"] / fl})
-    fast_choice = [c for c in fast_report() if c["dtype"] == dtype_name(dt)
-                   and (c["hq"], c["hkv"], c["head_dim"]) == (hq, hkv, head_dim)]
-    params = {"positions": list(positions), "capacity": capacity, "dtype": dtype_name(dt), "hq": hq, "hkv": hkv,
-              "head_dim": head_dim, "bucket": bucket, "exact_granularity": g,
-              "repeats": repeats, "warmup": warmup, "modes": variants}
-    return record("attention", env=env_record(device, dt), params=params, rows=rows, fast_choice=fast_choice,
-                  bandwidth=bw)
+    for m, fn in fns.items():
+        st = _stats_ms(times[m])
+        window = n if m in ("slice_fix", "gemm_floor") else REGISTRY[m].keys(n, capacity, gran)  # the mode's rule
+        err = None if m == "gemm_floor" else (fn(k0, v0).double() - r64).abs().max().item()
+        rows.append({"mode": m, "position": p, "length": n, "window": window, **st, "max_err_f64": err,
+                     "live_bytes": live, "floor_ms": fl, "floor_meaningful": live * len(kvs) > llc,
+                     "x_floor": st["median_ms"] / fl})
+    return rows
 
 
 def fast_choices(device="cpu", *, dtypes=("float32", "bfloat16"), hq: int = 16, hkv: int = 2, head_dim: int = 128,
@@ -98,3 +127,44 @@ def _granularity_of(q, k, bucket):
     from ..exactness import exact_granularity
     return bucket if bucket is not None else exact_granularity(
         q.device, q.dtype, hq=q.shape[1], hkv=k.shape[1], head_dim=q.shape[3], capacity=k.shape[2], lq=q.shape[2])
+
+
+def cpu_flags(names=("avx512f", "avx512_bf16", "amx_bf16", "avx2")) -> dict:
+    """Which of the CPU features that decide bf16 cost this CPU has (/proc/cpuinfo; empty off Linux)."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            flags = next((line.split(":", 1)[1].split() for line in f if line.startswith("flags")), [])
+    except OSError:
+        return {}
+    return {n: n in flags for n in names}
+
+
+def dtype_costs(device="cpu", *, length: int = 4096, capacity: int = 8192, hq: int = 16, hkv: int = 2,
+                head_dim: int = 128, repeats: int = 9, warmup: int = 2, seed: int = 0) -> dict:
+    """Why bf16 attention costs what it does here: the same operations timed in float32 and bfloat16,
+    interleaved. Rows: ``{op, dtype, median_ms, n, ...}`` for upstream's masked SDPA over the whole
+    capacity, SDPA over the slice, one bare GEMM ``q @ k^T`` over ``length`` keys, and the bf16 -> fp32
+    conversion of that K; ``ratios``: bf16 / fp32 per op; ``flags``: the CPU's bf16-relevant features."""
+    from ..attention import _mask, _sdpa
+    from ..fast import sdpa_slice
+    device = resolve_device(device)
+    g = torch.Generator().manual_seed(seed)
+    base = [torch.randn(1, h, n, head_dim, generator=g) for h, n in ((hq, 1), (hkv, capacity), (hkv, capacity))]
+    fns = {}
+    for dt in (torch.float32, torch.bfloat16):
+        q, k, v = (t.to(device=device, dtype=dt) for t in base)
+        m, name = _mask(capacity, 1, length, device), dtype_name(dt)
+        qg = q.reshape(1, hkv, hq // hkv, head_dim)
+        fns[("masked SDPA over the capacity (upstream)", name)] = lambda q=q, k=k, v=v, m=m: _sdpa(q, k, v, m)
+        fns[("SDPA over the slice", name)] = lambda q=q, k=k, v=v: sdpa_slice(q, k[:, :, :length], v[:, :, :length])
+        fns[("bare GEMM q @ k^T", name)] = lambda qg=qg, k=k: qg @ k[:, :, :length].transpose(-1, -2)
+        if dt == torch.bfloat16:
+            fns[("bf16 -> fp32 conversion of K", name)] = lambda k=k: k[:, :, :length].float()
+    times = time_interleaved(fns, repeats=repeats, warmup=warmup, device=device)
+    rows = [{"op": op, "dtype": dt, **_stats_ms(times[(op, dt)])} for op, dt in fns]
+    ms = {(r["op"], r["dtype"]): r["median_ms"] for r in rows}
+    ratios = {op: ms[(op, "bfloat16")] / ms[(op, "float32")] for op, dt in fns if dt == "float32"}
+    return record("dtype_costs", env=env_record(device), rows=rows, ratios=ratios,
+                  flags=cpu_flags() if device.type == "cpu" else {},
+                  params={"length": length, "capacity": capacity, "hq": hq, "hkv": hkv, "head_dim": head_dim,
+                          "repeats": repeats})

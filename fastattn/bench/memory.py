@@ -135,16 +135,35 @@ def cache_growth(preset: str = "full", *, prefill: int = 100, steps: int = 8000,
                            "upstream_fill_ms": statistics.median(fill) * 1e3})
 
 
-def peak_rss(preset: str = "small", *, dtype="bfloat16", steps: int = 20) -> dict:
-    """Peak RSS of one short request above the model's resting RSS, upstream vs patched, each in a fresh
-    process (Linux: the high-water mark is reset after building and a warm-up request)."""
-    out = {}
-    for variant in ("upstream", "patched"):
-        r = subprocess.run([sys.executable, "-m", "fastattn.bench.rss_probe", preset, dtype, variant, str(steps)],
-                           capture_output=True, text=True, timeout=1200)
-        if r.returncode != 0:
-            raise RuntimeError(f"peak_rss {variant} failed: {r.stderr[-2000:]}")
-        built, peak = map(int, r.stdout.split()[-2:])
-        out[variant] = {"resting_bytes": built, "peak_bytes": peak, "request_bytes": peak - built}
-    return record("peak_rss", env=env_record("cpu", dtype), params={"preset": preset, "dtype": dtype, "steps": steps},
-                  rows=[{"variant": n, **d} for n, d in out.items()], variants=out)
+def peak_rss(preset: str = "small", *, dtype="bfloat16", steps: int = 20, runs: int = 3) -> dict:
+    """Peak RSS of one short request, upstream vs patched, each run in a fresh process (``runs`` per variant,
+    alternating; Linux: the high-water mark is reset after building and a warm-up request).
+
+    Rows: one per process ``{variant, run, built_bytes, resting_bytes, allocator_retained_bytes, trimmed_bytes,
+    peak_bytes, request_bytes, cache_bytes}`` (see :mod:`.rss_probe`; ``request_bytes`` = peak - trimmed).
+    ``summary`` separates the caches' share from the noise: the KV bytes the variants' caches hold
+    (read from them), the difference of the median peaks, and the process-to-process spread of the peaks
+    (max - min within a variant); ``resolved`` says whether the peak difference exceeds that spread.
+    """
+    rows = []
+    for run in range(runs):
+        for variant in ("upstream", "patched") if run % 2 == 0 else ("patched", "upstream"):
+            r = subprocess.run([sys.executable, "-m", "fastattn.bench.rss_probe", preset, dtype, variant, str(steps)],
+                               capture_output=True, text=True, timeout=1200)
+            if r.returncode != 0:
+                raise RuntimeError(f"peak_rss {variant} failed: {r.stderr[-2000:]}")
+            built, resting, trimmed, peak, cache = map(int, r.stdout.split()[-5:])
+            rows.append({"variant": variant, "run": run, "built_bytes": built, "resting_bytes": resting,
+                         "allocator_retained_bytes": resting - trimmed, "trimmed_bytes": trimmed,
+                         "peak_bytes": peak, "request_bytes": peak - trimmed, "cache_bytes": cache})
+    med = {v: {k: statistics.median(r[k] for r in rows if r["variant"] == v)
+               for k in ("built_bytes", "resting_bytes", "allocator_retained_bytes", "trimmed_bytes", "peak_bytes",
+                         "request_bytes", "cache_bytes")} for v in ("upstream", "patched")}
+    spread = max(max(r["peak_bytes"] for r in rows if r["variant"] == v) - min(r["peak_bytes"] for r in rows
+                                                                               if r["variant"] == v) for v in med)
+    diff = med["patched"]["peak_bytes"] - med["upstream"]["peak_bytes"]
+    summary = {"cache_bytes_saved": med["upstream"]["cache_bytes"] - med["patched"]["cache_bytes"],
+               "peak_difference_bytes": diff, "peak_spread_bytes": spread, "resolved": abs(diff) > spread,
+               "runs": runs}
+    return record("peak_rss", env=env_record("cpu", dtype), rows=rows, variants=med, summary=summary,
+                  params={"preset": preset, "dtype": dtype, "steps": steps, "runs": runs})

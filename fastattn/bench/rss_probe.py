@@ -1,15 +1,21 @@
 """Peak RSS of one request above a built model's resting RSS (run in a fresh process by ``peak_rss``).
 
-``python -m fastattn.bench.rss_probe PRESET DTYPE VARIANT STEPS`` prints ``resting_bytes peak_bytes``.
-Linux only: the high-water mark (VmHWM) is reset after building and a warm-up request.
+``python -m fastattn.bench.rss_probe PRESET DTYPE VARIANT STEPS`` prints
+``built_bytes resting_bytes trimmed_bytes peak_bytes cache_bytes``: RSS after building (before any patch),
+after patching and a warm-up request, after a garbage collection and ``malloc_trim(0)`` hands the C allocator's free memory back
+(what it had kept is allocator retention, not live data), the request's high-water mark (VmHWM, reset
+after the trim), and the KV storage both LMs hold at the end of the request, read from the caches.
+Linux only.
 """
 
+import ctypes
+import gc
 import sys
 
 import torch
 
 from fastattn.models import build_voxcpm2, silence_progress
-from fastattn.patch import patch_voxcpm
+from fastattn.patch import cache_bytes, patch_voxcpm
 
 
 def status(key: str) -> int:
@@ -20,19 +26,30 @@ def status(key: str) -> int:
     raise KeyError(key)
 
 
+def trim() -> None:
+    gc.collect()  # tensors held only by reference cycles go first
+    try:
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):  # not glibc: nothing to hand back this way
+        pass
+
+
 def main(preset: str, dtype: str, variant: str, steps: int) -> None:
     m = build_voxcpm2(preset, dtype=dtype)
     silence_progress()
+    built = status("VmRSS:")
     if variant == "patched":
         patch_voxcpm(m)
     torch.manual_seed(0)
     m.generate("Warm up.", min_len=2, max_len=2, inference_timesteps=2)  # first-touch costs out of the way
-    built = status("VmRSS:")
+    resting = status("VmRSS:")
+    trim()
+    trimmed = status("VmRSS:")
     with open("/proc/self/clear_refs", "w") as f:  # reset the high-water mark (VmHWM) to the current RSS
         f.write("5")
     torch.manual_seed(0)
     m.generate("The quick brown fox jumps over the lazy dog.", min_len=steps, max_len=steps, inference_timesteps=2)
-    print(built, status("VmHWM:"))
+    print(built, resting, trimmed, status("VmHWM:"), cache_bytes(m)["total"])
 
 
 if __name__ == "__main__":

@@ -55,6 +55,8 @@ def time_interleaved(fns: dict, *, repeats: int = 7, warmup: int = 2, device="cp
 
 
 def _stats_ms(samples: Sequence[float]) -> dict:
+    """Median, p10/p90, min and n in ms, and the samples themselves (bootstrap intervals need them)."""
     s = sorted(x * 1e3 for x in samples)
     q = lambda f: s[min(len(s) - 1, max(0, round(f * (len(s) - 1))))]
-    return {"median_ms": statistics.median(s), "p10_ms": q(0.1), "p90_ms": q(0.9), "min_ms": s[0], "n": len(s)}
+    return {"median_ms": statistics.median(s), "p10_ms": q(0.1), "p90_ms": q(0.9), "min_ms": s[0], "n": len(s),
+            "samples_ms": [x * 1e3 for x in samples]}  # in timing order: round i of every variant pairs up
