@@ -36,8 +36,9 @@ BW = {"gb_per_s": 10.0, "llc_bytes": 1 << 20}
 def test_attention_sweep_record_fields():
     rec = bench.attention_sweep([0, 40, 200], capacity=256, hq=4, hkv=2, head_dim=16, repeats=2, warmup=0,
                                 bw=BW, progress=False)
-    assert rec["kind"] == "attention" and len(rec["rows"]) == 12  # three modes and the slice fix, three positions
-    assert rec["params"]["modes"] == ["reference", "exact", "fast", "slice_fix"]
+    assert rec["kind"] == "attention" and len(rec["rows"]) == 15  # 3 modes, slice fix, bare GEMMs; 3 positions
+    assert rec["params"]["modes"] == ["reference", "exact", "fast", "slice_fix", "gemm_floor"]
+    assert rec["params"]["caches"] == 1
     assert rec["fast_choice"] and rec["fast_choice"][0]["winner"] in ("sdpa_slice", "grouped_fp32")
     for key in ("torch", "voxcpm", "device_name", "dtype", "threads", "git_commit", "time_utc"):
         assert key in rec["env"]
@@ -45,13 +46,57 @@ def test_attention_sweep_record_fields():
     for key in ("mode", "position", "length", "window", "median_ms", "p10_ms", "p90_ms", "floor_ms", "x_floor",
                 "floor_meaningful", "n", "max_err_f64"):
         assert key in r
-    assert all(r["n"] == 2 for r in rec["rows"])
+    assert all(r["n"] == 2 == len(r["samples_ms"]) for r in rec["rows"])
+    assert all(r["max_err_f64"] is None for r in rec["rows"] if r["mode"] == "gemm_floor")
     assert {r["window"] for r in rec["rows"] if r["mode"] == "reference"} == {256}
     assert [r["window"] for r in rec["rows"] if r["mode"] == "fast"] == [1, 41, 201]
     assert [r["window"] for r in rec["rows"] if r["mode"] == "slice_fix"] == [1, 41, 201]
     json.dumps(rec)
     with pytest.raises(ValueError, match=r"positions must be in \[0, capacity=256\)"):
         bench.attention_sweep([256], capacity=256, bw=BW, progress=False)
+    with pytest.raises(ValueError, match="caches must be an int >= 1"):
+        bench.attention_sweep([0], capacity=256, caches=0, bw=BW, progress=False)
+
+
+def test_cold_sweep_rotates_caches_and_judges_the_floor_there():
+    """caches=N: each call reads a different cache (the data cycled, not one cache, decides whether the
+    floor binds); the errors are those of cache 0, the same as a warm sweep's on the same seed."""
+    kw = dict(capacity=256, hq=4, hkv=2, head_dim=16, repeats=3, warmup=0, progress=False, modes=("reference", "fast"))
+    warm = bench.attention_sweep([200], bw={"gb_per_s": 10.0, "llc_bytes": 100_000}, **kw)
+    cold = bench.attention_sweep([200], bw={"gb_per_s": 10.0, "llc_bytes": 100_000}, caches=4, **kw)
+    live = cold["rows"][0]["live_bytes"]  # 2 x 2 heads x 201 x 16 x 4 B = 51 kB: one fits, four do not
+    assert live < 100_000 < 4 * live
+    assert [r["floor_meaningful"] for r in warm["rows"]] == [False] * 4
+    assert [r["floor_meaningful"] for r in cold["rows"]] == [True] * 4
+    assert [r["max_err_f64"] for r in warm["rows"]][:2] == [r["max_err_f64"] for r in cold["rows"]][:2]
+    t = {x["target"]: x for x in bench.check_targets({"attention_fp32": warm, "attention_fp32_cold": cold})}
+    assert all("rotated over 4 caches" in x["note"] for k, x in t.items() if "floor" in k)
+
+
+def test_ratio_intervals_bracket_the_median_ratio_and_need_samples():
+    import random
+    rnd = random.Random(0)
+    a = [1.0 + 0.1 * rnd.random() for _ in range(15)]
+    b = [2.0 + 0.1 * rnd.random() for _ in range(15)]
+    lo, hi = bench.ratio_ci(a, b)
+    import statistics
+    assert lo <= statistics.median(a) / statistics.median(b) <= hi and hi - lo < 0.1
+    assert bench.ratio_ci(a[:2], b[:2]) is None  # two samples: no interval worth the name
+    lo, hi = bench.scaled_ci(a, 0.5)
+    assert lo <= statistics.median(a) / 0.5 <= hi
+    assert bench.ratio_ci(a, b) == bench.ratio_ci(a, b)  # seeded: the same records give the same interval
+
+
+def test_targets_carry_intervals_n_and_whether_the_interval_decides():
+    row = lambda m, ms, spread: {"mode": m, "position": 256, "median_ms": ms, "n": 9,  # noqa: E731
+                                 "samples_ms": [ms + spread * (i - 4) / 4 for i in range(9)]}
+    tight = {"rows": [row("reference", 10.0, 0.1), row("exact", 0.5, 0.01), row("fast", 0.49, 0.2)]}
+    t = bench.check_targets({"attention_fp32": tight})
+    exact, fast = t[0], t[1]
+    assert exact["n"] == 9 and exact["ci_low"] <= exact["measured"] <= exact["ci_high"] and exact["decided"]
+    assert fast["passed"] and fast["decided"] is False  # 0.049 <= 0.05, but the interval straddles the goal
+    goals = bench.target_goals()
+    assert all(g["goal"] for g in goals) and len(goals) == len(bench.GOALS) + 2
 
 
 def test_decode_step_sweep_tiny_is_bit_identical():
@@ -82,6 +127,11 @@ def test_kv_memory_and_allocations():
     kv = bench.kv_memory("full", prefill=100, steps=200)
     assert kv["upstream_bytes"] == 36 * 2 * 2 * 128 * 2 * 8192  # the 302 MB of RESEARCH.md, bf16
     assert kv["ratio"] <= 0.1
+    assert {(r["lm"], r["variant"]): r["slots"] for r in kv["rows"]} == {
+        ("base_lm", "upstream"): 8192, ("base_lm", "patched"): 512,  # 300 tokens in 512-slot windows
+        ("residual_lm", "upstream"): 8192, ("residual_lm", "patched"): 512}
+    longer = bench.kv_memory("tiny", prefill=100, steps=600, max_length=1024)
+    assert {r["slots"] for r in longer["rows"] if r["variant"] == "patched"} == {1024}  # grew past 512
     al = bench.step_allocations(preset="tiny", layers=1, position=100, max_length=1024)
     assert al["variants"]["upstream"]["allocated_bytes"] > al["variants"]["patched"]["allocated_bytes"]
 
@@ -330,3 +380,20 @@ def test_fmt_rounds_and_names_units():
     assert fmt(1.003278041605974) == "1" and fmt(0.07687639974275731) == "0.0769" and fmt(6.761084000004303) == "6.76"
     assert fmt(4194304, "KV bytes upstream") == "4.19 MB" and fmt(True) == "yes"
     assert len(short("x" * 400)) == 160 and short("a  b") == "a b"
+
+
+def test_dtype_costs_names_every_op_in_both_dtypes():
+    rec = bench.dtype_costs(length=64, capacity=128, hq=4, hkv=2, head_dim=16, repeats=2, warmup=0)
+    ops = {r["op"] for r in rec["rows"]}
+    assert set(rec["ratios"]) == ops - {"bf16 -> fp32 conversion of K"} and len(ops) == 4
+    assert all(v > 0 for v in rec["ratios"].values()) and all(r["n"] == 2 for r in rec["rows"])
+    assert set(rec["flags"]) <= {"avx512f", "avx512_bf16", "amx_bf16", "avx2"}
+
+
+def test_peak_rss_separates_the_caches_from_the_noise():
+    rec = bench.peak_rss("tiny", steps=4, runs=1)
+    up, pa = rec["variants"]["upstream"], rec["variants"]["patched"]
+    assert up["cache_bytes"] > pa["cache_bytes"] > 0
+    assert rec["summary"]["cache_bytes_saved"] == up["cache_bytes"] - pa["cache_bytes"]
+    for r in rec["rows"]:
+        assert r["trimmed_bytes"] <= r["resting_bytes"] and r["request_bytes"] == r["peak_bytes"] - r["trimmed_bytes"]

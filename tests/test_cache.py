@@ -257,6 +257,7 @@ def test_window_marks_equal_dynamos_own_without_importing_it():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split()
     assert out == ["False", "[4]"]
     import torch._dynamo
+
     from fastattn.cache import _mark_dynamic
     ours, theirs = torch.zeros(2, 3, 1, 2, 16, 8)[..., :4, :], torch.zeros(2, 3, 1, 2, 16, 8)[..., :4, :]
     sys.modules.pop("torch._dynamo")  # as if dynamo were not loaded (restored below)

@@ -38,9 +38,9 @@ def attention_sweep(positions: Sequence[int], *, capacity: int = 8192, dtype="fl
     device, dt = resolve_device(device), _dtype(dtype)
     _check_sweep_args(positions, capacity, modes, caches)
     g = torch.Generator().manual_seed(seed)
-    kvs = [(torch.randn(1, hkv, capacity, head_dim, generator=g).to(device=device, dtype=dt),
+    q = torch.randn(1, hq, 1, head_dim, generator=g).to(device=device, dtype=dt)  # first: cache 0 is the same
+    kvs = [(torch.randn(1, hkv, capacity, head_dim, generator=g).to(device=device, dtype=dt),   # for any caches
             torch.randn(1, hkv, capacity, head_dim, generator=g).to(device=device, dtype=dt)) for _ in range(caches)]
-    q = torch.randn(1, hq, 1, head_dim, generator=g).to(device=device, dtype=dt)
     bw = bw or bandwidth(device)
     llc = bw.get("llc_bytes") or 0
     gran = _granularity_of(q, kvs[0][0], bucket)

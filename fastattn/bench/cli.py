@@ -6,7 +6,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from ..devices import resolve_device
-from .attention import attention_sweep
+from .attention import attention_sweep, dtype_costs
 from .decode import whole_decode
 from .floor import bandwidth
 from .memory import cache_growth, fill_cost, kv_memory, peak_rss, step_allocations
@@ -17,8 +17,10 @@ from .targets import check_targets
 
 def reference_run(out, *, device="cpu", positions=(0, 16, 256, 512, 1024, 2048, 4096, 8000), repeats: int = 7,
                   whole_preset: str = "full", compiled_preset: str = "tiny") -> list[Path]:
-    """The reference set this project commits under data/results/: every sweep, the whole decode of the
-    ``full`` preset in bf16 (12 steps, 10 DiT steps), memory, the compiled step, and the targets judged."""
+    """The reference set this project commits under data/results/: every sweep (warm, and cache-cold over 36
+    caches), bf16 vs fp32 costs, the whole decode of the ``full`` preset in bf16 (12 steps, 10 DiT steps,
+    3 repeats), memory (KV from the caches, peak RSS over 3 fresh processes each), the compiled step, the
+    exactness ladder, and the targets judged."""
     out = Path(out)
     written = []
     bw = bandwidth(device)
@@ -26,11 +28,15 @@ def reference_run(out, *, device="cpu", positions=(0, 16, 256, 512, 1024, 2048, 
                                "bandwidth"))
     att = {dt: attention_sweep(positions, dtype=dt, device=device, repeats=repeats, bw=bw)
            for dt in ("float32", "bfloat16")}
+    cold = {dt: attention_sweep([p for p in positions if p >= 256], dtype=dt, device=device, repeats=repeats, bw=bw,
+                                caches=36) for dt in ("float32", "bfloat16")}  # one cache per layer of both LMs
     dec = {dt: decode_step_sweep(positions, preset="small", dtype=dt, device=device, repeats=repeats)
            for dt in ("bfloat16", "float32")}
     for dt in att:
         written.append(save_record(att[dt], out, f"attention_{dt}"))
+        written.append(save_record(cold[dt], out, f"attention_{dt}_cold"))
         written.append(save_record(dec[dt], out, f"decode_step_{dt}"))
+    written.append(save_record(dtype_costs(device), out, "dtype_costs"))
     from ..experiments.causality import calibration_ladders
     ladder = calibration_ladders(device, capacity=8192)
     written.append(save_record(record("exactness_calibration", env=env_record(device), params={"capacity": 8192},
@@ -41,13 +47,14 @@ def reference_run(out, *, device="cpu", positions=(0, 16, 256, 512, 1024, 2048, 
     growth = cache_growth("full", device=device)
     written.append(save_record(growth, out, "cache_growth_full"))
     written.append(save_record(step_allocations(device=device), out, "step_allocations"))
-    written.append(save_record(peak_rss("small", steps=8), out, "peak_rss_small"))
+    written.append(save_record(peak_rss("small", steps=8, runs=3), out, "peak_rss_small"))
     mode = "reduce-overhead" if str(device).startswith("cuda") else None
     written.append(save_record(compiled_step_sweep(positions[:5], preset=compiled_preset, device=device, mode=mode,
                                                    repeats=repeats), out, f"compiled_step_{compiled_preset}"))
-    whole = whole_decode(whole_preset, steps=12, dtype="bfloat16", device=device, inference_timesteps=10, repeats=2)
+    whole = whole_decode(whole_preset, steps=12, dtype="bfloat16", device=device, inference_timesteps=10, repeats=3)
     written.append(save_record(whole, out, f"whole_decode_{whole_preset}"))
     targets = check_targets({"attention_fp32": att["float32"], "attention_bf16": att["bfloat16"],
+                             "attention_fp32_cold": cold["float32"],
                              "decode_bf16": dec["bfloat16"], "decode_fp32": dec["float32"], "kv": kv,
                              "growth": growth, "whole": whole})
     written.append(save_record(record("targets", env=env_record(device), params={}, rows=targets), out, "targets"))

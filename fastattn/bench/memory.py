@@ -19,26 +19,39 @@ from .timing import _stats_ms, _sync, time_interleaved
 
 def kv_memory(preset: str = "full", *, prefill: int = 100, steps: int = 200, dtype="bfloat16",
               max_length: int = 8192, bucket: Optional[int] = None) -> dict:
-    """KV bytes of one request, both LMs, upstream (max_length slots) vs patched (right-sized), from the config
-    and the cache's sizing policy (granularity ``bucket``, default the CPU flash kernel's 512-key block)."""
-    from ..cache import fill_capacity, step_capacity
+    """KV bytes of one request, both LMs, measured from the caches: upstream's ``StaticKVCache`` (built at
+    ``max_length`` slots, as ``setup_cache`` does) beside fastattn's ``RightSizedKVCache`` (granularity
+    ``bucket``, default the CPU flash kernel's 512-key block) taken through the request a decode makes:
+    ``fill_caches`` with a ``prefill``-token prompt, then one ``step()`` per generated token. Rows: per LM
+    and variant, the slots and storage bytes the cache object holds at the end."""
+    from voxcpm.modules.minicpm4.cache import StaticKVCache
+
+    from ..cache import RightSizedKVCache
     from ..exactness import CPU_FLASH_KEY_BLOCK
     from ..models import voxcpm2_config
-    cfg = voxcpm2_config(preset)
+    cfg, dt, g = voxcpm2_config(preset), _dtype(dtype), bucket or CPU_FLASH_KEY_BLOCK
     lm = cfg["lm_config"]
-    layers = lm["num_hidden_layers"] + cfg["residual_lm_num_layers"]
-    per_slot = 2 * layers * lm["num_key_value_heads"] * lm["kv_channels"] * _dtype(dtype).itemsize
-    g = bucket or CPU_FLASH_KEY_BLOCK
-    slots = fill_capacity(prefill, 0, g, max_length)
-    for pos in range(prefill, min(prefill + steps, max_length)):
-        slots = step_capacity(pos, slots, g, max_length)
-    rows = [{"variant": "upstream", "slots": max_length, "bytes": per_slot * max_length},
-            {"variant": "patched", "slots": slots, "bytes": per_slot * slots}]
+    hkv, d = lm["num_key_value_heads"], lm["kv_channels"]
+    rows = []
+    for name, layers in (("base_lm", lm["num_hidden_layers"]), ("residual_lm", cfg["residual_lm_num_layers"])):
+        geo = (layers, hkv, d, 1, torch.device("cpu"), dt)
+        up, pa = StaticKVCache(*geo, max_length=max_length), RightSizedKVCache(*geo, max_length=max_length, bucket=g)
+        pa.fill_caches([(torch.randn(1, hkv, prefill, d, dtype=dt),) * 2 for _ in range(layers)])
+        for _ in range(min(steps, max_length - prefill)):
+            pa.step()
+        rows += [{"lm": name, "variant": "upstream", "layers": layers, "slots": up.kv_cache.shape[4],
+                  "bytes": up.kv_cache.numel() * up.kv_cache.element_size()},
+                 {"lm": name, "variant": "patched", "layers": layers, "slots": pa.capacity, "bytes": pa.nbytes}]
+        del up, pa
+    total = {v: sum(r["bytes"] for r in rows if r["variant"] == v) for v in ("upstream", "patched")}
+    layers = sum(r["layers"] for r in rows if r["variant"] == "upstream")
+    per_slot = total["upstream"] // max_length
     return record("kv_memory", env=env_record("cpu", dtype),
-                  params={"preset": preset, "prefill": prefill, "steps": steps, "dtype": dtype,
+                  params={"preset": preset, "prefill": prefill, "steps": steps, "dtype": dtype_name(dt),
                           "max_length": max_length, "bucket": g, "layers": layers},
-                  rows=rows, per_token_bytes=per_slot, upstream_bytes=per_slot * max_length,
-                  patched_bytes=per_slot * slots, ratio=slots / max_length)
+                  rows=rows, per_token_bytes=per_slot, upstream_bytes=total["upstream"],
+                  patched_bytes=total["patched"], ratio=total["patched"] / total["upstream"],
+                  note=f"measured from the cache objects after a {prefill}-token fill and {steps} steps")
 
 
 def step_allocations(*, preset: str = "small", layers: int = 1, dtype="float32", position: int = 256,
