@@ -34,7 +34,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 from .attention import f64_attention, window_for
 from .devices import dtype_name, dtype_of, quiet_native_stderr, resolve_device
 
-__all__ = ["SDPAReport", "explain_sdpa", "backend_matrix", "device_backends", "KERNEL_OPS"]
+__all__ = ["SDPAReport", "explain_sdpa", "backend_matrix", "decode_inputs", "device_backends", "KERNEL_OPS"]
 
 #: aten ops that are attention kernels, by backend.
 KERNEL_OPS = {
@@ -214,6 +214,17 @@ def explain_sdpa(q, k, v, *, attn_mask=None, is_causal=False, enable_gqa=False, 
     return report
 
 
+def decode_inputs(device, dtype, *, capacity: int = 8192, hq: int = 16, hkv: int = 2, head_dim: int = 128,
+                  seed: int = 0) -> tuple:
+    """The random decode call of :func:`backend_matrix` for one dtype and head size: ``q`` (1, Hq, 1, D),
+    ``k``, ``v`` (1, Hkv, capacity, D), drawn from their own generator, so a notebook that shows one case
+    (the ``is_causal`` trap) shows the very data of the matrix's row."""
+    g = torch.Generator().manual_seed(seed)
+    k, v, q = (torch.randn(*shape, generator=g).to(device=device, dtype=dtype)
+               for shape in ((1, hkv, capacity, head_dim), (1, hkv, capacity, head_dim), (1, hq, 1, head_dim)))
+    return q, k, v
+
+
 def backend_matrix(device="cpu", dtype=None, *, capacity: int = 8192, position: int = 256, hq: int = 16,
                    hkv: int = 2, head_dim: int = 128, unsupported_head_dim: int = 512, seed: int = 0,
                    progress=None) -> list[dict]:
@@ -233,7 +244,6 @@ def backend_matrix(device="cpu", dtype=None, *, capacity: int = 8192, position: 
         raise ValueError(f"position must be in [0, capacity={capacity}), got {position}")
     # an asked-for dtype must run (a clear error otherwise); by default those of fp32/bf16/fp16 that run here
     dtypes = [dtype_of(dtype)] if dtype is not None else [torch.float32, torch.bfloat16, torch.float16]
-    g = torch.Generator().manual_seed(seed)
     rows = []
 
     def run(case, dt, D, q, k, v, mask=None, is_causal=False, enable_gqa=True, ref=None):
@@ -255,9 +265,7 @@ def backend_matrix(device="cpu", dtype=None, *, capacity: int = 8192, position: 
     for dt in dtypes:
         for D, cases in ((head_dim, "all"), (unsupported_head_dim, "few")):
             try:
-                k = torch.randn(1, hkv, capacity, D, generator=g).to(device=device, dtype=dt)
-                v = torch.randn(1, hkv, capacity, D, generator=g).to(device=device, dtype=dt)
-                q = torch.randn(1, hq, 1, D, generator=g).to(device=device, dtype=dt)
+                q, k, v = decode_inputs(device, dt, capacity=capacity, hq=hq, hkv=hkv, head_dim=D, seed=seed)
                 F.scaled_dot_product_attention(q, k[:, :, :4], v[:, :, :4], enable_gqa=True)
             except Exception as exc:  # this device has no kernel for this dtype
                 if dtype is not None and D == head_dim:

@@ -61,8 +61,9 @@ def _grouped(q, k, v, acc_dtype=torch.float32):
     B, hq, lq, D = q.shape
     hkv, n = k.shape[1], k.shape[2]
     g = hq // hkv
-    qg = q.reshape(B, hkv, g * lq, D).to(acc_dtype) * (1.0 / math.sqrt(D))  # (B, Hkv, G*Lq, D), scaled: tiny
-    s = qg @ k.to(acc_dtype).transpose(-1, -2)                              # (B, Hkv, G*Lq, n)
+    qg = q.reshape(B, hkv, g * lq, D).to(acc_dtype)                     # (B, Hkv, G*Lq, D)
+    s = (qg @ k.to(acc_dtype).transpose(-1, -2)).mul_(1.0 / math.sqrt(D))  # (B, Hkv, G*Lq, n); scaling q
+    # first is ~5% faster but rounds q once more: 1.6x reference's error against 1.1x (measured, fp32)
     mask = _causal_rows(lq, g, n, q.device)
     if mask is not None:
         s = s.masked_fill(~mask, float("-inf"))
@@ -79,8 +80,8 @@ def grouped_window(q, k, v, length):
     step is reused until the window grows."""
     B, hq, lq, D = q.shape
     hkv, n = k.shape[1], k.shape[2]
-    qg = q.reshape(B, hkv, (hq // hkv) * lq, D).float() * (1.0 / math.sqrt(D))  # (B, Hkv, G, D)
-    s = qg @ k.float().transpose(-1, -2)                                # (B, Hkv, G, n)
+    qg = q.reshape(B, hkv, (hq // hkv) * lq, D).float()                 # (B, Hkv, G, D)
+    s = (qg @ k.float().transpose(-1, -2)).mul_(1.0 / math.sqrt(D))     # (B, Hkv, G, n)
     live = torch.arange(n, device=q.device) < length.reshape(-1)[-1:]   # (n,)
     s = s.masked_fill(~live, float("-inf"))
     return (torch.softmax(s, dim=-1) @ v.float()).reshape(B, hq, lq, D).to(q.dtype)

@@ -11,7 +11,7 @@ from typing import Optional, Sequence
 import matplotlib.pyplot as plt
 
 __all__ = ["attention_sweep", "decode_step", "breakdown", "memory", "published_vs_ours", "exactness",
-           "backend_table", "load_published"]
+           "backend_table", "targets_table", "load_published"]
 
 COLORS = {"reference": "#c0392b", "upstream": "#c0392b", "exact": "#2471a3", "patched": "#2471a3",
           "fast": "#27ae60", "floor": "#7f8c8d"}
@@ -36,9 +36,21 @@ def _finish(fig, ax, title: str):
     return fig
 
 
+def _samples(rec) -> str:
+    """How many timed samples each plotted point rests on: n per point, or repeats per variant."""
+    ns = {r["n"] for r in rec.get("rows", []) if isinstance(r.get("n"), int)}
+    if ns:
+        return f"n={min(ns)}" if len(ns) == 1 else f"n={min(ns)}-{max(ns)}"
+    reps = [r for r in rec.get("rows", []) if "repeat" in r]
+    if reps:
+        return f"n={len(reps) // max(1, len({r['variant'] for r in reps}))} per variant"
+    return ""
+
+
 def _title(rec, what: str) -> str:
-    env = rec.get("env", {})
-    return f"{what}\n{env.get('device_name', '')} · torch {env.get('torch', '')} · {env.get('threads', '')} threads"
+    env, n = rec.get("env", {}), _samples(rec)
+    return (f"{what}\n{env.get('device_name', '')} · torch {env.get('torch', '')} · {env.get('threads', '')} threads"
+            + (f" · {n}" if n else ""))
 
 
 def attention_sweep(rec: dict, *, ax=None, log: bool = True, show_floor: bool = True):
@@ -55,8 +67,9 @@ def attention_sweep(rec: dict, *, ax=None, log: bool = True, show_floor: bool = 
     if log:
         ax.set_yscale("log")
     p = rec["params"]
+    cold = f", K/V cold over {p['caches']} caches" if p.get("caches", 1) > 1 else ""
     return _finish(fig, ax, _title(rec, f"one decode attention call: capacity {p['capacity']}, {p['dtype']}, "
-                                        f"{p['hq']}/{p['hkv']} heads, d {p['head_dim']}"))
+                                        f"{p['hq']}/{p['hkv']} heads, d {p['head_dim']}{cold}"))
 
 
 def decode_step(rec: dict, *, ax=None):
@@ -220,3 +233,21 @@ def stream(rec: dict, *, ax=None, window: int = 25):
     ax.set_ylim(bottom=0)
     return _finish(fig, ax, _title(rec, f"generate_streaming, {p['preset']} preset, {p['dtype']}, {p['chunks']} chunks "
                                         f"(rolling median of {window})"))
+
+
+def targets_table(targets: list) -> str:
+    """HTML table of judged targets: measured, its 95% interval and n, goal, met, whether the interval
+    decides (lies wholly on one side of the goal), note."""
+    from html import escape
+
+    from .report import fmt
+
+    def row(t):
+        ci = "" if t.get("ci_low") is None else f"[{fmt(t['ci_low'])}, {fmt(t['ci_high'])}]"
+        decided = "" if t.get("decided") is None else fmt(t["decided"])
+        cells = (t["target"], fmt(t["measured"]), ci, t.get("n") or "", t["goal"], "yes" if t["passed"] else "NO",
+                 decided, t.get("note", ""))
+        return "<tr>" + "".join(f"<td>{escape(str(c))}</td>" for c in cells) + "</tr>"
+    head = ("<table><tr><th>target</th><th>measured</th><th>95% CI</th><th>n</th><th>goal</th><th>met</th>"
+            "<th>interval decides</th><th>note</th></tr>")
+    return head + "".join(row(t) for t in targets) + "</table>"

@@ -68,8 +68,19 @@ def _environment(summary: dict) -> dict:
 
 
 def _verdict_rows(targets: list) -> list:
-    return [{"claim": t["target"], "measured": fmt(t["measured"]), "goal": t["goal"], "met": bool(t["passed"]),
+    """One row per target: the measured figure with its 95% interval and n where it has them."""
+    def measured(t):
+        ci = f" [{fmt(t['ci_low'])}, {fmt(t['ci_high'])}]" if t.get("ci_low") is not None else ""
+        return fmt(t["measured"]) + ci + (f" (n={t['n']})" if t.get("n") else "")
+    return [{"claim": t["target"], "measured (95% CI)": measured(t), "goal": t["goal"], "met": bool(t["passed"]),
              "note": short(t.get("note", ""), 200)} for t in targets]
+
+
+def _split_findings(nb: dict) -> tuple:
+    """(key findings, the rest) of a notebook's entry, each as [(name, value)]."""
+    items = nb.get("findings") or {}
+    key = [k for k in nb.get("key_findings", list(items)[:4]) if k in items]
+    return [(k, items[k]) for k in key], [(k, v) for k, v in items.items() if k not in key]
 
 
 def write_report(run_dir, summary: dict) -> tuple:
@@ -98,9 +109,9 @@ def _index_html(run_dir: Path, summary: dict, env: dict, verdicts: list, ledger:
     out.append(f"<tr><th>parameters</th><td>{e(', '.join(f'{k}={v}' for k, v in params.items()) or 'defaults')}"
                "</td></tr></table>")
     if verdicts:
-        out.append("<h2>Verdicts (targets judged in this run)</h2><table><tr><th>claim</th><th>measured</th>"
+        out.append("<h2>Verdicts (targets judged in this run)</h2><table><tr><th>claim</th><th>measured (95% CI)</th>"
                    "<th>goal</th><th>met</th><th>note</th></tr>")
-        out += [f"<tr><td>{e(v['claim'])}</td><td>{e(v['measured'])}</td><td>{e(v['goal'])}</td>"
+        out += [f"<tr><td>{e(v['claim'])}</td><td>{e(v['measured (95% CI)'])}</td><td>{e(v['goal'])}</td>"
                 f"<td class='{'ok' if v['met'] else 'bad'}'>{'yes' if v['met'] else 'no'}</td><td>{e(v['note'])}"
                 "</td></tr>" for v in verdicts]
         out.append("</table>")
@@ -119,10 +130,13 @@ def _index_html(run_dir: Path, summary: dict, env: dict, verdicts: list, ledger:
                    f"</span> ({fmt(nb.get('duration_s', float('nan')))} s)</h3>")
         if nb.get("error"):
             out.append(f"<p class='bad'>{e(short(nb['error'], 300))}</p>")
-        items = nb.get("findings") or {}
-        if items:
-            out.append("<table>" + "".join(f"<tr><td>{e(k)}</td><td>{e(fmt(v, k))}</td></tr>"
-                                           for k, v in items.items()) + "</table>")
+        key, rest = _split_findings(nb)
+        row = lambda k, v: f"<tr><td>{e(k)}</td><td>{e(fmt(v, k))}</td></tr>"  # noqa: E731
+        if key:
+            out.append("<table>" + "".join(row(k, v) for k, v in key) + "</table>")
+        if rest:
+            out.append(f"<details><summary>{len(rest)} more findings</summary><table>"
+                       + "".join(row(k, v) for k, v in rest) + "</table></details>")
         figs = sorted((run_dir / Path(nb["name"]).stem / "figures").glob("*.png"))
         out += [f"<a href='{e(link)}'><img src='{e(str(f.relative_to(run_dir)))}' alt='{e(f.stem)}'></a>"
                 for f in figs[:4]]
@@ -153,7 +167,11 @@ def _summary_md(run_dir: Path, summary: dict, env: dict, verdicts: list, ledger:
         lines.append(f"* [{nb['name']}]({link}): {nb.get('status')} in {fmt(nb.get('duration_s', float('nan')))} s")
         if nb.get("error"):
             lines.append(f"  * error: {short(nb['error'], 300)}")
-        lines += [f"  * {k}: {fmt(v, k)}" for k, v in (nb.get("findings") or {}).items()]
+        key, rest = _split_findings(nb)
+        lines += [f"  * {k}: {fmt(v, k)}" for k, v in key]
+        if rest:
+            lines += ["", f"  <details><summary>{len(rest)} more findings</summary>", ""]
+            lines += [f"  * {k}: {fmt(v, k)}" for k, v in rest] + ["", "  </details>", ""]
     return "\n".join(lines) + "\n"
 
 

@@ -21,7 +21,7 @@ import sys
 import time
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Optional
+from typing import Optional, Sequence
 
 from . import models as _models
 from .devices import DTYPES
@@ -145,16 +145,23 @@ def save(record: dict, out_dir, name: str) -> Path:
     return save_record(record, Path(out_dir) / "records", name)
 
 
-def findings(out_dir, items: dict) -> None:
+def findings(out_dir, items: dict, key: Optional[Sequence[str]] = None) -> None:
     """Print the closing "Findings" and write them (``findings.json``) for the run summary.
 
-    ``items`` maps a short claim to its measured value (numbers, booleans, short text).
+    ``items`` maps a short claim to its measured value (numbers, booleans, short text). ``key`` names the
+    few that the run's landing page and summary.md lead with (default: the first four); the others are
+    listed there too, folded away.
     """
     from .report import fmt
+    key = list(items)[:4] if key is None else list(key)
+    missing = [k for k in key if k not in items]
+    if missing:
+        raise ValueError(f"key must name findings among items; not found: {missing}")
     print("Findings (measured in this run)")
     for k, v in items.items():
-        print(f"  - {k}: {fmt(v, k)}")
+        print(f"  - {k}: {fmt(v, k)}" + ("   [key]" if k in key else ""))
     atomic_write_text(Path(out_dir, "findings.json"), json.dumps(items, indent=1, default=str))
+    atomic_write_text(Path(out_dir, "key_findings.json"), json.dumps(key))
 
 
 # --------------------------------------------------------------------------- runner
@@ -318,6 +325,8 @@ def _run_all(nbs, params, run_dir: Path, device: str, kernel: str, keep_going: b
                 failed = True
         fj = nb_out / "findings.json"
         entry["findings"] = json.loads(fj.read_text()) if fj.exists() else {}
+        kf = nb_out / "key_findings.json"
+        entry["key_findings"] = json.loads(kf.read_text()) if kf.exists() else list(entry["findings"])[:4]
         summary["notebooks"].append(entry)
         log(f"[fastattn] {nb.name}: {entry['status']} in {entry['duration_s']:.1f} s"
             + (f"\n[fastattn] ERROR {entry['error']}" if entry.get("error") else ""))

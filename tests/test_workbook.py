@@ -82,8 +82,11 @@ def _check_report(run_dir, stem):
         assert "torch" in text and "device_name" in text and stem in text
         assert not _unrounded(text), _unrounded(text)[:5]
     assert "<style>" in index and "<table>" in index
+    key = json.loads((run_dir / stem / "key_findings.json").read_text())
+    assert key and all(k in index and k in md for k in key)  # the key findings lead the notebook's entry
     if stem == "05_profiling":
-        assert "Verdicts" in index and "| claim | measured | goal | met | note |" in md
+        assert "Verdicts" in index and "| claim | measured (95% CI) | goal | met | note |" in md
+        assert "(n=" in md  # every timing ratio a target judges says how many samples it rests on
     assert "The seeds' claims, judged on this device" in index and "| source | claim | verdict | evidence |" in md
     if stem in ("01_root_cause", "05_profiling"):
         assert "<img src='" in index
@@ -92,6 +95,15 @@ def _check_report(run_dir, stem):
         assert path not in page, f"{stem}.html shows the machine path {path}"
     assert "white-space: pre-wrap" in page
     assert not (run_dir / ".jupyter").exists()
+
+
+def test_findings_key_names_must_be_findings(tmp_path, capsys):
+    from fastattn import workbook as wb
+    wb.findings(tmp_path, {"a ms": 1.23456, "b": True, "c": "x"}, key=["b"])
+    assert json.loads((tmp_path / "key_findings.json").read_text()) == ["b"]
+    assert "b: yes   [key]" in capsys.readouterr().out
+    with pytest.raises(ValueError, match=r"not found: \['z'\]"):
+        wb.findings(tmp_path, {"a": 1}, key=["z"])
 
 
 def test_bad_parameter_fails_before_anything_runs(tmp_path):

@@ -211,8 +211,8 @@ def _kv_sizes(recs, finds):
     kv = kv_memory("full", prefill=100, steps=200, dtype="float32")
     up, pa = kv["upstream_bytes"] / 1e6, kv["patched_bytes"] / 1e6
     return (HOLDS if 550 <= up <= 650 and 15 <= pa <= 45 else FAILS,
-            f"full model, fp32, a 300-token request: {up:.3g} MB -> {pa:.3g} MB (from the architecture and the "
-            "cache's sizing policy)")
+            f"full model, fp32, a 300-token request: {up:.3g} MB -> {pa:.3g} MB (read from the cache objects: "
+            "upstream's StaticKVCache, the right-sized cache after a 100-token fill and 200 steps)")
 
 
 def _bit_identical(recs, finds):
