@@ -13,13 +13,21 @@ matplotlib.use("Agg")
 from fastattn import bench, plots  # noqa: E402
 
 
-def test_time_interleaved_honours_repeats_and_rotates_order():
+def test_time_interleaved_honours_repeats_and_balances_neighbours():
+    """Every repeat runs each variant once; across repeats each variant follows every other one (a call pays
+    for its predecessor's cache traffic: a rotated order keeps the same neighbour and biases one variant)."""
     calls = []
-    fns = {n: (lambda n=n: calls.append(n)) for n in "abc"}
-    out = bench.time_interleaved(fns, repeats=4, warmup=1)
-    assert {n: len(v) for n, v in out.items()} == {"a": 4, "b": 4, "c": 4}
-    timed = calls[3:]  # after one warm-up round
-    assert [timed[i * 3] for i in range(4)] == ["a", "b", "c", "a"]  # each repeat starts with a different variant
+    fns = {n: (lambda n=n: calls.append(n)) for n in "abcd"}
+    out = bench.time_interleaved(fns, repeats=40, warmup=1)
+    assert {n: len(v) for n, v in out.items()} == {n: 40 for n in "abcd"}
+    timed = calls[4:]  # after one warm-up round
+    rounds = [timed[i * 4:(i + 1) * 4] for i in range(40)]
+    assert all(sorted(r) == list("abcd") for r in rounds)
+    before = {n: {s[i - 1] for s in rounds for i in range(1, 4) if s[i] == n} for n in "abcd"}
+    assert all(len(p) == 3 for p in before.values()), before  # each follows all three others
+    calls.clear()
+    bench.time_interleaved(fns, repeats=40, warmup=1)
+    assert calls[4:] == timed  # seeded: the same order again
     with pytest.raises(ValueError, match="repeats must be >= 1"):
         bench.time_interleaved(fns, repeats=0)
 
@@ -397,3 +405,33 @@ def test_peak_rss_separates_the_caches_from_the_noise():
     assert rec["summary"]["cache_bytes_saved"] == up["cache_bytes"] - pa["cache_bytes"]
     for r in rec["rows"]:
         assert r["trimmed_bytes"] <= r["resting_bytes"] and r["request_bytes"] == r["peak_bytes"] - r["trimmed_bytes"]
+
+
+def test_profiling_readings_are_arithmetic_on_the_records():
+    from fastattn.experiments import profiling
+    row = lambda m, p, ms, **kw: {"mode": m, "position": p, "median_ms": ms, "n": 9, **kw}  # noqa: E731
+    warm = {"rows": [row("reference", 256, 2.0), row("exact", 256, 0.2), row("fast", 4096, 0.5)]}
+    cold = {"rows": [row("reference", 256, 4.0), row("exact", 256, 0.5), row("fast", 4096, 1.0, x_floor=4.0),
+                     row("gemm_floor", 4096, 0.8, x_floor=3.2)]}
+    dec = {"params": {"layers": 4, "dtype": "float32"},
+           "rows": [{"variant": "upstream", "position": 256, "median_ms": 20.0},
+                    {"variant": "patched", "position": 256, "median_ms": 6.0}]}
+    r = profiling.step_vs_call(dec, warm, cold, 256)
+    assert r["decode step saving per layer ms"] == 3.5 and r["isolated call saving ms, K/V warm"] == 1.8
+    assert r["step saving / cold call saving"] == pytest.approx(1.0)
+    wc = {x["mode"]: x for x in profiling.warm_vs_cold(warm, cold)}
+    assert wc["reference"]["cold / warm"] == 2.0 and "gemm_floor" not in wc  # no warm row to compare
+    fl = profiling.floor_reading(cold, 4096)
+    assert fl["x_dram_floor"] == 4.0 and fl["x_gemm_floor"] == pytest.approx(1.25) and fl["gemm_x_dram_floor"] == 3.2
+
+
+def test_dtype_reading_says_what_it_read():
+    from fastattn.experiments import profiling
+    ops = ("masked SDPA over the capacity (upstream)", "SDPA over the slice", "bare GEMM q @ k^T")
+    costs = {"params": {"length": 4096}, "ratios": dict(zip(ops, (3.0, 6.0, 2.0))), "flags": {"avx512_bf16": False},
+             "rows": [{"op": "bf16 -> fp32 conversion of K", "dtype": "bfloat16", "median_ms": 0.1}]}
+    att = lambda f: {"rows": [{"mode": m, "position": 4096, "median_ms": f * x}  # noqa: E731
+                              for m, x in (("reference", 1.0), ("exact", 1.0), ("fast", 1.0), ("slice_fix", 1.0))]}
+    r = profiling.dtype_reading(costs, att(1.0), att(2.0), 4096)
+    assert r["bf16 / fp32 time per mode"]["fast"] == 2.0
+    assert "6.0x fp32 in SDPA over the slice" in r["reading"] and "avx512_bf16 no" in r["reading"]

@@ -1,8 +1,9 @@
-"""Timing that is honest on a shared, noisy box: variants interleaved call by call (rotating their
-order each repeat), after warm-up; medians with p10/p90; CUDA events on CUDA."""
+"""Timing that is honest on a shared, noisy box: variants interleaved call by call (in a fresh seeded
+random order each repeat), after warm-up; medians with p10/p90; CUDA events on CUDA."""
 
 from __future__ import annotations
 
+import random
 import statistics
 import time
 from typing import Sequence
@@ -22,11 +23,14 @@ def _sync(device):
         torch.cuda.synchronize(device)
 
 
-def time_interleaved(fns: dict, *, repeats: int = 7, warmup: int = 2, device="cpu") -> dict:
-    """Time each callable ``repeats`` times, interleaved (order rotated per repeat), after ``warmup`` rounds.
+def time_interleaved(fns: dict, *, repeats: int = 7, warmup: int = 2, device="cpu", seed: int = 0) -> dict:
+    """Time each callable ``repeats`` times, interleaved, after ``warmup`` rounds.
 
-    Returns ``{name: [seconds, ...]}``. On CUDA each sample uses CUDA events
-    around the call and one synchronisation.
+    Each repeat runs every variant once, in an order shuffled afresh (seeded): a call pays for what the call
+    before it left in the caches, so a fixed or merely rotated order (which keeps every variant behind the
+    same neighbour) would charge one variant for another's traffic every time; shuffled, each variant follows
+    each other one about equally often. Returns ``{name: [seconds, ...]}`` (sample ``i`` of every variant from
+    repeat ``i``). On CUDA each sample uses CUDA events around the call and one synchronisation.
     """
     if repeats < 1 or warmup < 0:
         raise ValueError(f"repeats must be >= 1 and warmup >= 0, got {repeats}, {warmup}")
@@ -37,8 +41,9 @@ def time_interleaved(fns: dict, *, repeats: int = 7, warmup: int = 2, device="cp
             fns[n]()
     _sync(device)
     out = {n: [] for n in names}
-    for r in range(repeats):
-        order = names[r % len(names):] + names[:r % len(names)]
+    rng = random.Random(seed)
+    for _ in range(repeats):
+        order = rng.sample(names, len(names))
         for n in order:
             if device.type == "cuda":
                 a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)

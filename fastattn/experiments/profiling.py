@@ -16,7 +16,7 @@ def warm_vs_cold(warm: dict, cold: dict) -> list[dict]:
         if w:
             rows.append({"mode": c["mode"], "position": c["position"], "warm ms": w["median_ms"],
                          "cold ms": c["median_ms"], "cold / warm": c["median_ms"] / w["median_ms"],
-                         "cold x floor": c["x_floor"], "n": min(w["n"], c["n"])})
+                         "cold x floor": c.get("x_floor"), "n": min(w["n"], c["n"])})
     return rows
 
 
