@@ -1,4 +1,4 @@
-"""``python -m fastattn {doctor,bench,workbook,diff,compare,gpu-check} ...``"""
+"""``python -m fastattn {doctor,bench,workbook,diff,compare,readme,gpu-check} ...``"""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ COMMANDS = {
     "workbook": ("workbook", "run the notebooks headless into a new reports/ folder"),
     "diff": ("upstream", "print (or --write) the upstream-ready diff against the installed voxcpm"),
     "compare": ("report", "a hardware matrix across run folders and committed record folders"),
+    "readme": ("readme", "print (or --write) README's findings from the committed reference records"),
     "gpu-check": ("gpucheck", "validate the CUDA path in one command (--device cpu --quick tests the kit)"),
 }
 

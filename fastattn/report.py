@@ -187,7 +187,8 @@ def _row(rows, **match):
 
 def _att_ratio(recs, dtype, num, den, position):
     for r in recs:
-        if r["kind"] == "attention" and r["params"].get("dtype") == dtype and r["params"].get("capacity") == 8192:
+        if r["kind"] == "attention" and r["params"].get("dtype") == dtype and r["params"].get("capacity") == 8192 \
+                and r["params"].get("caches", 1) == 1:
             a, b = _row(r["rows"], mode=num, position=position), _row(r["rows"], mode=den, position=position)
             if a and b:
                 return f"{a['median_ms'] / b['median_ms']:.3g}x"
@@ -202,13 +203,18 @@ def _measures(recs: list) -> dict:
             v = _att_ratio(recs, dt, num, den, p)
             if v:
                 out[f"attention {label} p={p}: {num} / {den}"] = v
-        att = next((r for r in recs if r["kind"] == "attention" and r["params"].get("dtype") == dt), None)
+        att = next((r for r in recs if r["kind"] == "attention" and r["params"].get("dtype") == dt
+                    and r["params"].get("caches", 1) == 1), None)
         if att and att.get("fast_choice"):
             out[f"fast's implementation, {label}"] = ", ".join(sorted({c["winner"] for c in att["fast_choice"]}))
         if att and "exact_granularity" in att["params"]:
             out[f"exact granularity, {label}"] = str(att["params"]["exact_granularity"])
     for r in recs:
-        if r["kind"] == "decode_step":
+        if r["kind"] == "attention" and r["params"].get("caches", 1) > 1:
+            fa = _row(r["rows"], mode="fast", position=4096)
+            if fa:
+                out[f"attention {r['params']['dtype']} p=4096, K/V cold: fast x DRAM floor"] = f"{fa['x_floor']:.3g}x"
+        elif r["kind"] == "decode_step":
             up, pa = _row(r["rows"], variant="upstream", position=256), _row(r["rows"], variant="patched",
                                                                              position=256)
             if up and pa:

@@ -6,7 +6,7 @@ from typing import Optional, Sequence
 
 import torch
 
-from ..devices import dtype_name, resolve_device
+from ..devices import dtype_name, quiet_native_stderr, resolve_device
 from ..devices import dtype_of as _dtype
 from .records import env_record, record
 from .timing import _progress, _stats_ms, time_interleaved
@@ -60,6 +60,17 @@ def _prefill(cfg, D: int, p: int, g, device, dt) -> list:
             for _ in range(cfg.num_hidden_layers)]
 
 
+def _attention_in_step(run, layers: int, steps: int = 3) -> float:
+    """ms per layer the SDPA kernel takes inside a real step (profiler, self time of the kernel op): the
+    attention call as the step runs it, its K/V as cold as the layer's weight traffic leaves them."""
+    from torch.profiler import ProfilerActivity, profile
+    with quiet_native_stderr(), profile(activities=[ProfilerActivity.CPU]) as prof:
+        for _ in range(steps):
+            run()
+    us = sum(e.self_cpu_time_total for e in prof.key_averages() if "scaled_dot_product" in e.key)
+    return us / 1e3 / (layers * steps)
+
+
 def decode_step_sweep(positions: Sequence[int], *, preset: str = "small", layers: Optional[int] = None,
                       dtype="bfloat16", device="cpu", max_length: int = 8192, bucket: Optional[int] = None,
                       repeats: int = 7, warmup: int = 2, seed: int = 0, progress: bool = True) -> dict:
@@ -68,7 +79,8 @@ def decode_step_sweep(positions: Sequence[int], *, preset: str = "small", layers
     Upstream: voxcpm's own classes with an 8192-slot ``StaticKVCache``. Patched:
     fastattn's ``exact`` step with a :class:`RightSizedKVCache`. Same weights,
     same prefill, calls interleaved. Rows per variant and position: per-token
-    and per-layer medians.
+    and per-layer medians, and ``attention_in_step_ms``: the SDPA kernel's time per layer inside the step
+    (profiled, CPU only: on CUDA the CPU-side op time is a launch, so it is None there).
     """
     from ..patch import original_functions, swapped, variant_functions
 
@@ -97,6 +109,8 @@ def decode_step_sweep(positions: Sequence[int], *, preset: str = "small", layers
         for n in caches:
             st = _stats_ms(times[n])
             rows.append({"variant": n, "position": p, **st, "per_layer_ms": st["median_ms"] / cfg.num_hidden_layers,
+                         "attention_in_step_ms": _attention_in_step(call(n), cfg.num_hidden_layers)
+                         if device.type == "cpu" else None,
                          "bit_identical": bool(torch.equal(outs[n], outs["upstream"]))})
     lm.kv_cache = None
     params = {"preset": preset, "layers": cfg.num_hidden_layers, "hidden": cfg.hidden_size,

@@ -28,12 +28,17 @@ def step_vs_call(dec: dict, warm: dict, cold: dict, position: int = 256) -> dict
     saved = {name: _row(rec["rows"], mode="reference", position=position)["median_ms"]
              - _row(rec["rows"], mode="exact", position=position)["median_ms"]
              for name, rec in (("warm", warm), ("cold", cold))}
+    inside = (up.get("attention_in_step_ms"), pa.get("attention_in_step_ms"))
+    in_step = inside[0] - inside[1] if None not in inside else None
     return {"position": position, "dtype": dec["params"]["dtype"],
             "decode step saving per layer ms": per_layer,
             "isolated call saving ms, K/V warm": saved["warm"], "isolated call saving ms, K/V cold": saved["cold"],
+            "attention kernel saving inside the step ms (profiled)": in_step,
             "step saving / cold call saving": per_layer / saved["cold"],
-            "note": "a step also drops the (1, 8192) mask build and the layer's extra K/V traffic the call "
-                    "benchmark does not have; the cold call is the one to compare"}
+            "step saving / in-step kernel saving": per_layer / in_step if in_step else None,
+            "note": "inside a step each layer streams its weights through the caches between two attention "
+                    "calls, leaving K/V colder than an isolated call: the kernel's in-step saving is the one to "
+                    "compare"}
 
 
 def dtype_reading(costs: dict, att32: dict, att16: dict, position: int = 4096) -> dict:
