@@ -121,8 +121,7 @@ def reference_findings(ref: Path, other: Optional[Path] = None) -> str:
         f"({growth['summary']['step_total_s']:.2f} s in `step()` over the whole request; upstream zero-fills 8192 "
         f"slots per request instead, {growth['summary']['upstream_fill_ms']:.1f} ms).",
         f"* The full model in bf16, 12 steps: {whole['median_wall_s']['upstream']:.1f} s to "
-        f"{whole['median_wall_s']['patched']:.1f} s ({_ci(whole_t)}), "
-        "bit-identical"
+        f"{whole['median_wall_s']['patched']:.1f} s, {_ci(whole_t)}, bit-identical"
         + (f" (Xeon: {xo('whole_decode_full')['median_wall_s']['upstream']:.1f} s to "
            f"{xo('whole_decode_full')['median_wall_s']['patched']:.1f} s, {xo('whole_decode_full')['ratio']:.2f}x)"
            if xo else "")
