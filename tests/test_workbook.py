@@ -83,7 +83,8 @@ def _check_report(run_dir, stem):
         assert not _unrounded(text), _unrounded(text)[:5]
     assert "<style>" in index and "<table>" in index
     key = json.loads((run_dir / stem / "key_findings.json").read_text())
-    assert key and all(k in index and k in md for k in key)  # the key findings lead the notebook's entry
+    import html
+    assert key and all(html.escape(k) in index and k in md for k in key)  # the key findings lead its entry
     if stem == "05_profiling":
         assert "Verdicts" in index and "| claim | measured (95% CI) | goal | met | note |" in md
         assert "(n=" in md  # every timing ratio a target judges says how many samples it rests on
