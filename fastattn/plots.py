@@ -14,7 +14,7 @@ __all__ = ["attention_sweep", "decode_step", "breakdown", "memory", "published_v
            "backend_table", "targets_table", "load_published"]
 
 COLORS = {"reference": "#c0392b", "upstream": "#c0392b", "exact": "#2471a3", "patched": "#2471a3",
-          "fast": "#27ae60", "floor": "#7f8c8d"}
+          "fast": "#27ae60", "slice_fix": "#8e44ad", "gemm_floor": "#d68910", "floor": "#7f8c8d"}
 
 
 def _rows(rec, **match):

@@ -268,3 +268,12 @@ def test_window_marks_equal_dynamos_own_without_importing_it():
     torch._dynamo.maybe_mark_dynamic(theirs, 4)
     marks = lambda t: {k: v for k, v in vars(t).items() if "dynamo" in k}  # noqa: E731
     assert marks(ours) == marks(theirs) and marks(ours)
+
+
+def test_03s_stale_nan_demonstration_holds():
+    """03's claim: NaN left past the length reaches the masked modes, never fast, and the right-sized cache
+    clears what an earlier request wrote before the next one reads it."""
+    from fastattn.experiments.causality import stale_nan_check
+    r = stale_nan_check(capacity=1024, length=300)
+    assert r["finite_output_with_nan_past_length"] == {"reference": False, "exact": False, "fast": True}
+    assert r["finite_after_rightsized_fill"] == {"reference": True, "exact": True}

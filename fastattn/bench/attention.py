@@ -18,7 +18,7 @@ from .timing import _progress, _stats_ms, time_interleaved
 def attention_sweep(positions: Sequence[int], *, capacity: int = 8192, dtype="float32", device="cpu",
                     hq: int = 16, hkv: int = 2, head_dim: int = 128, modes: Sequence[str] = MODES,
                     bucket: Optional[int] = None, repeats: int = 7, warmup: int = 2, seed: int = 0,
-                    bw: Optional[dict] = None, slice_fix: bool = True, caches: int = 1,
+                    bw: Optional[dict] = None, slice_fix: bool = True, gemm_floor: bool = True, caches: int = 1,
                     progress: bool = True) -> dict:
     """One ``attention_step`` call per mode at each position (length = position + 1), interleaved.
 
@@ -29,8 +29,8 @@ def attention_sweep(positions: Sequence[int], *, capacity: int = 8192, dtype="fl
     cycle through exceed the last-level cache (else the loop re-reads them warm and the DRAM floor does not
     bind). ``bucket=None`` measures the default ``exact`` (the calibrated granularity, recorded in params).
     With ``slice_fix``, a ``slice_fix`` row per position times the public slice fix (SDPA over
-    ``cache[:, :, :p+1]``, no mask: what ``fast`` was before it chose by measurement). In float32 a
-    ``gemm_floor`` row times the two bare GEMMs of the grouped form (``q @ k^T``, ``p @ v``, softmax
+    ``cache[:, :, :p+1]``, no mask: what ``fast`` was before it chose by measurement). In float32, with
+    ``gemm_floor``, a ``gemm_floor`` row times the two bare GEMMs of the grouped form (``q @ k^T``, ``p @ v``, softmax
     precomputed): the best torch's BLAS does with these bytes. ``fast_choice`` records what ``fast`` picked.
     """
     from ..fast import fast_report
@@ -46,7 +46,7 @@ def attention_sweep(positions: Sequence[int], *, capacity: int = 8192, dtype="fl
     gran = _granularity_of(q, kvs[0][0], bucket)
     rows = []
     for p in _progress(positions, progress, f"attention {dtype}"):
-        fns = _variants(q, p + 1, modes, bucket, slice_fix, gemm=dt == torch.float32)
+        fns = _variants(q, p + 1, modes, bucket, slice_fix, gemm=gemm_floor and dt == torch.float32)
         rows += _position_rows(fns, q, kvs, p, device, repeats, warmup, capacity, gran, bw, llc)
     fast_choice = [c for c in fast_report() if c["dtype"] == dtype_name(dt)
                    and (c["hq"], c["hkv"], c["head_dim"]) == (hq, hkv, head_dim)]

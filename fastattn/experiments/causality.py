@@ -101,8 +101,8 @@ def stale_nan_check(*, capacity: int = 1024, length: int = 300, seed: int = 0) -
     v[:, :, length:] = float("nan")
     finite = {m: bool(torch.isfinite(attention_step(q, k, v, length, mode=m)).all()) for m in MODES}
     c = RightSizedKVCache(1, 2, 128, 1, "cpu", torch.float32, max_length=capacity)
-    c.fill_caches([(k[:, :, :length + 200], v[:, :, :length + 200])])  # an earlier, longer request ...
-    c._storage[...] = float("nan")  # ... leaving garbage everywhere
+    garbage = torch.full((1, 2, length + 200, 128), float("nan"))
+    c.fill_caches([(garbage, garbage)])  # an earlier, longer request leaves NaN in every slot it wrote
     c.fill_caches([(k[:, :, :length], v[:, :, :length])])  # the next request
     p = c.step()
     kk, vv = c.get_layer_cache(0)
