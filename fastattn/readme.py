@@ -131,6 +131,11 @@ def reference_findings(ref: Path, other: Optional[Path] = None) -> str:
         "data-dependent slice); fastattn's `exact` step, and its compiled `fast` step, compile into one graph across "
         "all windows.",
     ]
+    if other:
+        from .report import compare, compare_markdown
+        lines += ["", f"The two CPUs side by side (`python -m fastattn compare data/results/{ref.name} "
+                      f"data/results/{other.name}`; the Xeon's records predate the cold sweeps and the stream):", "",
+                  compare_markdown(compare([ref, other])).rstrip("\n")]
     return "\n".join(lines) + "\n"
 
 
