@@ -43,7 +43,8 @@ import torch.nn.functional as F
 from .devices import device_key, dtype_name
 
 __all__ = ["CPU_FLASH_KEY_BLOCK", "calibrate_exact", "exact_granularity", "kernel_key_block", "check_exactness",
-           "self_check_once", "warn_if_unaligned_window", "exactness_report", "reset_exactness_cache"]
+           "self_check_once", "check_bucket_once", "warn_if_unaligned_window", "exactness_report",
+           "reset_exactness_cache"]
 
 #: torch's CPU flash-attention kernel walks keys in blocks of this many (kvSplitSize, every qSize).
 CPU_FLASH_KEY_BLOCK = 512
@@ -203,28 +204,35 @@ def _measure(ladder, lengths, device, dtype, hq, hkv, head_dim, capacity, lq, dr
 
 # --------------------------------------------------------------------------- an explicit int bucket
 def self_check_once(q: torch.Tensor, k_cache: torch.Tensor, bucket: int) -> None:
-    """An explicit int bucket: check it once per device/dtype/geometry/bucket and warn where it differs."""
-    if _capturing_or_compiling() or q.device.type == "meta":
+    """An explicit int bucket in a direct call: :func:`check_bucket_once` for the call's geometry."""
+    if bucket < k_cache.shape[2]:  # a bucket at or above capacity always windows the whole cache: upstream's call
+        check_bucket_once(q.device, q.dtype, hq=q.shape[1], hkv=k_cache.shape[1], head_dim=q.shape[3], bucket=bucket)
+
+
+def check_bucket_once(device, dtype, *, hq: int, hkv: int, head_dim: int, bucket: int,
+                      capacity: Optional[int] = None) -> None:
+    """An explicit int bucket: checked once per device, dtype, geometry, bucket and capacity (the patch
+    checks at the cache's ``max_length``, since its layers only ever see the window); warns where it differs."""
+    device = torch.device(device)
+    if _capturing_or_compiling() or device.type == "meta" or (capacity is not None and bucket >= capacity):
         return
-    key = (device_key(q.device), dtype_name(q.dtype), q.shape[1], k_cache.shape[1],
-           q.shape[3], bucket)
-    if key in _SELF_CHECKS or bucket >= k_cache.shape[2]:
-        return  # a bucket at or above capacity always windows the whole cache: upstream's call
+    key = (device_key(device), dtype_name(dtype), hq, hkv, head_dim, bucket, capacity)
+    if key in _SELF_CHECKS:
+        return
     with _LOCK:
         if key in _SELF_CHECKS:
             return
-        result = check_exactness(q.device, q.dtype, hq=q.shape[1], hkv=k_cache.shape[1], head_dim=q.shape[3],
-                                 bucket=bucket)
+        result = check_exactness(device, dtype, hq=hq, hkv=hkv, head_dim=head_dim, bucket=bucket, capacity=capacity)
         _SELF_CHECKS[key] = result
     if not result["bit_identical"]:
         warnings.warn(
             "fastattn: mode='exact' is NOT bit-identical to mode='reference' on "
-            f"{key[0]} {key[1]} (Hq={key[2]}, Hkv={key[3]}, D={key[4]}, bucket={bucket}): "
+            f"{key[0]} {key[1]} (Hq={hq}, Hkv={hkv}, D={head_dim}, bucket={bucket}): "
             f"max |diff| {result['max_abs_diff']:.3g} over {result['positions_checked']} positions "
             f"(first differing position {result['first_diff_position']}). Results stay within rounding; "
             "use bucket=None (calibrated) or mode='reference' where bits must match upstream.",
             RuntimeWarning,
-            stacklevel=3,
+            stacklevel=4,
         )
 
 

@@ -28,6 +28,8 @@ from pathlib import Path
 
 import torch
 
+from .paths import atomic_write_text
+
 __all__ = ["gpu_check", "main"]
 
 
@@ -140,6 +142,14 @@ def _diff_compiled(device, size) -> dict:
                   rows=[{"returncode": r.returncode, "stdout": r.stdout[-500:], "stderr": r.stderr[-2000:]}])
 
 
+def _failures(rec: dict) -> list[str]:
+    """What a step's record says went wrong: outputs not bit-identical, a subprocess that failed."""
+    out = [f"{rec['kind']}: not bit-identical to upstream"] if rec.get("identical") is False else []
+    out += [f"{rec['kind']}: exit status {r['returncode']}: {(r.get('stderr') or '').strip()[-160:]}"
+            for r in rec.get("rows", []) if r.get("returncode") not in (None, 0)]
+    return out
+
+
 def gpu_check(device="cuda", *, quick: bool = False, out=None, log=print) -> Path:
     """Run the kit; return the folder holding its records and ``summary.md``."""
     from .bench.records import save_record
@@ -160,14 +170,17 @@ def gpu_check(device="cuda", *, quick: bool = False, out=None, log=print) -> Pat
             continue
         t0 = time.perf_counter()
         try:
-            paths = [save_record(rec, folder, f"{name}-{i}" if i else name) for i, rec in enumerate(fn())]
-            outcome = "ok: " + ", ".join(p.name for p in paths)
+            recs = fn()
+            paths = [save_record(rec, folder, f"{name}-{i}" if i else name) for i, rec in enumerate(recs)]
+            bad = [why for rec in recs for why in _failures(rec)]
+            outcome = ("failed: " + "; ".join(bad) + " (records: " if bad else "ok: ") + \
+                ", ".join(p.name for p in paths) + (")" if bad else "")
         except Exception as exc:  # noqa: BLE001 - one failing step is reported, the kit goes on
             outcome = f"failed: {type(exc).__name__}: {str(exc).splitlines()[0][:200] if str(exc) else ''}"
             (folder / f"{name}-error.txt").write_text(traceback.format_exc())
         lines.append(f"| {name} | {outcome} | {time.perf_counter() - t0:.1f} |")
         log(f"[gpu-check] {name}: {outcome.split(':')[0]} ({time.perf_counter() - t0:.1f} s)")
-    (folder / "summary.md").write_text("\n".join(lines) + "\n")
+    atomic_write_text(folder / "summary.md", "\n".join(lines) + "\n")
     return folder
 
 

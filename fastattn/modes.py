@@ -38,12 +38,10 @@ def _reference(q, k_cache, v_cache, length, bucket, window):
 
 
 def _exact(q, k_cache, v_cache, length, bucket, window):
-    if bucket is not None:
-        self_check_once(q, k_cache, bucket)
-    if window is None:
+    if window is None:  # the bucket decides the window only here (the patch checks its own at max_length)
+        if bucket is not None:
+            self_check_once(q, k_cache, bucket)
         window = _exact_window(q, k_cache, length, bucket)
-    if window == k_cache.shape[2]:  # the whole cache: upstream's call, no host sync
-        return _reference(q, k_cache, v_cache, length, bucket, window)
     k, v = k_cache[:, :, :window], v_cache[:, :, :window]
     return _sdpa(q, k, v, _mask(window, q.shape[2], length, q.device))
 

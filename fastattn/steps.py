@@ -22,7 +22,7 @@ import torch
 
 from .attention import _attend
 from .cache import RightSizedKVCache
-from .exactness import exact_granularity
+from .exactness import check_bucket_once, exact_granularity
 from .fast import grouped_window
 from .modes import REGISTRY
 
@@ -125,11 +125,8 @@ def _keys_for(lm, cache, mode: str, bucket) -> Optional[int]:
     if spec.windowed:
         if isinstance(cache, RightSizedKVCache):
             return None  # its views are already the calibrated window (changes only at granularity edges)
-        g = getattr(cache, "_fastattn_granularity", False)
-        if g is False:  # upstream's StaticKVCache: calibrate once for this cache's geometry
-            k = cache.kv_cache
-            g = bucket if bucket is not None else _granularity(lm.config, k.device, k.dtype, cache.max_length)
-            cache._fastattn_granularity = g
+        k = cache.kv_cache  # upstream's StaticKVCache: this patch's granularity (calibration is memoised)
+        g = cache_granularity(lm.config, k.device, k.dtype, cache.max_length, bucket)
     n = spec.keys(cache.current_length, cache.max_length, g)
     return None if n >= cache.max_length else n
 
@@ -146,8 +143,11 @@ def _granularity(config, device, dtype, max_length: int) -> Optional[int]:
 
 def cache_granularity(config, device, dtype, max_length: int, bucket) -> int:
     """The right-sized cache's granularity: the caller's int, the calibrated one, or the whole
-    ``max_length`` (rounded up to 16) where no window is exact."""
-    if bucket is not None:
+    ``max_length`` (rounded up to 16) where no window is exact. Any value at or above ``max_length`` means
+    the whole cache: upstream's call."""
+    if bucket is not None:  # checked once against the full max_length call, where the layers cannot
+        check_bucket_once(device, dtype, hq=config.num_attention_heads, hkv=config.num_key_value_heads,
+                          head_dim=_head_dim(config), bucket=bucket, capacity=max_length)
         return bucket
     g = _granularity(config, device, dtype, max_length)
     return g if g is not None else -(-max_length // 16) * 16

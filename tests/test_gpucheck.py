@@ -40,3 +40,17 @@ def test_refuses_without_cuda_naming_it():
 def test_cuda_quick_run(tmp_path):
     folder = gpu_check("cuda", quick=True, out=tmp_path / "kit", log=lambda *_: None)
     assert "failed" not in (folder / "summary.md").read_text()
+
+
+def test_a_step_whose_record_reports_a_failure_fails_the_kit(tmp_path, monkeypatch):
+    """A step that returns records saying "not bit-identical" or "exit status 1" is a failure, not an "ok"."""
+    from fastattn import gpucheck
+    rec = lambda **kw: bench.record("x", env={}, params={}, **kw)  # noqa: E731
+    steps = [("diverged", lambda: [rec(rows=[], identical=False)], None),
+             ("crashed", lambda: [rec(rows=[{"returncode": 1, "stderr": "Traceback: boom"}])], None),
+             ("fine", lambda: [rec(rows=[{"returncode": 0}], identical=True)], None)]
+    monkeypatch.setattr(gpucheck, "_steps", lambda device, size: steps)
+    summary = (gpu_check("cpu", quick=True, out=tmp_path / "k", log=lambda *_: None) / "summary.md").read_text()
+    assert "| diverged | failed: x: not bit-identical" in summary
+    assert "| crashed | failed: x: exit status 1: Traceback: boom" in summary and "| fine | ok: " in summary
+    assert list((tmp_path / "k").glob("diverged*.json"))  # the evidence is kept

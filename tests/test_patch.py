@@ -398,3 +398,38 @@ def test_upstream_diff_applies_and_is_equivalent(tmp_path):
     assert torch.equal(res["compiled"], res["float32"])
     assert res["breaks"] == 0
     assert res["graphs"] <= 2 * 3  # two LMs, at most (windows touched + 1) graphs each
+
+
+def test_cache_false_granularity_follows_each_patch_not_an_earlier_one():
+    """With cache=False the layers' window over upstream's StaticKVCache is this patch's granularity:
+    an earlier patch's bucket must not stay behind on the cache object."""
+    from fastattn.steps import _keys_for
+    model = build_voxcpm2("tiny", dtype="float32")
+    lm, cache = model.base_lm, model.base_lm.kv_cache
+    cache.current_length = 100
+    with patch_voxcpm(model, cache=False, bucket=64):
+        assert _keys_for(lm, cache, "exact", 64) == 128
+    with patch_voxcpm(model, cache=False):
+        calibrated = fastattn.steps.cache_granularity(lm.config, "cpu", torch.float32, cache.max_length, None)
+        want = _keys_for(lm, cache, "exact", None)
+        assert want == (None if calibrated >= cache.max_length else -(-100 // calibrated) * calibrated)
+        assert want != 128
+
+
+def test_int_bucket_is_checked_against_the_full_max_length_call(monkeypatch):
+    """The patched layers only see the window, so an int bucket is checked at patch time against the
+    cache's max_length call; a bucket that is not exact there warns before the decode."""
+    from fastattn import exactness
+    calls = []
+
+    def fake_check(device, dtype, **kw):
+        calls.append(kw)
+        return {"bit_identical": False, "max_abs_diff": 1e-7, "positions_checked": 3, "first_diff_position": 17}
+
+    monkeypatch.setattr(exactness, "check_exactness", fake_check)
+    fastattn.reset_exactness_cache()
+    model = build_voxcpm2("tiny", dtype="float32")
+    with pytest.warns(RuntimeWarning, match="NOT bit-identical"), patch_voxcpm(model, bucket=16):
+        decode(model, steps=4)
+    assert {c["capacity"] for c in calls} == {model.base_lm.kv_cache.max_length} and calls[0]["bucket"] == 16
+    fastattn.reset_exactness_cache()
