@@ -2,8 +2,8 @@
 
 Upstream allocates ``(2, layers, B, Hkv, max_length=8192, D)`` per LM and zeroes
 all of it on every request (``fill_caches`` -> ``kv_cache.zero_()``). For a
-reply of a few hundred tokens that is ~600 MB resident (fp32, both LMs) and a
-full-capacity memset per request.
+reply of a few hundred tokens that is the whole 8192-slot allocation resident
+(``bench.kv_memory`` measures it) and a full-capacity memset per request.
 
 :class:`RightSizedKVCache` keeps the same interface and semantics but holds
 ``capacity`` slots, a multiple of the granularity ``bucket`` (or ``max_length``).
@@ -89,7 +89,8 @@ def _pos_int(value, name: str) -> int:
 
 def _mark_dynamic(t: torch.Tensor, dim: int) -> None:
     """``torch._dynamo.maybe_mark_dynamic(t, dim)`` without importing dynamo into a process that never
-    compiles (the import costs ~30 MB of resident modules, sympy among them, in every patched process).
+    compiles (the import puts tens of MB of modules, sympy among them, into every patched process:
+    ``bench.peak_rss`` measures it).
     Where dynamo is loaded, its function runs; where not, the two marks it sets (torch 2.13) are set, so a
     later compile reads them the same (tested against dynamo's own function)."""
     dynamo = sys.modules.get("torch._dynamo")

@@ -12,9 +12,9 @@ depends on how the kernel that runs walks the keys:
   full-capacity call; the full call's extra blocks are fully masked and add
   exact zeros (``exp(-inf) = 0``, a rescale by ``exp(0) = 1``). Any other
   window changes the last block's shape, and with it the reduction order: the
-  results then agree within rounding, not bit for bit (measured: 6 of 212
-  lengths with a 256 window and Lq > 1 on an AMD EPYC; a window of 80 keys
-  even for Lq = 1 on a Xeon).
+  results then agree within rounding, not bit for bit (measured: a 256 window
+  with Lq > 1 on an AMD EPYC, ``data/results/*/exactness_calibration.json``;
+  windows that are not multiples of 512 even for Lq = 1 on a Xeon).
 * Every other kernel (CUDA's flash/efficient/cuDNN/math, CPU's math) has no such
   argument here: ``exact`` attends over the full capacity there. That is
   upstream's computation exactly, minus upstream's per-request zero-fill.
@@ -63,17 +63,6 @@ def _check_geometry(hq, hkv, head_dim, capacity, lq) -> None:
         raise ValueError(f"hq ({hq}) must be a multiple of hkv ({hkv})")
     if lq > capacity:
         raise ValueError(f"lq ({lq}) must not exceed capacity ({capacity})")
-
-
-def _masked_sdpa(q, k, v, n_keys: int, length: int):
-    """Upstream's call over the first ``n_keys`` keys: bool mask, bottom-right causal, GQA.
-
-    ``F.scaled_dot_product_attention`` is looked up at call time (a test may replace it).
-    """
-    from .attention import _mask
-
-    return F.scaled_dot_product_attention(q, k[:, :, :n_keys], v[:, :, :n_keys],
-                                          attn_mask=_mask(n_keys, q.shape[2], length, q.device), enable_gqa=True)
 
 
 # --------------------------------------------------------------------------- which kernel, which block
@@ -173,6 +162,7 @@ def calibrate_exact(device, dtype, *, hq: int, hkv: int, head_dim: int, capacity
 
 
 def _measure(ladder, lengths, device, dtype, hq, hkv, head_dim, capacity, lq, draws, seed, exhaustive) -> None:
+    from .attention import _mask, _sdpa, window_for  # _sdpa looks SDPA up at call time (tests replace it)
     gen = torch.Generator(device="cpu").manual_seed(seed)
     k = torch.randn(draws, hkv, capacity, head_dim, generator=gen).to(device=device, dtype=dtype)
     v = torch.randn(draws, hkv, capacity, head_dim, generator=gen).to(device=device, dtype=dtype)
@@ -185,13 +175,13 @@ def _measure(ladder, lengths, device, dtype, hq, hkv, head_dim, capacity, lq, dr
             continue
         row["measured"], worst = True, 0.0
         for j, n in enumerate(lengths):
-            w = min(-(-n // row["candidate"]) * row["candidate"], capacity)
+            w = window_for(n, capacity, row["candidate"])
             if j not in refs:
-                refs[j] = _masked_sdpa(qs[j], k, v, capacity, n)
+                refs[j] = _sdpa(qs[j], k, v, _mask(capacity, qs[j].shape[2], n, k.device))
             row["lengths_checked"] += 1
             if w == capacity:
                 continue  # the same call as the reference
-            out = _masked_sdpa(qs[j], k, v, w, n)
+            out = _sdpa(qs[j], k[:, :, :w], v[:, :, :w], _mask(w, qs[j].shape[2], n, k.device))
             if not torch.equal(out, refs[j]):
                 worst = max(worst, (out.double() - refs[j].double()).abs().max().item())
                 row["first_diff_length"] = row["first_diff_length"] or n
@@ -254,7 +244,7 @@ def check_exactness(device, dtype, *, hq: int = 16, hkv: int = 2, head_dim: int 
     capacity = capacity or 4 * bucket
     if capacity > 1 << 20:
         raise ValueError(f"bucket={bucket} (capacity {capacity}): the self-check would allocate a {capacity}-slot "
-                         "cache; expected a bucket of at most 262144 (a window never exceeds the cache)")
+                         f"cache; expected a capacity of at most {1 << 20} slots (a window never exceeds the cache)")
     if positions is None:
         positions = sorted({0, 1, 15, 16, bucket - 1, bucket, bucket + 1, 2 * bucket + 7, 3 * bucket - 1, capacity - 1})
     positions = [p for p in positions if 0 <= p < capacity]

@@ -11,10 +11,10 @@ spirit of a backend chain:
 ``grouped_fp32``
     the queries of one KV head as a (group * Lq, D) matrix: ``q @ k^T``, softmax,
     ``@ v``, computed in float32, no repeat of K/V. On CPU one query per head
-    leaves SDPA's flash kernel latency-bound (and ~10x slower in bf16); two
+    leaves SDPA's flash kernel latency-bound (and far slower in bf16: ``bench.dtype_costs``); two
     GEMMs over the live K/V are close to the memory floor.
 (A third form, the grouped GEMMs in bf16 with the softmax in float32, was measured and left out:
-scores rounded to bf16 before the softmax put it at 1.7x ``reference``'s error, too close to the bound.)
+scores rounded to bf16 before the softmax put it close to the bound of twice ``reference``'s error.)
 ``sdpa_flash`` / ``sdpa_cudnn`` / ``sdpa_efficient`` (CUDA only)
     SDPA over the slice forced to one backend with ``sdpa_kernel``.
 
@@ -46,6 +46,7 @@ log = logging.getLogger("fastattn")
 
 _LOCK = threading.RLock()
 _CHOICES: dict = {}
+_LOGGED: set = set()  # (call shape, candidate) already logged as broken
 
 
 # --------------------------------------------------------------------------- candidates: (q, k, v) over live keys
@@ -57,34 +58,33 @@ def _causal_rows(lq: int, group: int, n: int, device) -> Optional[torch.Tensor]:
     return torch.arange(n, device=device).view(1, -1) <= last.view(-1, 1)
 
 
-def _grouped(q, k, v, acc_dtype=torch.float32):
+def _grouped(q, k, v, length=None):
+    """The grouped form in float32. ``length`` (a tensor: no host sync) masks keys at or past it (Lq = 1);
+    without it every key of ``k``, ``v`` is live and Lq > 1 is bottom-right causal."""
     B, hq, lq, D = q.shape
     hkv, n = k.shape[1], k.shape[2]
     g = hq // hkv
-    qg = q.reshape(B, hkv, g * lq, D).to(acc_dtype)                     # (B, Hkv, G*Lq, D)
-    s = (qg @ k.to(acc_dtype).transpose(-1, -2)).mul_(1.0 / math.sqrt(D))  # (B, Hkv, G*Lq, n); scaling q
-    # first is ~5% faster but rounds q once more: 1.6x reference's error against 1.1x (measured, fp32)
-    mask = _causal_rows(lq, g, n, q.device)
+    qg = q.reshape(B, hkv, g * lq, D).float()                            # (B, Hkv, G*Lq, D)
+    s = (qg @ k.float().transpose(-1, -2)).mul_(1.0 / math.sqrt(D))     # (B, Hkv, G*Lq, n); scaling q
+    # first is faster but rounds q once more (measured: further from float64 than reference)
+    if length is not None:
+        mask = torch.arange(n, device=q.device) < length.reshape(-1)[-1:]  # (n,)
+    else:
+        mask = _causal_rows(lq, g, n, q.device)
     if mask is not None:
         s = s.masked_fill(~mask, float("-inf"))
-    return (s.softmax(-1) @ v.to(acc_dtype)).reshape(B, hq, lq, D).to(q.dtype)  # (B, Hkv, G*Lq, D) -> (B, Hq, Lq, D)
+    return (s.softmax(-1) @ v.float()).reshape(B, hq, lq, D).to(q.dtype)  # (B, Hkv, G*Lq, D) -> (B, Hq, Lq, D)
 
 
 def grouped_fp32(q, k, v):
-    return _grouped(q, k, v, torch.float32)
+    return _grouped(q, k, v)
 
 
 def grouped_window(q, k, v, length):
     """Graph-safe ``fast`` for Lq = 1: the grouped form over a window of keys, keys at or past
     ``length`` (a tensor: no host sync) masked. Shapes depend only on the window, so a compiled
     step is reused until the window grows."""
-    B, hq, lq, D = q.shape
-    hkv, n = k.shape[1], k.shape[2]
-    qg = q.reshape(B, hkv, (hq // hkv) * lq, D).float()                 # (B, Hkv, G, D)
-    s = (qg @ k.float().transpose(-1, -2)).mul_(1.0 / math.sqrt(D))     # (B, Hkv, G, n)
-    live = torch.arange(n, device=q.device) < length.reshape(-1)[-1:]   # (n,)
-    s = s.masked_fill(~live, float("-inf"))
-    return (torch.softmax(s, dim=-1) @ v.float()).reshape(B, hq, lq, D).to(q.dtype)
+    return _grouped(q, k, v, length)
 
 
 def sdpa_slice(q, k, v):
@@ -120,7 +120,8 @@ LENGTH_CLASSES = {"keys<=512": (128, 512), "keys<=2048": (1024, 2048), "keys>204
 
 
 def _length_class(n: int) -> str:
-    return "keys<=512" if n <= 512 else "keys<=2048" if n <= 2048 else "keys>2048"
+    """The class of ``LENGTH_CLASSES`` whose largest probe length is the first at or above ``n``."""
+    return next((c for c, lengths in LENGTH_CLASSES.items() if n <= max(lengths) and c != "keys>2048"), "keys>2048")
 
 
 def _key(q, k) -> tuple:
@@ -130,7 +131,7 @@ def _key(q, k) -> tuple:
 
 def _time(fns: dict, args_list: list, device, repeats: int = 7, warmup: int = 2) -> dict:
     """Median seconds per candidate, each sample one call at every probe length; candidates interleaved
-    call by call (bench's timer: rotating order, CUDA events on CUDA)."""
+    call by call (bench's timer: shuffled order, CUDA events on CUDA)."""
     from .bench.timing import time_interleaved
     runs = {name: (lambda fn=fn: [fn(*a) for a in args_list]) for name, fn in fns.items()}
     times = time_interleaved(runs, repeats=repeats, warmup=warmup, device=device)
@@ -171,7 +172,9 @@ def choose_fast(device, dtype, *, hq: int, hkv: int, head_dim: int, lq: int = 1,
             if _is_oom(exc):
                 raise
             row["broken"] = f"{type(exc).__name__}: {str(exc).splitlines()[0][:160] if str(exc) else ''}"
-            log.warning("fastattn fast: candidate %s is broken for %s: %s", name, _key(q, k), row["broken"])
+            if (_key(q, k)[:-1], name) not in _LOGGED:  # once per call shape, whatever the key-count class
+                _LOGGED.add((_key(q, k)[:-1], name))
+                log.warning("fastattn fast: candidate %s is broken for %s: %s", name, _key(q, k)[:-1], row["broken"])
         else:
             row["accepted"] = row["max_err"] <= 2 * ref_err + 1e-12
             if row["accepted"]:
@@ -199,10 +202,11 @@ def _implementation(q, k) -> Callable:
         from .exactness import _capturing_or_compiling
         if _capturing_or_compiling() or q.device.type == "meta":
             return sdpa_slice
-        with _LOCK:
-            if key not in _CHOICES:
-                _CHOICES[key] = choose_fast(q.device, q.dtype, hq=q.shape[1], hkv=k.shape[1], head_dim=q.shape[3],
-                                            lq=q.shape[2], length_class=key[-1])
+        with _LOCK:  # every key-count class at once: a decode crossing 512 or 2048 keys never stalls to probe
+            for cls in LENGTH_CLASSES:
+                if key[:-1] + (cls,) not in _CHOICES:
+                    _CHOICES[key[:-1] + (cls,)] = choose_fast(q.device, q.dtype, hq=q.shape[1], hkv=k.shape[1],
+                                                              head_dim=q.shape[3], lq=q.shape[2], length_class=cls)
             hit = _CHOICES[key]
     return CANDIDATES[hit["winner"]][0]
 
@@ -250,3 +254,4 @@ def reset_fast_cache() -> None:
     """Forget the ``fast`` choices (tests; a new device in a long process)."""
     with _LOCK:
         _CHOICES.clear()
+        _LOGGED.clear()

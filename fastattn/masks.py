@@ -21,12 +21,16 @@ from typing import Optional
 import torch
 import torch.nn.functional as F
 
+from .exactness import CPU_FLASH_KEY_BLOCK
+
 __all__ = ["MaskInfo", "attention", "CHECK_ENV"]
 
 #: Set to 1 to verify every ``attention(..., mask=..., mask_info=...)`` call (as ``check=True``).
 CHECK_ENV = "FASTATTN_CHECK_MASKS"
 
-_ALIGN = 16  # slice boundaries are rounded out to this many keys (see _kept_range)
+# slice boundaries are rounded out to the CPU flash kernel's key block (see _kept_range): a cut at a multiple
+# of it hands the kernel the same blocks as the dense call, so a right-padded cut keeps the dense call's bits
+_ALIGN = CPU_FLASH_KEY_BLOCK
 
 
 @dataclass(frozen=True)
@@ -133,8 +137,10 @@ def attention(q, k, v, *, mask=None, mask_info: Optional[MaskInfo] = None, scale
     The path: keys that no query can see (before the window's first key,
     after the last real key of right padding, before the first real key of
     left padding) are sliced off, with slice edges rounded outward to
-    multiples of 16 keys; the mask over the kept keys is dropped when it is
-    all True there. Everything kept goes through one SDPA call.
+    multiples of the CPU flash kernel's 512-key block (so a right-padded cut
+    with its mask kept is the dense call's bits on CPU; tested); the mask over
+    the kept keys is dropped when it is all True there. Everything kept goes
+    through one SDPA call.
 
     Fully masked query rows (no visible key) return **zeros**, never NaN.
     """
@@ -177,7 +183,7 @@ def attention(q, k, v, *, mask=None, mask_info: Optional[MaskInfo] = None, scale
 
 
 def _kept_range(info: MaskInfo, Lq: int, Lk: int) -> tuple[int, int]:
-    """[lo, hi): the keys some query can see, rounded out to multiples of 16 (one host read for padding)."""
+    """[lo, hi): the keys some query can see, rounded out to multiples of ``_ALIGN`` (one host read for padding)."""
     lo, hi = 0, Lk
     if info.window is not None:
         lo = max(lo, Lk - Lq - info.window + 1)  # first key the first query can see

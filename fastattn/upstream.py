@@ -66,15 +66,16 @@ _MODEL_NEW = '''        # The cache hands out views over the live window only: t
         attn_output = torch.nn.functional.scaled_dot_product_attention(
 '''
 
-_CACHE_HEAD = """from typing import List, Tuple
+_CACHE_HEAD = """import sys
+from typing import List, Tuple
 
 import torch
 
 # torch's CPU flash-attention kernel (what SDPA runs for the masked decode call on CPU) walks the keys in
-# blocks of 512. A window whose size is a multiple of 512 hands it the same blocks as the whole cache (the
+# blocks of {block}. A window whose size is a multiple of {block} hands it the same blocks as the whole cache (the
 # whole cache's extra blocks are fully masked and add exact zeros), so the result is bit-identical. Other
 # kernels (CUDA's) give no such guarantee: there the window is the whole cache, allocated once.
-CPU_KEY_BLOCK = 512
+CPU_KEY_BLOCK = {block}
 """
 
 _CACHE_CLASS = '''
@@ -125,7 +126,7 @@ class StaticKVCache:
     def _set_window(self):
         self.window = window_slots(self.current_length, self.storage.size(4), self.granularity)
         self.kv_cache = self.storage[:, :, :, :, : self.window]
-        torch._dynamo.maybe_mark_dynamic(self.kv_cache, 4)
+        _mark_dynamic(self.kv_cache, 4)
 
     def get_layer_cache(self, layer_idx: int) -> Tuple[torch.Tensor, torch.Tensor]:
         return self.kv_cache[0, layer_idx], self.kv_cache[1, layer_idx]
@@ -166,14 +167,15 @@ class StaticKVCache:
 
 
 def cache_source() -> str:
-    """The diff's ``cache.py``: the library's sizing functions (one source) and upstream's class."""
+    """The diff's ``cache.py``: the library's sizing functions and window mark (one source), the CPU kernel's
+    key block from :mod:`fastattn.exactness`, and upstream's class."""
     import inspect
 
     from . import cache as lib
-
+    from .exactness import CPU_FLASH_KEY_BLOCK
     sizing = "\n\n\n".join(inspect.getsource(f).rstrip() for f in (lib.fill_capacity, lib.step_capacity,
-                                                                    lib.window_slots))
-    return _CACHE_HEAD + "\n\n" + sizing + "\n" + _CACHE_CLASS
+                                                                    lib.window_slots, lib._mark_dynamic))
+    return _CACHE_HEAD.format(block=CPU_FLASH_KEY_BLOCK) + "\n\n" + sizing + "\n" + _CACHE_CLASS
 
 
 def _installed(rel: str) -> Path:

@@ -9,15 +9,16 @@ import fastattn
 from fastattn import attention_step
 from fastattn import fast as FA
 from fastattn.attention import f64_attention
+from fastattn.devices import dtype_name
 
 from .conftest import cuda
+from .helpers import rand_cache
 
 TOL = {torch.float32: 1e-5, torch.bfloat16: 2e-2}
 
 
 def rand(B, hq, hkv, n, D, dtype, lq=1, seed=0):
-    g = torch.Generator().manual_seed(seed)
-    return tuple(torch.randn(*s, generator=g).to(dtype) for s in ((B, hq, lq, D), (B, hkv, n, D), (B, hkv, n, D)))
+    return rand_cache(B, hq, hkv, n, D, dtype, seed=seed, lq=lq)
 
 
 @pytest.fixture
@@ -43,8 +44,8 @@ def test_every_candidate_within_tolerance_of_float64(name, dtype, B, hq, hkv, lq
 def test_choice_is_accurate_and_reported(dtype, fresh):
     q, k, v = rand(1, 16, 2, 2048, 128, dtype)
     out = attention_step(q, k, v, 1500, mode="fast")
-    (rep,) = fastattn.fast_report()
-    assert rep["winner"] in FA.CANDIDATES and rep["dtype"] == str(dtype).split(".")[1]
+    rep = _report_for(1500)
+    assert rep["winner"] in FA.CANDIDATES and rep["dtype"] == dtype_name(dtype)
     assert "trades bit-identity" in rep["note"]
     win = next(r for r in rep["candidates"] if r["candidate"] == rep["winner"])
     assert win["accepted"] and win["max_err"] <= 2 * rep["reference_max_err"] + 1e-12
@@ -52,6 +53,13 @@ def test_choice_is_accurate_and_reported(dtype, fresh):
     ref = attention_step(q, k, v, 1500, mode="reference")
     r64 = f64_attention(q, k, v, 1500)
     assert (out.double() - r64).abs().max() <= 2 * (ref.double() - r64).abs().max() + TOL[dtype] / 10
+
+
+def _report_for(n_keys: int) -> dict:
+    """The choice made for calls over ``n_keys`` keys (every key-count class is probed at first use)."""
+    reports = fastattn.fast_report()
+    assert {r["length_class"] for r in reports} == set(FA.LENGTH_CLASSES)  # no probe left for mid-decode
+    return next(r for r in reports if r["length_class"] == FA._length_class(n_keys))
 
 
 def _raises(q, k, v):
@@ -74,7 +82,7 @@ def test_chain_skips_broken_and_rejects_inaccurate(monkeypatch, caplog, fresh):
     with caplog.at_level(logging.WARNING, logger="fastattn"):
         attention_step(q, k, v, 700, mode="fast")
         attention_step(q, k, v, 800, mode="fast")
-    (rep,) = fastattn.fast_report()
+    rep = _report_for(800)
     rows = {r["candidate"]: r for r in rep["candidates"]}
     assert rows["broken"]["broken"].startswith("RuntimeError") and not rows["broken"]["accepted"]
     assert not rows["inaccurate"]["accepted"] and not rows["instant_but_wrong"]["accepted"]
@@ -95,12 +103,12 @@ def test_a_winner_that_raises_later_hands_over_once(monkeypatch, caplog, fresh):
     FA.reset_fast_cache()
     monkeypatch.setattr(FA, "_time", lambda fns, *a, **kw: {n: (0.0 if n == "grouped_fp32" else 1.0) for n in fns})
     attention_step(q, k, v, 600, mode="fast")
-    assert fastattn.fast_report()[0]["winner"] == "grouped_fp32"
+    assert _report_for(600)["winner"] == "grouped_fp32"
     calls["broken"] = True
     with caplog.at_level(logging.WARNING, logger="fastattn"):
         out = attention_step(q, k, v, 600, mode="fast")
         attention_step(q, k, v, 601, mode="fast")
-    assert fastattn.fast_report()[0]["winner"] == "sdpa_slice"
+    assert _report_for(600)["winner"] == "sdpa_slice"
     assert sum("raised" in m for m in caplog.messages) == 1
     assert (out.double() - f64_attention(q, k, v, 600)).abs().max() <= 1e-5
 
@@ -115,7 +123,7 @@ def test_no_accurate_candidate_is_a_clear_error(monkeypatch, fresh):
 def test_cuda_candidates_probed_and_accurate(fresh):
     q, k, v = (t.cuda() for t in rand(1, 16, 2, 4096, 128, torch.bfloat16))
     out = attention_step(q, k, v, 3000, mode="fast")
-    rep = fastattn.fast_report()[0]
+    rep = _report_for(3001)
     names = {r["candidate"] for r in rep["candidates"]}
     assert {"sdpa_flash", "sdpa_efficient", "sdpa_cudnn"} <= names
     assert (out.double() - f64_attention(q, k, v, 3000)).abs().max() <= TOL[torch.bfloat16]

@@ -4,7 +4,7 @@ Every function returns a *record* built by :func:`record`: ``{"kind", "env",
 "params", "rows", ...}`` that plots and target checks read and :func:`save_record`
 writes as JSON (+ CSV of the rows) under a name that is never reused. Timing is
 honest on a shared, noisy box: variants are interleaved call by call (rotating
-their order each repeat), after warm-up, several repeats, and reported as median
+their order afresh each repeat, seeded), after warm-up, several repeats, and reported as median
 with p10/p90 spread; on CUDA every sample is bracketed by CUDA events and one
 synchronisation. No test asserts a time; :func:`check_targets` compares records
 with the workbook's targets and says pass or fail with the measured figure.
