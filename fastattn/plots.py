@@ -240,10 +240,11 @@ def targets_table(targets: list) -> str:
     decides (lies wholly on one side of the goal), note."""
     from html import escape
 
+    from .bench.stats import fmt_ci
     from .report import fmt
 
     def row(t):
-        ci = "" if t.get("ci_low") is None else f"[{fmt(t['ci_low'])}, {fmt(t['ci_high'])}]"
+        ci = "" if t.get("ci_low") is None else fmt_ci((t["ci_low"], t["ci_high"]))
         decided = "" if t.get("decided") is None else fmt(t["decided"])
         cells = (t["target"], fmt(t["measured"]), ci, t.get("n") or "", t["goal"], "yes" if t["passed"] else "NO",
                  decided, t.get("note", ""))

@@ -6,11 +6,10 @@
 
 from __future__ import annotations
 
-import statistics
 from pathlib import Path
 from typing import Optional
 
-from .bench.records import load_record
+from .bench.records import find_row, load_record
 from .paths import data_dir, repo_root
 
 BEGIN, END = "<!-- findings:begin -->", "<!-- findings:end -->"
@@ -18,118 +17,135 @@ REFERENCE = "cpu-epyc-avx512-2threads-torch2.13.0"
 OTHER = "cpu-xeon-avx512-2threads-torch2.13.0"
 
 
-def _row(rows, **match):
-    return next(r for r in rows if all(r.get(k) == v for k, v in match.items()))
-
-
 def _ci(t: dict) -> str:
     """A judged ratio as README quotes it: 3 significant digits, its 95% interval and n where it has them."""
-    if t.get("ci_low") is None:
-        return f"{t['measured']:.3g}x"
-    return f"{t['measured']:.3g}x (95% CI {t['ci_low']:.3g}-{t['ci_high']:.3g}, n={t['n']})"
+    from .bench.stats import fmt_ci
+    return f"{t['measured']:.3g}x" + ("" if t.get("ci_low") is None else
+                                      f" (95% CI {fmt_ci((t['ci_low'], t['ci_high']))}, n={t['n']})")
 
 
 def _step_ratio(rec, position=256) -> float:
-    return _row(rec["rows"], variant="patched", position=position)["median_ms"] / \
-        _row(rec["rows"], variant="upstream", position=position)["median_ms"]
+    return find_row(rec["rows"], variant="patched", position=position)["median_ms"] / \
+        find_row(rec["rows"], variant="upstream", position=position)["median_ms"]
+
+
+def _saving(rows, slow: dict, fast: dict, key: str = "median_ms") -> float:
+    return find_row(rows, **slow)[key] - find_row(rows, **fast)[key]
 
 
 def reference_findings(ref: Path, other: Optional[Path] = None) -> str:
-    """The findings block for README from the record folder ``ref`` (and ``other``, a second machine)."""
+    """The findings block for README from the record folder ``ref`` (and ``other``, a second machine).
+    Every figure and every verdict word is read from the records (or from :data:`bench.GOALS`)."""
+    from .bench.decode import time_shares
+    from .bench.targets import GOALS
     rec = lambda n: load_record(ref / f"{n}.json")  # noqa: E731
-    env = rec("targets")["env"]
-    t = {x["target"]: x for x in rec("targets")["rows"]}
-    find = lambda start: next(v for k, v in t.items() if k.startswith(start))  # noqa: E731
-    att32, cold, costs = rec("attention_float32"), rec("attention_float32_cold"), rec("dtype_costs")
-    whole, kv, rss, growth = rec("whole_decode_full"), rec("kv_memory_full"), rec("peak_rss_small"), \
-        rec("cache_growth_full")
-    six = rec("stream_profile_full")["sixths"]
+    tr = rec("targets")
+    env, t = tr["env"], {x["id"]: x for x in tr["rows"]}
+    att32, cold, costs, matrix = (rec(n) for n in ("attention_float32", "attention_float32_cold", "dtype_costs",
+                                                   "backend_matrix"))
+    whole, kv, rss, growth, comp = (rec(n) for n in ("whole_decode_full", "kv_memory_full", "peak_rss_small",
+                                                     "cache_growth_full", "compiled_step_tiny"))
+    stream, d32 = rec("stream_profile_full"), rec("decode_step_float32")
+    six, sp = stream["sixths"], stream["params"]
     ladder = rec("exactness_calibration")["rows"]
     bad = {r["dtype"]: r for r in ladder if r["candidate"] == 256 and r["lq"] == 5 and not r["bit_identical"]}
     chosen = sorted({r["chosen"] for r in ladder}, key=str)
-    fa, gm = (_row(cold["rows"], mode=m, position=4096) for m in ("fast", "gemm_floor"))
-    up = [r for r in whole["rows"] if r["variant"] == "upstream"]
-    wall = statistics.median(r["wall_s"] for r in up)
-    att, dit = (statistics.median(r[k] for r in up) / wall for k in ("lm_attention_s", "local_dit_s"))
+    fa, gm = (find_row(cold["rows"], mode=m, position=4096) for m in ("fast", "gemm_floor"))
+    share = time_shares(whole)
     xo = (lambda n: load_record(other / f"{n}.json")) if other else None
-    d32 = rec("decode_step_float32")
-    dec_cold = (_row(d32["rows"], variant="upstream", position=256)["median_ms"]
-                - _row(d32["rows"], variant="patched", position=256)["median_ms"]) / d32["params"]["layers"]
-    in_step = _row(d32["rows"], variant="upstream", position=256)["attention_in_step_ms"] - \
-        _row(d32["rows"], variant="patched", position=256)["attention_in_step_ms"]
-    call_cold, call_warm = (_row(r["rows"], mode="reference", position=256)["median_ms"]
-                            - _row(r["rows"], mode="exact", position=256)["median_ms"] for r in (cold, att32))
-    rs = rss["summary"]
-    step16, step32, whole_t = (find(p) for p in ("decode step p=256 (bfloat16", "decode step p=256 (float32",
-                                                  "whole decode (full"))
+    up, pa = {"variant": "upstream", "position": 256}, {"variant": "patched", "position": 256}
+    layers, dp = d32["params"]["layers"], d32["params"]
+    step_saving = _saving(d32["rows"], up, pa) / layers
+    in_step = _saving(d32["rows"], up, pa, "attention_in_step_ms")
+    call = {n: _saving(r["rows"], {"mode": "reference", "position": 256}, {"mode": "exact", "position": 256})
+            for n, r in (("warm", att32), ("cold", cold))}
+    brackets = min(call.values()) <= step_saving <= max(call.values())
+    floor_goal = GOALS["fast_floor_4096"][1]
+    masked = find_row(matrix["rows"], case="upstream: bool mask over full cache + GQA", dtype="float32", head_dim=128)
+    conv = find_row(costs["rows"], op="bf16 -> fp32 conversion of K")["median_ms"]
+    slice32 = find_row(costs["rows"], op="SDPA over the slice", dtype="float32")["median_ms"]
+    decays = not stream["verdict"]["upstream"].startswith("flat")
+    rs, wp = rss["summary"], whole["params"]
+    winners = ", ".join(sorted({c["winner"] for c in att32["fast_choice"]}))
     lines = [
         f"Findings on a {env['threads']}-core {env['device_name']} ({env['cpu_capability']}, torch {env['torch']}), "
         f"from the committed reference run `data/results/{ref.name}/` (made by `python -m fastattn bench reference "
-        f"--repeats 15` at commit {env['git_commit'][:7]}; its `targets.json` judges every target, with a paired "
-        "bootstrap 95% interval and n for every timing ratio, and says why where one is missed); rerun "
+        f"--repeats {dp['repeats']}` at commit {env['git_commit'][:7]}; its `targets.json` judges every target, with "
+        "a paired bootstrap 95% interval and n for every timing ratio, and says why where one is missed); rerun "
         "`make workbook` to measure your own machine."
         + (f" The first round's run on a 2-core Xeon (`data/results/{other.name}/`, an earlier commit with 256-slot "
            "windows) is quoted beside it where the two differ." if other else ""),
         "",
-        f"* The symptom users cite (#293: streaming slows from ~0.3 s to 1-2 s per chunk after 400+ chunks) does not "
-        f"show on this CPU: a 500-chunk `generate_streaming` run of the full model in bf16 costs "
-        f"{six['upstream'][0] / 1e3:.2f} s per chunk upstream in the first sixth and {six['upstream'][-1] / 1e3:.2f} s "
-        f"in the last, {six['exact'][0] / 1e3:.2f} -> {six['exact'][-1] / 1e3:.2f} s patched (`exact`, every chunk "
-        "bit-identical). The full-cache attention makes every chunk slow from the start; it does not make the stream "
-        "decay, so #293's decay has another cause (see `01_root_cause`).",
-        "* On CPU the bool mask does **not** force the math kernel: "
-        "`aten::_scaled_dot_product_flash_attention_for_cpu` runs (after an `aten::where` that turns the mask into "
-        "-inf) and scans all 8192 keys at every position. The "
-        "cost is the scan, not the kernel choice. (On CUDA torch's flash kernel rejects any `attn_mask`; that half of "
-        "the seed's argument can only be checked on a GPU.)",
+        f"* The symptom users cite (#293: streaming slows from ~0.3 s to 1-2 s per chunk after 400+ chunks) "
+        f"{'shows' if decays else 'does not show'} on this CPU: a {sp['chunks']}-chunk `generate_streaming` run of "
+        f"the {sp['preset']} model in {sp['dtype']} costs {six['upstream'][0] / 1e3:.2f} s per chunk upstream in the "
+        f"first sixth and {six['upstream'][-1] / 1e3:.2f} s in the last ({stream['verdict']['upstream']}), "
+        f"{six['exact'][0] / 1e3:.2f} -> {six['exact'][-1] / 1e3:.2f} s patched (`exact`, every chunk "
+        f"{'bit-identical' if stream['identical']['exact'] else 'NOT identical'})."
+        + ("" if decays else " The full-cache attention makes every chunk slow from the start; it does not make the "
+           "stream decay here, so #293's decay has another cause (see `01_root_cause`)."),
+        f"* Upstream's masked decode call runs `{masked['kernel']}` on this CPU (dispatcher: {masked['backend']}"
+        + (", after an `aten::where` that turns the mask into -inf" if "aten::where" in masked["helpers"] else "")
+        + f") over all {masked['keys']} keys at every position"
+        + (": the bool mask does **not** force the math kernel; the cost is the scan, not the kernel choice."
+           if "math" not in masked["kernel"] else ": the bool mask forces the math kernel.")
+        + " (On CUDA torch's flash kernel rejects any `attn_mask`; that half of the seed's argument needs a GPU.)",
         f"* `exact` is bit-identical to upstream **by construction**: its window is a multiple of the CPU flash "
         f"kernel's 512-key block, confirmed on every machine by `calibrate_exact` (3 draws, every length around each "
-        f"block edge, capacity 8192; here {', '.join(map(str, chosen))} for fp32 and bf16, Lq 1 and 5). The first "
-        f"round's 256-slot window was not: it differs at length {bad['float32']['first_diff_length']} for Lq = 5 "
-        f"here (fp32 {bad['float32']['max_abs_diff']:.1e}, bf16 {bad['bfloat16']['max_abs_diff']:.1e}), so "
-        "`make test` failed on this CPU.",
-        f"* One attention call at position 256 (fp32, capacity 8192): `exact` "
-        f"{_ci(t['attention p=256, cap 8192, fp32: exact / reference'])} and `fast` "
-        f"{_ci(t['attention p=256, cap 8192, fp32: fast / reference'])} of `reference`. `fast` picks "
-        f"{', '.join(sorted({c['winner'] for c in att32['fast_choice']}))} here and against the public slice fix "
-        f"costs {_ci(t['attention p=2048, bfloat16: fast / slice fix (seed 000)'])} in bf16 and "
-        f"{_ci(t['attention p=2048, float32: fast / slice fix (seed 000)'])} in fp32 at position 2048, with an error "
-        f"against float64 at most {find('attention float32: fast')['measured']:.2f}x (fp32) and "
-        f"{find('attention bfloat16: fast')['measured']:.2f}x (bf16) `reference`'s.",
-        f"* Read cache-cold, as a model step reads 36 layers' caches: `fast` at 4096 in fp32 is "
-        f"{fa['x_floor']:.1f}x the DRAM floor (live K+V once at {cold['bandwidth']['gb_per_s']:.0f} GB/s), and the "
-        f"two bare GEMMs of its grouped form alone are {gm['x_floor']:.1f}x: `fast` is "
-        f"{fa['median_ms'] / gm['median_ms']:.2f}x the best torch's BLAS does with those bytes, so the 2.5x goal "
-        f"needs a custom kernel. A decode step saves {dec_cold:.2f} ms per layer in fp32 at position 256; the same "
-        f"attention call saves {call_warm:.2f} ms measured warm, {call_cold:.2f} ms cold (36 caches) and "
-        f"{in_step:.2f} ms as the SDPA kernel profiled inside the step ({dec_cold / in_step:.2f}x): the step's "
-        "saving is its attention kernel's, which isolated benchmarks only bracket.",
+        f"block edge, capacity 8192; here {', '.join(map(str, chosen))} for fp32 and bf16, Lq 1 and 5)."
+        + (f" The first round's 256-slot window was not: it differs at length {bad['float32']['first_diff_length']} "
+           f"for Lq = 5 here (fp32 {bad['float32']['max_abs_diff']:.1e}, bf16 {bad['bfloat16']['max_abs_diff']:.1e})."
+           if {"float32", "bfloat16"} <= set(bad) else ""),
+        f"* One attention call at position 256 (fp32, capacity 8192): `exact` {_ci(t['exact_p256'])} and `fast` "
+        f"{_ci(t['fast_p256'])} of `reference`. `fast` picks {winners} here and against the public slice fix "
+        f"costs {_ci(t['fast_slice_bf16@2048'])} in bf16 and "
+        f"{_ci(t['fast_slice_fp32@2048'])} in fp32 at position 2048, with an error against float64 at most "
+        f"{t['fast_error@float32']['measured']:.2f}x (fp32) and {t['fast_error@bfloat16']['measured']:.2f}x (bf16) "
+        "`reference`'s.",
+        f"* Read cache-cold, as a model step reads {cold['params']['caches']} layers' caches: `fast` at 4096 in fp32 "
+        f"is {fa['x_floor']:.1f}x the DRAM floor (live K+V once at {cold['bandwidth']['gb_per_s']:.0f} GB/s), and "
+        f"the two bare GEMMs of its grouped form alone are {gm['x_floor']:.1f}x: `fast` is "
+        f"{fa['median_ms'] / gm['median_ms']:.2f}x the best torch's BLAS does with those bytes"
+        + (f", so the {floor_goal:g}x goal needs a custom kernel." if gm["x_floor"] > floor_goal else ".")
+        + f" A decode step saves {step_saving:.2f} ms per layer in fp32 at position 256; the same attention call "
+        f"saves {call['warm']:.2f} ms measured warm, {call['cold']:.2f} ms cold and {in_step:.2f} ms as the SDPA "
+        f"kernel profiled inside the step ({step_saving / in_step:.2f}x)"
+        + (": the isolated benchmarks bracket the step's saving, the in-step kernel matches it." if brackets else
+           ": the in-step kernel figure is the one to compare."),
         f"* bf16 costs {costs['ratios']['SDPA over the slice']:.1f}x fp32 in SDPA over the slice, "
         f"{costs['ratios']['masked SDPA over the capacity (upstream)']:.1f}x in upstream's masked call and "
-        f"{costs['ratios']['bare GEMM q @ k^T']:.1f}x in a bare GEMM; converting the live K to fp32 is a fraction of a "
-        "call. So `fast`'s grouped form (convert once, fp32 GEMMs) gains most in bf16, voxcpm's own dtype on CPU.",
-        f"* A real-width decode step (4 layers, hidden 2048) at position 256: {_ci(step16)} in bf16, "
-        f"{_ci(step32)} in fp32"
+        f"{costs['ratios']['bare GEMM q @ k^T']:.1f}x in a bare GEMM; converting the live K to fp32 takes "
+        f"{conv:.2f} ms against {slice32:.2f} ms for one fp32 call over the slice"
+        + (". So `fast`'s grouped form (convert once, fp32 GEMMs) gains most in bf16, voxcpm's own dtype on CPU."
+           if costs["ratios"]["SDPA over the slice"] > costs["ratios"]["bare GEMM q @ k^T"] else "."),
+        f"* A real-width decode step ({layers} layers, hidden {dp['hidden']}) at position 256: {_ci(t['decode_bf16'])} "
+        f"in bf16, {_ci(t['decode_fp32'])} in fp32"
         + (f" (Xeon: {_step_ratio(xo('decode_step_bfloat16')):.2f}x, {_step_ratio(xo('decode_step_float32')):.2f}x)"
            if xo else "") + ".",
-        f"* KV of a 300-token request of the full model, read from the cache objects: "
-        f"{kv['upstream_bytes'] / 1e6:.0f} MB to {kv['patched_bytes'] / 1e6:.0f} MB. Peak RSS of a short "
-        f"small-preset request ({rs['runs']} fresh processes "
-        f"each): patched {rs['peak_difference_bytes'] / 1e6:+.0f} MB against upstream (spread "
+        f"* KV of a {kv['params']['prefill'] + kv['params']['steps']}-token request of the {kv['params']['preset']} "
+        f"model, read from the cache objects: {kv['upstream_bytes'] / 1e6:.0f} MB to {kv['patched_bytes'] / 1e6:.0f} "
+        f"MB. Peak RSS of a short {rss['params']['preset']}-preset request ({rs['runs']} fresh processes each): "
+        f"patched {rs['peak_difference_bytes'] / 1e6:+.0f} MB against upstream (spread "
         f"{rs['peak_spread_bytes'] / 1e6:.0f} MB), the caches holding {rs['cache_bytes_saved'] / 1e6:.0f} MB less. A "
-        f"100 + 8000-step request at the full base LM's geometry moves its cache {growth['summary']['moves']} times "
-        f"({growth['summary']['step_total_s']:.2f} s in `step()` over the whole request; upstream zero-fills 8192 "
-        f"slots per request instead, {growth['summary']['upstream_fill_ms']:.1f} ms).",
-        f"* The full model in bf16, 12 steps: {whole['median_wall_s']['upstream']:.1f} s to "
-        f"{whole['median_wall_s']['patched']:.1f} s, {_ci(whole_t)}, bit-identical"
+        f"{growth['params']['prefill']} + {growth['params']['steps']}-step request at the {growth['params']['preset']} "
+        f"base LM's geometry moves its cache {growth['summary']['moves']} times "
+        f"({growth['summary']['step_total_s']:.2f} s in `step()` over the whole request; upstream zero-fills "
+        f"{growth['params']['max_length']} slots per request instead, {growth['summary']['upstream_fill_ms']:.1f} ms).",
+        f"* The {wp['preset']} model in {wp['dtype']}, {wp['steps']} steps: {whole['median_wall_s']['upstream']:.1f} s "
+        f"to {whole['median_wall_s']['patched']:.1f} s, {_ci(t['whole'])}, "
+        f"{'bit-identical' if whole['identical'] else 'NOT identical'}"
         + (f" (Xeon: {xo('whole_decode_full')['median_wall_s']['upstream']:.1f} s to "
            f"{xo('whole_decode_full')['median_wall_s']['patched']:.1f} s, {xo('whole_decode_full')['ratio']:.2f}x)"
            if xo else "")
-        + f". The LMs' decode attention is {att:.0%} of upstream's wall time and the local DiT {dit:.0%}, so removing "
-        f"all attention time alone would leave about {1 - att:.2f}: no attention fix halves this CPU's wall time.",
-        "* The published slice fix cannot be compiled with upstream's `optimize()` (`fullgraph=True` fails on the "
-        "data-dependent slice); fastattn's `exact` step, and its compiled `fast` step, compile into one graph across "
-        "all windows.",
+        + f". The LMs' decode attention is {share['lm_attention']:.0%} of upstream's wall time and the local DiT "
+        f"{share['local_dit']:.0%}, so removing all attention time alone would leave about "
+        f"{1 - share['lm_attention']:.2f}"
+        + (": no attention fix halves this CPU's wall time." if share["lm_attention"] < 0.5 else "."),
+        f"* Compiled (`torch.compile`, {comp['params']['backend']}, {comp['params']['preset']} preset, positions "
+        f"{comp['params']['positions'][0]}-{comp['params']['positions'][-1]}): the patched step traced "
+        f"{comp['graphs']['unique_graphs']} graphs with {comp['graphs']['graph_breaks']} graph breaks and "
+        f"{comp['graphs']['recompiles']} recompiles (`04_patch_application` shows the published slice fix failing "
+        "under upstream's `fullgraph=True`).",
     ]
     if other:
         from .report import compare, compare_markdown

@@ -17,6 +17,8 @@ import math
 from pathlib import Path
 from typing import Optional
 
+from .bench.records import find_row
+
 __all__ = ["fmt", "short", "write_report", "compare", "compare_markdown", "compare_html", "main"]
 
 CSS = ("body{font-family:system-ui,sans-serif;max-width:1100px;margin:2em auto;padding:0 1em;color:#222}"
@@ -70,7 +72,8 @@ def _environment(summary: dict) -> dict:
 def _verdict_rows(targets: list) -> list:
     """One row per target: the measured figure with its 95% interval and n where it has them."""
     def measured(t):
-        ci = f" [{fmt(t['ci_low'])}, {fmt(t['ci_high'])}]" if t.get("ci_low") is not None else ""
+        from .bench.stats import fmt_ci
+        ci = f" {fmt_ci((t['ci_low'], t['ci_high']))}" if t.get("ci_low") is not None else ""
         return fmt(t["measured"]) + ci + (f" (n={t['n']})" if t.get("n") else "")
     return [{"claim": t["target"], "measured (95% CI)": measured(t), "goal": t["goal"], "met": bool(t["passed"]),
              "note": short(t.get("note", ""), 200)} for t in targets]
@@ -181,15 +184,11 @@ def _records(folder: Path) -> list:
     return [r for r in (_load(p) for p in sorted(paths)) if isinstance(r, dict) and "kind" in r]
 
 
-def _row(rows, **match):
-    return next((r for r in rows if all(r.get(k) == v for k, v in match.items())), None)
-
-
 def _att_ratio(recs, dtype, num, den, position):
     for r in recs:
         if r["kind"] == "attention" and r["params"].get("dtype") == dtype and r["params"].get("capacity") == 8192 \
                 and r["params"].get("caches", 1) == 1:
-            a, b = _row(r["rows"], mode=num, position=position), _row(r["rows"], mode=den, position=position)
+            a, b = find_row(r["rows"], mode=num, position=position), find_row(r["rows"], mode=den, position=position)
             if a and b:
                 return f"{a['median_ms'] / b['median_ms']:.3g}x"
     return None
@@ -211,11 +210,11 @@ def _measures(recs: list) -> dict:
             out[f"exact granularity, {label}"] = str(att["params"]["exact_granularity"])
     for r in recs:
         if r["kind"] == "attention" and r["params"].get("caches", 1) > 1:
-            fa = _row(r["rows"], mode="fast", position=4096)
+            fa = find_row(r["rows"], mode="fast", position=4096)
             if fa:
                 out[f"attention {r['params']['dtype']} p=4096, K/V cold: fast x DRAM floor"] = f"{fa['x_floor']:.3g}x"
         elif r["kind"] == "decode_step":
-            up, pa = _row(r["rows"], variant="upstream", position=256), _row(r["rows"], variant="patched",
+            up, pa = find_row(r["rows"], variant="upstream", position=256), find_row(r["rows"], variant="patched",
                                                                              position=256)
             if up and pa:
                 out[f"decode step p=256 {r['params']['dtype']}: patched / upstream"] = \

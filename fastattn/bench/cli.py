@@ -38,6 +38,9 @@ def reference_run(out, *, device="cpu", positions=(0, 16, 256, 512, 1024, 2048, 
         written.append(save_record(cold[dt], out, f"attention_{dt}_cold"))
         written.append(save_record(dec[dt], out, f"decode_step_{dt}"))
     written.append(save_record(dtype_costs(device), out, "dtype_costs"))
+    from ..backends import backend_matrix
+    written.append(save_record(record("backend_matrix", env=env_record(device), rows=backend_matrix(device),
+                                      params={"capacity": 8192, "position": 256}), out, "backend_matrix"))
     from ..experiments.causality import calibration_ladders
     ladder = calibration_ladders(device, capacity=8192)
     written.append(save_record(record("exactness_calibration", env=env_record(device), params={"capacity": 8192},

@@ -128,3 +128,13 @@ def whole_decode(preset: str = "tiny", *, steps: int = 12, dtype="bfloat16", dev
               "weights": getattr(model, "fastattn_info", {}).get("weights", "random")}
     return record("whole_decode", env=env_record(device, dtype), params=params, rows=runs, identical=identical,
                   median_wall_s=med, ratio=med["patched"] / med["upstream"])
+
+
+def time_shares(whole: dict, variant: str = "upstream") -> dict:
+    """Median share of ``variant``'s wall time per component of a ``whole_decode`` record (``lm_attention``,
+    ``local_dit``, ...): Amdahl's inputs, computed in one place."""
+    rows = [r for r in whole["rows"] if r["variant"] == variant]
+    wall = statistics.median(r["wall_s"] for r in rows)
+    keys = [k[:-2] for k in rows[0] if k.endswith("_s") and k != "wall_s"]
+    return {k: statistics.median(r[f"{k}_s"] for r in rows) / wall for k in keys}
+

@@ -55,5 +55,10 @@ def save_record(record: dict, out_dir, name: Optional[str] = None) -> Path:
     return path
 
 
+def find_row(rows, **match) -> Optional[dict]:
+    """The first row whose fields equal ``match`` (``find_row(rec["rows"], mode="fast", position=256)``), or None."""
+    return next((r for r in rows if all(r.get(k) == v for k, v in match.items())), None)
+
+
 def load_record(path) -> dict:
     return json.loads(Path(path).read_text())

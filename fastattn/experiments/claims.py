@@ -17,10 +17,11 @@ from typing import Optional
 
 import torch
 
+from ..bench.records import find_row
+
 __all__ = ["claims_ledger", "HOLDS", "FAILS", "NOT_HERE", "NOT_RUN"]
 
 HOLDS, FAILS, NOT_HERE, NOT_RUN = "holds", "does not hold", "not measurable here", "not measured in this run"
-TOL = {"float32": 1e-5, "bfloat16": 2e-2}
 
 
 def _gather(run_dir: Optional[Path]) -> tuple:
@@ -38,10 +39,6 @@ def _gather(run_dir: Optional[Path]) -> tuple:
     return recs, finds
 
 
-def _row(rows, **m):
-    return next((r for r in rows if all(r.get(k) == v for k, v in m.items())), None)
-
-
 def _first(recs, kind, **params):
     return next((r for r in recs.get(kind, []) if all(r["params"].get(k) == v for k, v in params.items())), None)
 
@@ -57,7 +54,7 @@ def _symptom(recs, finds):
 
 def _mask_alloc(recs, finds):
     m = recs.get("backend_matrix")
-    up = _row(m[0]["rows"], case="upstream: bool mask over full cache + GQA") if m else None
+    up = find_row(m[0]["rows"], case="upstream: bool mask over full cache + GQA") if m else None
     if not up:
         return NOT_RUN, "02_backend_selection measures it"
     return (HOLDS if up["mask"].startswith("bool") else FAILS,
@@ -100,8 +97,8 @@ def _o_position(recs, finds):
     if not a:
         return NOT_RUN, "05_profiling measures it"
     ps = sorted(a["params"]["positions"])
-    f = [_row(a["rows"], mode="fast", position=p)["median_ms"] for p in (ps[1], ps[-1])]
-    r = [_row(a["rows"], mode="reference", position=p)["median_ms"] for p in (ps[1], ps[-1])]
+    f = [find_row(a["rows"], mode="fast", position=p)["median_ms"] for p in (ps[1], ps[-1])]
+    r = [find_row(a["rows"], mode="reference", position=p)["median_ms"] for p in (ps[1], ps[-1])]
     grows, flat = f[1] / f[0], r[1] / r[0]
     return (HOLDS if grows > 2 and flat < 1.5 else FAILS,
             f"{a['params']['dtype']}: fast {grows:.3g}x from p={ps[1]} to p={ps[-1]}, reference {flat:.3g}x")
@@ -124,7 +121,7 @@ def _per_position(recs, finds):
         return NOT_RUN, "05_profiling measures it"
     sp = []
     for p in d["params"]["positions"]:
-        up, pa = _row(d["rows"], variant="upstream", position=p), _row(d["rows"], variant="patched", position=p)
+        up, pa = find_row(d["rows"], variant="upstream", position=p), find_row(d["rows"], variant="patched", position=p)
         sp.append((p, up["median_ms"] / pa["median_ms"]))
     inside = [p for p, s in sp if 2.5 <= s <= 3.5]
     text = ", ".join(f"p={p}: {s:.3g}x" for p, s in sp)
@@ -207,12 +204,13 @@ def _zero_fill_source(recs, finds):
 
 
 def _kv_sizes(recs, finds):
-    from ..bench.memory import kv_memory
-    kv = kv_memory("full", prefill=100, steps=200, dtype="float32")
+    kv = _first(recs, "kv_memory", dtype="float32", preset="full")
+    if not kv:
+        return NOT_RUN, "01_root_cause measures it"
     up, pa = kv["upstream_bytes"] / 1e6, kv["patched_bytes"] / 1e6
     return (HOLDS if 550 <= up <= 650 and 15 <= pa <= 45 else FAILS,
-            f"full model, fp32, a 300-token request: {up:.3g} MB -> {pa:.3g} MB (read from the cache objects: "
-            "upstream's StaticKVCache, the right-sized cache after a 100-token fill and 200 steps)")
+            f"full model, fp32, a {kv['params']['prefill'] + kv['params']['steps']}-token request: {up:.3g} MB -> "
+            f"{pa:.3g} MB ({kv['note']})")
 
 
 def _bit_identical(recs, finds):

@@ -3,7 +3,8 @@ attention calls, and bf16 vs fp32. Pure functions of records; they measure nothi
 
 from __future__ import annotations
 
-from ..bench.targets import _row
+from ..bench.decode import time_shares
+from ..bench.records import find_row
 
 __all__ = ["headline", "headline_key", "floor_reading", "warm_vs_cold", "step_vs_call", "dtype_reading"]
 
@@ -12,7 +13,7 @@ def warm_vs_cold(warm: dict, cold: dict) -> list[dict]:
     """Per mode and position, one call with K/V warm (one cache, re-read) vs cold (rotated over many)."""
     rows = []
     for c in cold["rows"]:
-        w = _row(warm["rows"], mode=c["mode"], position=c["position"])
+        w = find_row(warm["rows"], mode=c["mode"], position=c["position"])
         if w:
             rows.append({"mode": c["mode"], "position": c["position"], "warm ms": w["median_ms"],
                          "cold ms": c["median_ms"], "cold / warm": c["median_ms"] / w["median_ms"],
@@ -23,10 +24,10 @@ def warm_vs_cold(warm: dict, cold: dict) -> list[dict]:
 def step_vs_call(dec: dict, warm: dict, cold: dict, position: int = 256) -> dict:
     """What one decode step saves per layer, beside what one isolated attention call saves (reference ->
     exact), warm and cold: the step's saving is judged against the call that reads K/V as the step does."""
-    up, pa = (_row(dec["rows"], variant=v, position=position) for v in ("upstream", "patched"))
+    up, pa = (find_row(dec["rows"], variant=v, position=position) for v in ("upstream", "patched"))
     per_layer = (up["median_ms"] - pa["median_ms"]) / dec["params"]["layers"]
-    saved = {name: _row(rec["rows"], mode="reference", position=position)["median_ms"]
-             - _row(rec["rows"], mode="exact", position=position)["median_ms"]
+    saved = {name: find_row(rec["rows"], mode="reference", position=position)["median_ms"]
+             - find_row(rec["rows"], mode="exact", position=position)["median_ms"]
              for name, rec in (("warm", warm), ("cold", cold))}
     inside = (up.get("attention_in_step_ms"), pa.get("attention_in_step_ms"))
     in_step = inside[0] - inside[1] if None not in inside else None
@@ -43,10 +44,9 @@ def step_vs_call(dec: dict, warm: dict, cold: dict, position: int = 256) -> dict
 
 def dtype_reading(costs: dict, att32: dict, att16: dict, position: int = 4096) -> dict:
     """bf16 vs fp32 read from measurements: per mode at ``position``, and per operation (``dtype_costs``)."""
-    modes = {m: _row(att16["rows"], mode=m, position=position)["median_ms"]
-             / _row(att32["rows"], mode=m, position=position)["median_ms"]
-             for m in ("reference", "exact", "fast", "slice_fix")
-             if _row(att16["rows"], mode=m, position=position) and _row(att32["rows"], mode=m, position=position)}
+    pairs = {m: (find_row(att16["rows"], mode=m, position=position), find_row(att32["rows"], mode=m, position=position))
+             for m in ("reference", "exact", "fast", "slice_fix")}
+    modes = {m: a["median_ms"] / b["median_ms"] for m, (a, b) in pairs.items() if a and b}
     conv = next((r["median_ms"] for r in costs["rows"] if r["op"].startswith("bf16 -> fp32")), None)
     op = costs["ratios"]
     flags = costs.get("flags", {})
@@ -65,8 +65,8 @@ def dtype_reading(costs: dict, att32: dict, att16: dict, position: int = 4096) -
 
 def floor_reading(cold: dict, position: int = 4096) -> dict:
     """fast at ``position`` in a cold sweep: its time over the DRAM floor and over the bare GEMMs' time."""
-    fa = _row(cold["rows"], mode="fast", position=position)
-    gm = _row(cold["rows"], mode="gemm_floor", position=position)
+    fa = find_row(cold["rows"], mode="fast", position=position)
+    gm = find_row(cold["rows"], mode="gemm_floor", position=position)
     return {"position": position, "x_dram_floor": fa["x_floor"],
             "x_gemm_floor": fa["median_ms"] / gm["median_ms"] if gm else float("nan"),
             "gemm_x_dram_floor": gm["x_floor"] if gm else float("nan")}
@@ -82,12 +82,11 @@ def headline(att: dict, dec: dict, whole: dict, targets: list, position: int = 2
     """The profiling notebook's findings, read from its records: ratios at ``position``, the whole-decode
     ratio and identity, the LMs' decode-attention share of wall time, and how many targets were met."""
     def at(rec, key, value):
-        row = _row(rec["rows"], **{key: value, "position": position})
+        row = find_row(rec["rows"], **{key: value, "position": position})
         return row["median_ms"] if row else float("nan")
 
     a, d16, d32 = att["float32"], dec["bfloat16"], dec["float32"]
-    share = {v: sum(r["lm_attention_s"] for r in whole["rows"] if r["variant"] == v) /
-             sum(r["wall_s"] for r in whole["rows"] if r["variant"] == v) for v in ("upstream", "patched")}
+    share = {v: time_shares(whole, v)["lm_attention"] for v in ("upstream", "patched")}
     p = whole["params"]
     reps = sum(r["variant"] == "upstream" for r in whole["rows"])
     return {
