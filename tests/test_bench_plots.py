@@ -380,3 +380,23 @@ def test_dtype_reading_says_what_it_read():
     r = profiling.dtype_reading(costs, att(1.0), att(2.0), 4096)
     assert r["bf16 / fp32 time per mode"]["fast"] == 2.0
     assert "6.0x fp32 in SDPA over the slice" in r["reading"] and "avx512_bf16 no" in r["reading"]
+
+
+def test_target_rows_carry_unique_ids_and_are_judged_by_their_goal():
+    from fastattn.bench.targets import MUST_HOLD
+    rows = bench.load_record(REF / "targets.json")["rows"]
+    ids = [r["id"] for r in rows]
+    assert len(ids) == len(set(ids)) and {i.split("@")[0] for i in ids} == set(bench.GOALS) | set(MUST_HOLD)
+    for r in rows:
+        gid = r["id"].split("@")[0]
+        assert r["passed"] == (r["measured"] <= bench.GOALS[gid][1] if gid in bench.GOALS else bool(r["measured"]))
+
+
+def test_time_shares_are_medians_over_repeats():
+    from fastattn.bench.decode import time_shares
+    rows = [{"variant": "upstream", "wall_s": w, "lm_attention_s": a, "local_dit_s": 1.0}
+            for w, a in ((10.0, 4.0), (20.0, 5.0), (12.0, 3.0))] + [{"variant": "patched", "wall_s": 1.0,
+                                                                       "lm_attention_s": 0.5, "local_dit_s": 0.1}]
+    s = time_shares({"rows": rows})
+    assert s["lm_attention"] == 4.0 / 12.0 and s["local_dit"] == 1.0 / 12.0
+    assert time_shares({"rows": rows}, "patched")["lm_attention"] == 0.5
