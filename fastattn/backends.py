@@ -22,6 +22,10 @@ Nothing here changes process state except inside ``sdpa_kernel`` blocks, which r
 
 from __future__ import annotations
 
+import os
+import re
+import sys
+import tempfile
 import warnings
 from dataclasses import asdict, dataclass, field
 from html import escape
@@ -141,7 +145,37 @@ def _params(q, k, v, attn_mask, is_causal, enable_gqa):
         return SDPAParams(q, k, v, attn_mask, 0.0, is_causal)
 
 
+def native_warnings(text: str) -> list[str]:
+    """The messages of c10's ``[W... file:line] Warning: <message> (function <name>)`` lines in ``text``
+    (what torch's C++ ``TORCH_WARN`` prints on stderr where no Python warning handler is installed)."""
+    out = []
+    for line in text.splitlines():
+        _, sep, msg = line.partition("Warning: ")
+        if sep:
+            out.append(re.sub(r"\s*\(function [^)]*\)\s*$", "", msg).strip())
+    return [m for m in out if m]
+
+
+def call_capturing_native_stderr(fn) -> tuple:
+    """``(fn(), text fn wrote to fd 2)``: C++ code writes there directly, Python's ``warnings`` never sees it."""
+    sys.stderr.flush()
+    saved = os.dup(2)
+    with tempfile.TemporaryFile(mode="w+b") as tmp:
+        os.dup2(tmp.fileno(), 2)
+        try:
+            result = fn()
+        finally:
+            sys.stderr.flush()
+            os.dup2(saved, 2)
+            os.close(saved)
+        tmp.seek(0)
+        return result, tmp.read().decode(errors="replace")
+
+
 def _eligibility_cuda(q, k, v, attn_mask, is_causal, enable_gqa) -> dict:
+    """torch's ``can_use_*(params, debug=True)`` per CUDA backend, with its reasons. The bindings are bare
+    pybind11 lambdas: their debug ``TORCH_WARN``s go to C++ stderr (c10's default handler), not to Python's
+    ``warnings``, so fd 2 is read back as well as Python's warnings."""
     cb = torch.backends.cuda
     params = _params(q, k, v, attn_mask, is_causal, enable_gqa)
     out = {}
@@ -153,9 +187,9 @@ def _eligibility_cuda(q, k, v, attn_mask, is_causal, enable_gqa) -> dict:
             continue
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
-            ok = bool(fn(params, True))
-        reasons = [str(w.message).strip() for w in caught]
-        out[name] = {"eligible": ok, "reason": " | ".join(reasons)}
+            ok, text = call_capturing_native_stderr(lambda fn=fn: bool(fn(params, True)))
+        reasons = [str(w.message).strip() for w in caught] + native_warnings(text)
+        out[name] = {"eligible": ok, "reason": " | ".join(dict.fromkeys(reasons))}
     out["MATH"] = {"eligible": True, "reason": ""}
     return out
 
@@ -175,12 +209,18 @@ def _run_profiled(fn) -> list[str]:
 
 
 def _forced(backend: str, call) -> dict:
-    try:
-        with sdpa_kernel([getattr(SDPBackend, backend)]):
-            ops = _run_profiled(call)
-        return {"ran": True, "kernel": next((o for o in ops if o in KERNEL_OPS), None), "ops": ops}
-    except Exception as exc:
-        return {"ran": False, "error": f"{type(exc).__name__}: {' '.join(str(exc).split())[:400]}"}
+    """Run ``call`` with only ``backend`` enabled: the kernel op that ran, or the error with the reasons
+    SDPA's selection gave (it warns them through Python's warnings before "No available kernel")."""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        try:
+            with sdpa_kernel([getattr(SDPBackend, backend)]):
+                ops = _run_profiled(call)
+            return {"ran": True, "kernel": next((o for o in ops if o in KERNEL_OPS), None), "ops": ops}
+        except Exception as exc:
+            why = [" ".join(str(w.message).split())[:300] for w in caught]
+            return {"ran": False, "error": f"{type(exc).__name__}: {' '.join(str(exc).split())[:400]}",
+                    "reasons": list(dict.fromkeys(why))}
 
 
 # --------------------------------------------------------------------------- public
@@ -196,8 +236,13 @@ def explain_sdpa(q, k, v, *, attn_mask=None, is_causal=False, enable_gqa=False, 
     forced = {b: _forced(b, call) for b in backends}
     if q.device.type == "cuda":
         eligibility = _eligibility_cuda(q, k, v, attn_mask, is_causal, enable_gqa)
-    else:  # no public CPU check: forcing is the check, its error is torch's reason
-        eligibility = {b: {"eligible": forced[b]["ran"], "reason": forced[b].get("error", "")} for b in backends}
+        for b, e in eligibility.items():  # where the binding's stderr said nothing, the forced call's reasons
+            if not e["eligible"] and not e["reason"] and forced.get(b, {}).get("reasons"):
+                e["reason"] = " | ".join(forced[b]["reasons"])
+    else:  # no public CPU check: forcing is the check, its error (and reasons) torch's reason
+        eligibility = {b: {"eligible": forced[b]["ran"],
+                           "reason": " | ".join([*forced[b].get("reasons", []), forced[b].get("error", "")][:4])
+                           if not forced[b]["ran"] else ""} for b in backends}
     report = SDPAReport(
         call={"q": list(q.shape), "k": list(k.shape), "v": list(v.shape), "dtype": dtype_name(q.dtype),
               "device": str(q.device), "mask": _mask_kind(attn_mask), "is_causal": is_causal,
@@ -209,6 +254,9 @@ def explain_sdpa(q, k, v, *, attn_mask=None, is_causal=False, enable_gqa=False, 
     )
     if attn_mask is not None and attn_mask.dtype == torch.bool and "aten::where" in report.ops:
         report.notes.append("the bool mask is converted to an additive -inf mask (aten::where) on every call")
+    elif attn_mask is not None and attn_mask.dtype == torch.bool and report.kernel == \
+            "aten::_scaled_dot_product_cudnn_attention":
+        report.notes.append("cuDNN converts the bool mask itself (convert_boolean_attn_mask_cudnn) on every call")
     if report.kernel and attn_mask is not None:
         report.notes.append(f"the chosen kernel reads all {k.shape[2]} keys; masked keys still cost time")
     return report

@@ -88,17 +88,16 @@ def _pos_int(value, name: str) -> int:
 
 
 def _mark_dynamic(t: torch.Tensor, dim: int) -> None:
-    """``torch._dynamo.maybe_mark_dynamic(t, dim)`` without importing dynamo into a process that never
-    compiles (the import puts tens of MB of modules, sympy among them, into every patched process:
-    ``bench.peak_rss`` measures it).
-    Where dynamo is loaded, its function runs; where not, the two marks it sets (torch 2.13) are set, so a
-    later compile reads them the same (tested against dynamo's own function)."""
+    """``torch._dynamo.maybe_mark_dynamic(t, dim)`` where dynamo is loaded; nothing where it is not.
+
+    Importing dynamo puts tens of MB of modules (sympy among them) into every patched process
+    (``bench.peak_rss`` measures it), and a process that has not imported it is not compiling. A view made
+    before a compile started is re-marked at its next window change; until then dynamo's automatic dynamic
+    shapes recompile once at most. No private torch attribute is written by hand (their set differs between
+    torch versions)."""
     dynamo = sys.modules.get("torch._dynamo")
     if dynamo is not None:
         dynamo.maybe_mark_dynamic(t, dim)
-        return
-    t._dynamo_weak_dynamic_indices = getattr(t, "_dynamo_weak_dynamic_indices", set()) | {dim}
-    t._has_dynamo_dim_marking = True
 
 
 class RightSizedKVCache:
@@ -146,15 +145,22 @@ class RightSizedKVCache:
     def _set_window(self) -> None:
         """Point ``kv_cache`` at the first ``window`` slots of the storage.
 
-        The view's slot dimension is marked dynamic for torch.compile, so a compiled
-        step sees one symbolic window size instead of recompiling at every bucket.
+        Where windows vary (granularity below ``max_length``) the view's slot dimension is marked dynamic for
+        torch.compile, so a compiled step sees one symbolic window size instead of recompiling at every bucket;
+        where the window is always ``max_length`` (no exact window: CUDA) it stays static, as upstream's cache.
+        With ``static_address`` the view itself is marked too: dynamo reads static-ness from the tensor a graph
+        receives, and a view of a marked storage is not marked (CUDA graph trees skip a step that mutates an
+        unmarked input).
         """
         w = window_slots(self.current_length, self.capacity, self.bucket)
         view = getattr(self, "kv_cache", None)
         if w != getattr(self, "window", None) or view is None or view.data_ptr() != self._storage.data_ptr():
             self.window = w
             self.kv_cache = self._storage[:, :, :, :, :w]
-            _mark_dynamic(self.kv_cache, 4)
+            if self.bucket < self.max_length:
+                _mark_dynamic(self.kv_cache, 4)
+            if self.static_address:
+                torch._dynamo.mark_static_address(self.kv_cache)
 
     @property
     def capacity(self) -> int:
@@ -181,10 +187,12 @@ class RightSizedKVCache:
             old.fill_(float("nan"))  # a stale view now yields NaN, never plausible numbers
 
     def set_static_address(self, flag: bool = True) -> None:
-        """Mark the storage (now and after every growth) as a static address for CUDA graphs."""
+        """Mark the storage and the window view the layers read (now and after every growth or window change)
+        as static addresses for CUDA graphs."""
         self.static_address = bool(flag)
         if flag:
             torch._dynamo.mark_static_address(self._storage)
+            torch._dynamo.mark_static_address(self.kv_cache)
 
     def reserve(self, n_tokens: int) -> None:
         """Hold at least ``n_tokens`` slots for the current or coming request (bucket-rounded, <= max_length).

@@ -14,13 +14,16 @@ import os
 import platform
 import subprocess
 import sys
+import warnings
 from contextlib import contextmanager
 from datetime import datetime, timezone
 from importlib.metadata import PackageNotFoundError, version
+from typing import Optional
 
 import torch
 
-__all__ = ["DTYPES", "resolve_device", "dtype_of", "dtype_name", "package_version", "cpu_name", "git_commit",
+__all__ = ["DTYPES", "resolve_device", "runtime_dtype", "cuda_build_without_cuda", "dtype_of", "dtype_name",
+           "package_version", "cpu_name", "git_commit",
            "device_name", "device_key", "env_facts", "quiet_native_stderr"]
 
 DTYPES = {"bfloat16": torch.bfloat16, "float32": torch.float32, "float16": torch.float16}
@@ -36,6 +39,8 @@ def resolve_device(device, *, name: str = "device") -> torch.device:
     else:
         raise ValueError(f"{name} must be one of {', '.join(_DEVICE_TYPES)} (or 'cuda:N'), got {device!r}")
     if text == "auto":
+        if not torch.cuda.is_available():
+            _warn_cuda_build_without_cuda()
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     kind, _, index = text.partition(":")
     if kind not in _DEVICE_TYPES[1:] or (index and (kind != "cuda" or not index.isdigit())):
@@ -47,6 +52,33 @@ def resolve_device(device, *, name: str = "device") -> torch.device:
     if kind == "mps" and not torch.backends.mps.is_available():
         raise ValueError(f"{name}='mps' but MPS is not available on this machine (use 'cpu' or 'auto')")
     return torch.device(text)
+
+
+_WARNED_NO_CUDA: list = []
+
+
+def cuda_build_without_cuda() -> Optional[str]:
+    """Why this torch, built with CUDA, cannot use it here (a driver too old for the wheel, no GPU visible);
+    None where torch has no CUDA build or CUDA works."""
+    if torch.version.cuda is None or torch.cuda.is_available():
+        return None
+    return (f"torch {torch.__version__} is built for CUDA {torch.version.cuda} but torch.cuda.is_available() is "
+            "False (no GPU visible, or a driver older than the build needs)")
+
+
+def _warn_cuda_build_without_cuda() -> None:
+    why = cuda_build_without_cuda()
+    if why and not _WARNED_NO_CUDA:
+        _WARNED_NO_CUDA.append(why)
+        warnings.warn(f"fastattn: device='auto' runs on CPU: {why}. Pass device='cpu' to silence this, or fix "
+                      "the driver to measure the GPU.", RuntimeWarning, stacklevel=3)
+
+
+def runtime_dtype(device) -> str:
+    """The dtype voxcpm 2.0.3 runs VoxCPM2 in on this device type (``model/utils.py: pick_runtime_dtype``):
+    the checkpoint's bfloat16 on CPU and CUDA, float32 on MPS (whose low-precision output glitches). The
+    dtype that kernel claims about upstream's call are judged in."""
+    return "float32" if torch.device(device).type == "mps" else "bfloat16"
 
 
 def dtype_of(dtype, *, name: str = "dtype") -> torch.dtype:

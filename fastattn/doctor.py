@@ -5,11 +5,12 @@ from __future__ import annotations
 import json
 import platform
 import sys
+from typing import Optional
 
 import torch
 
 from . import compat
-from .devices import cpu_name, git_commit, package_version
+from .devices import cpu_name, cuda_build_without_cuda, git_commit, package_version
 
 __all__ = ["doctor", "format_doctor", "git_commit"]
 
@@ -35,6 +36,7 @@ def doctor(calibrate: bool = True) -> dict:
         "torchaudio_reason": compat.shim_reason(),
         "cuda_available": torch.cuda.is_available(),
         "cuda_version": torch.version.cuda,
+        "cuda_unusable": cuda_build_without_cuda(),
         "device": "cpu",
         "device_name": cpu_name(),
         "compute_capability": None,
@@ -45,6 +47,7 @@ def doctor(calibrate: bool = True) -> dict:
     }
     if torch.cuda.is_available():
         idx = torch.cuda.current_device()
+        info["sdp_priority_order"] = sdp_priority_order(torch.device("cuda", idx))
         cb = torch.backends.cuda
         info.update({
             "device": f"cuda:{idx}",
@@ -62,6 +65,25 @@ def doctor(calibrate: bool = True) -> dict:
     if calibrate:
         info["exact_granularity"] = _granularities(info["device"])
     return info
+
+
+def priority_names(order) -> list:
+    """SDPA backend names for ``torch._C._get_sdp_priority_order()``'s integers (SDPBackend's values)."""
+    from torch.nn.attention import SDPBackend
+    names = {int(b.value) if hasattr(b, "value") else int(b): b.name for b in SDPBackend.__members__.values()}
+    return [names.get(int(i), f"unknown({int(i)})") for i in order]
+
+
+def sdp_priority_order(device) -> Optional[list]:
+    """The order in which SDPA tries the CUDA backends, read *after* one selection on ``device``: torch installs
+    its cuDNN-first order lazily at the first selection (sm90/sm100 with runtime cuDNN > 9.15). None where
+    this torch cannot tell."""
+    getter = getattr(torch._C, "_get_sdp_priority_order", None)
+    if getter is None:
+        return None
+    q = torch.zeros(1, 2, 1, 64, device=device, dtype=torch.bfloat16)
+    torch.nn.functional.scaled_dot_product_attention(q, q, q)  # the first selection installs the order
+    return priority_names(getter())
 
 
 def _granularities(device: str) -> dict:

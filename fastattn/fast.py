@@ -15,8 +15,9 @@ spirit of a backend chain:
     GEMMs over the live K/V are close to the memory floor.
 (A third form, the grouped GEMMs in bf16 with the softmax in float32, was measured and left out:
 scores rounded to bf16 before the softmax put it close to the bound of twice ``reference``'s error.)
-``sdpa_flash`` / ``sdpa_cudnn`` / ``sdpa_efficient`` (CUDA only)
-    SDPA over the slice forced to one backend with ``sdpa_kernel``.
+``sdpa_flash`` / ``sdpa_cudnn`` / ``sdpa_efficient`` (CUDA only, probe only)
+    SDPA over the slice forced to one backend with ``sdpa_kernel``: measured and reported, never chosen,
+    since ``sdpa_kernel`` flips process-wide flags (another thread's SDPA would run with one backend).
 
 At first use per (device, dtype, Hq, Hkv, D, Lq class: 1 or > 1, key-count
 class: up to 512, up to 2048, more keys) every
@@ -40,7 +41,8 @@ import torch.nn.functional as F
 
 from .devices import device_key, dtype_name
 
-__all__ = ["CANDIDATES", "fast_attention", "fast_report", "reset_fast_cache", "choose_fast", "grouped_window"]
+__all__ = ["CANDIDATES", "PROBE_ONLY", "fast_attention", "fast_report", "reset_fast_cache", "choose_fast",
+           "grouped_window"]
 
 log = logging.getLogger("fastattn")
 
@@ -104,6 +106,10 @@ def _forced(backend: str) -> Callable:
     return run
 
 
+#: candidates measured for the report but never chosen: they wrap every call in ``sdpa_kernel``, which flips
+#: process-wide SDPA flags (unsafe beside other threads' SDPA calls) on the hot path
+PROBE_ONLY = frozenset({"sdpa_flash", "sdpa_cudnn", "sdpa_efficient"})
+
 #: name -> (implementation, devices it is tried on)
 CANDIDATES: dict = {
     "sdpa_slice": (sdpa_slice, ("cpu", "cuda", "mps")),
@@ -129,12 +135,21 @@ def _key(q, k) -> tuple:
             "lq=1" if q.shape[2] == 1 else "lq>1", _length_class(k.shape[2]))
 
 
-def _time(fns: dict, args_list: list, device, repeats: int = 7, warmup: int = 2) -> dict:
+def _time(fns: dict, q, k, v, lengths: list, device, repeats: int = 7, warmup: int = 2) -> dict:
     """Median seconds per candidate, each sample one call at every probe length; candidates interleaved
-    call by call (bench's timer: shuffled order, CUDA events on CUDA)."""
+    call by call (bench's timer: shuffled order, CUDA events on CUDA). Every sample uses key counts no
+    earlier sample used (each length less one more key per call): a kernel that builds a plan per key count
+    (cuDNN's graph cache on Hopper) pays for it here as it would in a real decode, where every step adds a key."""
     from .bench.timing import time_interleaved
-    runs = {name: (lambda fn=fn: [fn(*a) for a in args_list]) for name, fn in fns.items()}
-    times = time_interleaved(runs, repeats=repeats, warmup=warmup, device=device)
+
+    def run(fn):
+        shift = iter(range(1, 1 << 30))
+        def call():
+            i = next(shift)
+            return [fn(q, k[:, :, :max(q.shape[2], n - i)], v[:, :, :max(q.shape[2], n - i)]) for n in lengths]
+        return call
+    times = time_interleaved({name: run(fn) for name, fn in fns.items()}, repeats=repeats, warmup=warmup,
+                             device=device)
     return {name: statistics.median(t) for name, t in times.items()}
 
 
@@ -183,11 +198,16 @@ def choose_fast(device, dtype, *, hq: int, hkv: int, head_dim: int, lq: int = 1,
     if not ok:
         raise RuntimeError(f"fastattn fast: no candidate is within twice reference's error for {_key(q, k)}: "
                            f"{[(r['candidate'], r['max_err'], r['broken']) for r in rows]}")
-    medians = _time(ok, args, device)
+    medians = _time(ok, q, k, v, lengths, device)
     for row in rows:
+        row["probe_only"] = row["candidate"] in PROBE_ONLY
         if row["candidate"] in medians:
             row["median_ms"] = medians[row["candidate"]] * 1e3
-    winner = min(medians, key=medians.get)
+    eligible = {n: t for n, t in medians.items() if n not in PROBE_ONLY}
+    if not eligible:
+        raise RuntimeError(f"fastattn fast: only probe-only candidates are within twice reference's error for "
+                           f"{_key(q, k)}")
+    winner = min(eligible, key=eligible.get)
     return {"device": str(device), "dtype": dtype_name(dtype), "hq": hq, "hkv": hkv,
             "head_dim": head_dim, "lq_class": "lq=1" if lq == 1 else "lq>1", "length_class": length_class,
             "probe_lengths": lengths,
@@ -236,7 +256,8 @@ def _fall_back(q, k, v, exc):
         for row in choice["candidates"]:
             if row["candidate"] == bad:
                 row["accepted"], row["broken"] = False, f"{type(exc).__name__}: {str(exc)[:160]}"
-        rest = [r for r in choice["candidates"] if r["accepted"] and r["median_ms"] is not None]
+        rest = [r for r in choice["candidates"] if r["accepted"] and r["median_ms"] is not None
+                and r["candidate"] not in PROBE_ONLY]
         if not rest:
             raise exc
         choice["winner"] = min(rest, key=lambda r: r["median_ms"])["candidate"]

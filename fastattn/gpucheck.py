@@ -25,12 +25,13 @@ import sys
 import time
 import traceback
 from pathlib import Path
+from typing import Optional
 
 import torch
 
 from .paths import atomic_write_text
 
-__all__ = ["gpu_check", "main"]
+__all__ = ["gpu_check", "main", "select_device", "stream_chunks", "upstream_optimized", "cudagraph_recordings"]
 
 
 def _slug(text: str) -> str:
@@ -48,9 +49,9 @@ def _sizes(device: torch.device, quick: bool) -> dict:
                 "ladder_capacity": 1024, "dtypes": ("float32", "bfloat16")}
     if quick:
         return {"capacity": 8192, "positions": [0, 256, 4096], "repeats": 3, "preset": "small", "steps": 8,
-                "ladder_capacity": 8192, "dtypes": ("bfloat16", "float32")}
+                "ladder_capacity": 8192, "dtypes": ("bfloat16", "float32"), "stream_chunks": 600}
     return {"capacity": 8192, "positions": [0, 256, 1024, 4096, 8000], "repeats": 7, "preset": "full", "steps": 12,
-            "ladder_capacity": 8192, "dtypes": ("bfloat16", "float16", "float32")}
+            "ladder_capacity": 8192, "dtypes": ("bfloat16", "float16", "float32"), "stream_chunks": 600}
 
 
 def _steps(device: torch.device, size: dict) -> list:
@@ -84,16 +85,39 @@ def _steps(device: torch.device, size: dict) -> list:
                                      for dt in ("bfloat16", "float32")], None),
         ("decode_step_sweep", lambda: [bench.decode_step_sweep(size["positions"], preset="small" if size["preset"] !=
                                                                "tiny" else "tiny", dtype="bfloat16", device=device,
-                                                               repeats=size["repeats"], progress=False)], None),
+                                                               repeats=size["repeats"], progress=False,
+                                                               slice_fix=True)], None),
         ("whole_decode_eager", lambda: [bench.whole_decode(size["preset"], steps=size["steps"], dtype="bfloat16",
                                                            device=str(device), repeats=1, progress=False)], None),
         ("whole_decode_optimized", lambda: [_optimized_decode(device, size)], cuda_only),
+        ("stream_under_optimize", lambda: [_stream_under_upstream_optimize(device, size)], cuda_only),
         ("upstream_diff_compiled", lambda: [_diff_compiled(device, size)], cuda_only),
     ]
 
 
+def upstream_optimized(model) -> None:
+    """voxcpm's own ``optimize()``, checked: it compiles only when ``model.device == "cuda"`` exactly and triton
+    imports, and otherwise prints a warning and runs eagerly; an eager run must not pass for a compiled one."""
+    model.optimize()
+    if "forward_step" not in model.base_lm.__dict__:
+        raise RuntimeError(f"voxcpm's optimize() did not compile (model.device={model.device!r}; it needs "
+                           "exactly 'cuda' and triton)")
+
+
+def cudagraph_recordings(device) -> Optional[int]:
+    """CUDA graphs inductor's cudagraph trees have recorded on ``device`` so far (their graph id counter), or
+    None where no tree manager exists or this torch keeps the counter elsewhere."""
+    try:
+        from torch._inductor.cudagraph_trees import get_manager
+        manager = get_manager(torch.device(device).index or 0, create_if_none_exists=False)
+        return None if manager is None else int(re.fullmatch(r"count\((\d+)\)", repr(manager.graph_counter))[1])
+    except Exception:  # noqa: BLE001 - an internal that moved: say unknown, never guess
+        return None
+
+
 def _optimized_decode(device, size) -> dict:
-    """Upstream vs patched under fastattn.optimize (CUDA graphs): outputs, graph counts, captures after growth."""
+    """Upstream under its own ``optimize()`` vs patched under :func:`fastattn.optimize` (CUDA graphs): outputs,
+    dynamo's graphs, cudagraph skips with their reasons (a skipped LM step replays no graph), recordings."""
     from .bench.records import env_record, record
     from .graphs import graph_counts, optimize, reset_graph_counts
     from .models import build_voxcpm2
@@ -101,25 +125,76 @@ def _optimized_decode(device, size) -> dict:
     text, rows = "The quick brown fox jumps over the lazy dog. " * 4, []
     outs = {}
     for variant in ("upstream", "patched"):
-        model = build_voxcpm2(size["preset"], device=str(device), dtype="bfloat16")
+        model = build_voxcpm2(size["preset"], device="cuda", dtype="bfloat16")
         handle = patch_voxcpm(model) if variant == "patched" else None
         try:
             torch._dynamo.reset()
             reset_graph_counts()
+            before = cudagraph_recordings(device) or 0
             if variant == "patched":
                 optimize(model)
             else:
-                model.optimize()
+                upstream_optimized(model)
             torch.manual_seed(0)
             t0 = time.perf_counter()
             outs[variant] = model.generate(text, min_len=size["steps"], max_len=size["steps"], inference_timesteps=2)
             torch.cuda.synchronize()
-            rows.append({"variant": variant, "wall_s": time.perf_counter() - t0, **graph_counts()})
+            rec = cudagraph_recordings(device)
+            rows.append({"variant": variant, "wall_s": time.perf_counter() - t0, **graph_counts(),
+                         "cudagraph_recordings": None if rec is None else rec - before})
         finally:
             if handle is not None:
                 handle.revert()
     return record("whole_decode_optimized", env=env_record(device, "bfloat16"), params=dict(size), rows=rows,
                   identical=bool(torch.equal(outs["upstream"], outs["patched"])))
+
+
+def stream_chunks(model, chunks: int, *, text: str, seed: int = 0, device="cpu", inference_timesteps: int = 2,
+                  recordings=cudagraph_recordings) -> list[dict]:
+    """Every chunk of one ``generate_streaming`` run: its ms, and after it the compile counters
+    (:func:`fastattn.graphs.graph_counts`) and CUDA graphs recorded so far: a stream that records a graph per
+    new shape shows it chunk by chunk (#209/#269; #293's one GPU-only hypothesis)."""
+    from .bench.timing import _sync
+    from .graphs import graph_counts
+    device = torch.device(device)
+    torch.manual_seed(seed)
+    gen = model.generate_streaming(text, min_len=chunks, max_len=chunks, inference_timesteps=inference_timesteps)
+    rows = []
+    _sync(device)
+    t0 = time.perf_counter()
+    for i, _ in enumerate(gen):
+        _sync(device)
+        ms = (time.perf_counter() - t0) * 1e3
+        g = graph_counts()
+        rows.append({"chunk": i, "ms": ms, "unique_graphs": g["unique_graphs"], "cudagraph_skips": g["cudagraph_skips"],
+                     "cudagraph_recordings": recordings(device)})
+        t0 = time.perf_counter()
+    return rows
+
+
+def _stream_under_upstream_optimize(device, size) -> dict:
+    """A long stream (>= 600 chunks) under voxcpm's own ``optimize()``: per chunk ms, graphs and recordings."""
+    from .bench.records import env_record, record
+    from .bench.stream import _text_for, sixths, verdict
+    from .graphs import reset_graph_counts
+    from .models import build_voxcpm2
+    chunks = size.get("stream_chunks", 600)
+    model = build_voxcpm2(size["preset"], device="cuda", dtype="bfloat16")
+    torch._dynamo.reset()
+    reset_graph_counts()
+    upstream_optimized(model)
+    rows = stream_chunks(model, chunks, text=_text_for(chunks), device=device)
+    six = sixths([r["ms"] for r in rows])
+    return record("stream_under_optimize", env=env_record(device, "bfloat16"), params={**size, "chunks": chunks},
+                  rows=rows, sixths=six, verdict=verdict(six),
+                  graphs_recorded_after_first_sixth=_grew_after(rows, "cudagraph_recordings"),
+                  graphs_compiled_after_first_sixth=_grew_after(rows, "unique_graphs"))
+
+
+def _grew_after(rows: list, key: str) -> Optional[int]:
+    """How much a per-chunk counter grew after the first sixth of a stream (None where it is unknown)."""
+    start = rows[len(rows) // 6][key] if rows else None
+    return None if start is None or rows[-1][key] is None else rows[-1][key] - start
 
 
 def _diff_compiled(device, size) -> dict:
@@ -131,6 +206,7 @@ def _diff_compiled(device, size) -> dict:
     from .upstream import patched_copy
     code = ("import torch, fastattn; from fastattn.models import build_voxcpm2; "
             f"m = build_voxcpm2({size['preset']!r}, device='cuda', dtype='bfloat16'); m.optimize(); "
+            "assert 'forward_step' in m.base_lm.__dict__, 'optimize() did not compile'; "
             "torch.manual_seed(0); "
             f"w = m.generate('hello world ' * 8, min_len={size['steps']}, max_len={size['steps']}, "
             "inference_timesteps=2); print('ok', w.shape)")
@@ -150,18 +226,31 @@ def _failures(rec: dict) -> list[str]:
     return out
 
 
+def select_device(device) -> torch.device:
+    """The kit's device, resolved. ``cuda:N`` is made the current CUDA device and the kit then runs on
+    ``"cuda"``: voxcpm's ``optimize()`` compiles only for exactly ``"cuda"``, and CUDA events, SDPA's
+    eligibility checks and cudagraph trees all read the current device."""
+    from .devices import resolve_device
+    device = resolve_device(device)
+    if device.type == "cuda" and device.index is not None:
+        torch.cuda.set_device(device.index)
+        return torch.device("cuda")
+    return device
+
+
 def gpu_check(device="cuda", *, quick: bool = False, out=None, log=print) -> Path:
     """Run the kit; return the folder holding its records and ``summary.md``."""
     from .bench.records import save_record
-    from .devices import resolve_device
-    device = resolve_device(device)
+    asked = str(device)
+    device = select_device(device)
     size = _sizes(device, quick)
     folder = Path(out) if out else Path("reports") / folder_name(device)
     if folder.exists() and any(folder.iterdir()):
         raise ValueError(f"--out {folder}: exists and is not empty (a run never overwrites an earlier one)")
     folder.mkdir(parents=True, exist_ok=True)
     lines = [f"# fastattn gpu-check: {folder_name(device)}", "",
-             f"device {device}, quick={quick}, torch {torch.__version__}", "", "| step | outcome | seconds |",
+             f"device {asked} (current CUDA device {torch.cuda.current_device()})" if device.type == "cuda" else
+             f"device {device}", f"quick={quick}, torch {torch.__version__}", "", "| step | outcome | seconds |",
              "|---|---|---|"]
     for name, fn, skip in _steps(device, size):
         if skip:

@@ -17,11 +17,15 @@ mask the keys past the position inside the grouped form
 ``cache=False`` keeps upstream's 8192-slot views (graph-safe, O(8192)).
 
 :func:`optimize` is the counterpart of voxcpm's ``optimize()`` for a patched
-model. CUDA graphs need the KV storage at a static address: the caches are
-marked with ``torch._dynamo.mark_static_address`` (again after every growth,
-which moves the storage and so makes a captured graph stale: it is re-recorded).
-Whether graphs are really replayed must be checked on a GPU (``graph_counts``),
-never assumed.
+model. CUDA graphs need the KV cache at a static address: the tensor each
+compiled step reads and writes (the cache's ``kv_cache`` window view, not only
+its storage: dynamo reads static-ness from the tensor it receives) is marked with
+``torch._dynamo.mark_static_address``, again after every growth or window change
+(a moved storage makes a captured graph stale: it is re-recorded). Otherwise
+inductor's cudagraph trees run the mutating step without CUDA graphs and count a
+``cudagraph_skip``. Whether graphs are really replayed must be checked on a GPU
+(:func:`graph_counts`: 0 skips, and the skip reasons), never assumed. Upstream's
+own ``optimize()`` marks nothing.
 """
 
 from __future__ import annotations
@@ -33,7 +37,7 @@ from typing import Optional
 
 import torch
 
-__all__ = ["optimize", "deoptimize", "graph_counts", "reset_graph_counts", "OPTIMIZED"]
+__all__ = ["optimize", "deoptimize", "graph_counts", "reset_graph_counts", "mark_cache_static", "OPTIMIZED"]
 
 #: models :func:`optimize` compiled (a patch revert deoptimizes them)
 OPTIMIZED: weakref.WeakSet = weakref.WeakSet()
@@ -102,12 +106,20 @@ def optimize(model, *, compile_mode: Optional[str] = None, backend: str = "induc
         report["compiled"].append(part)
     if device.startswith("cuda"):
         for lm_name in ("base_lm", "residual_lm"):
-            cache = getattr(getattr(model, lm_name, None), "kv_cache", None)
-            if hasattr(cache, "set_static_address"):
-                cache.set_static_address(True)
+            mark_cache_static(getattr(getattr(model, lm_name, None), "kv_cache", None))
     model.fastattn_compiled = report
     OPTIMIZED.add(model)
     return model
+
+
+def mark_cache_static(cache) -> None:
+    """Mark a KV cache's tensors as static addresses for CUDA graphs: a :class:`fastattn.RightSizedKVCache`
+    (storage and window view, kept marked as they change) or upstream's ``StaticKVCache`` (its one
+    ``kv_cache`` tensor, which never moves). None is ignored."""
+    if hasattr(cache, "set_static_address"):
+        cache.set_static_address(True)
+    elif isinstance(getattr(cache, "kv_cache", None), torch.Tensor):
+        torch._dynamo.mark_static_address(cache.kv_cache)
 
 
 def deoptimize(model):
@@ -142,17 +154,48 @@ def _parts(model) -> dict:
     return out
 
 
+#: the logger inductor's cudagraph trees write each skip's reason to (``log_cudagraph_skip_and_bump_counter``)
+CUDAGRAPH_LOG = "torch._inductor.cudagraph_utils.__cudagraphs"
+
+
+class _SkipReasons(logging.Handler):
+    """Keeps the reasons cudagraph trees give for running a compiled function without CUDA graphs."""
+
+    def __init__(self):
+        super().__init__(logging.WARNING)
+        self.reasons: list = []
+
+    def emit(self, record):
+        self.reasons.append(record.getMessage()[:300])
+
+
+_SKIPS = _SkipReasons()
+
+
 def graph_counts() -> dict:
-    """dynamo's counters: graphs compiled, graph breaks, recompiles (process-wide; see reset_graph_counts)."""
+    """Process-wide compile counters (see :func:`reset_graph_counts`): dynamo's graphs compiled and graph
+    breaks, and inductor's ``cudagraph_skips``, each a compiled function that cudagraph trees ran *without*
+    CUDA graphs (a mutated input that is not a static address, a CPU tensor, ...), with the reasons logged
+    since the reset. 0 skips under ``reduce-overhead`` is the evidence that graphs were recorded. (torch's
+    ``counters["recompiles"]`` is never written; a recompile shows as one more of ``unique_graphs``.)"""
     from torch._dynamo.utils import counters
+    _watch_skips()
     return {"unique_graphs": counters["stats"].get("unique_graphs", 0),
             "calls_captured": counters["stats"].get("calls_captured", 0),
             "graph_breaks": sum(counters["graph_break"].values()),
-            "recompiles": sum(counters["recompiles"].values()) if "recompiles" in counters else 0}
+            "cudagraph_skips": counters["inductor"].get("cudagraph_skips", 0),
+            "cudagraph_skip_reasons": sorted(set(_SKIPS.reasons))}
+
+
+def _watch_skips() -> None:
+    logger = logging.getLogger(CUDAGRAPH_LOG)
+    if _SKIPS not in logger.handlers:
+        logger.addHandler(_SKIPS)
 
 
 def reset_graph_counts() -> None:
+    """Zero the counters :func:`graph_counts` reads and start collecting cudagraph skip reasons afresh."""
     from torch._dynamo.utils import counters
     counters.clear()
-
-
+    _SKIPS.reasons.clear()
+    _watch_skips()

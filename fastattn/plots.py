@@ -73,10 +73,11 @@ def attention_sweep(rec: dict, *, ax=None, log: bool = True, show_floor: bool = 
 
 
 def decode_step(rec: dict, *, ax=None):
-    """Per-token decode-step time vs position, upstream vs patched."""
+    """Per-token decode-step time vs position, upstream vs patched (and the slice fix where it was timed)."""
     fig, ax = (ax.figure, ax) if ax is not None else plt.subplots(figsize=(7, 4))
-    for v in ("upstream", "patched"):
-        _spread(ax, _rows(rec, variant=v), v, COLORS[v])
+    for v in ("upstream", "patched", "slice_fix"):
+        if _rows(rec, variant=v):
+            _spread(ax, _rows(rec, variant=v), v, COLORS[v])
     p = rec["params"]
     ax.set_xlabel("position p")
     ax.set_ylabel(f"ms per token ({p['layers']} layers)")
@@ -201,7 +202,7 @@ def backend_table(rows: Sequence[dict]):
 def fast_choice_table(rec: dict) -> str:
     """HTML table of a ``fast_choice`` record: every candidate per call class, the winner in bold."""
     from html import escape
-    cols = ["class", "candidate", "max_err", "reference_max_err", "accepted", "median_ms", "broken"]
+    cols = ["class", "candidate", "max_err", "reference_max_err", "accepted", "median_ms", "probe_only", "broken"]
     head = "".join(f"<th>{c}</th>" for c in cols)
     body = ""
     for r in rec["rows"]:
@@ -246,7 +247,8 @@ def targets_table(targets: list) -> str:
     def row(t):
         ci = "" if t.get("ci_low") is None else fmt_ci((t["ci_low"], t["ci_high"]))
         decided = "" if t.get("decided") is None else fmt(t["decided"])
-        cells = (t["target"], fmt(t["measured"]), ci, t.get("n") or "", t["goal"], "yes" if t["passed"] else "NO",
+        met = {None: "n/a", True: "yes", False: "NO"}[t["passed"]]
+        cells = (t["target"], fmt(t["measured"]), ci, t.get("n") or "", t["goal"], met,
                  decided, t.get("note", ""))
         return "<tr>" + "".join(f"<td>{escape(str(c))}</td>" for c in cells) + "</tr>"
     head = ("<table><tr><th>target</th><th>measured</th><th>95% CI</th><th>n</th><th>goal</th><th>met</th>"

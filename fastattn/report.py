@@ -29,6 +29,8 @@ CSS = ("body{font-family:system-ui,sans-serif;max-width:1100px;margin:2em auto;p
 
 def fmt(value, key: str = "") -> str:
     """A value as a reader wants it: 3 significant digits; bytes (by the key's name) in MB; yes/no for bools."""
+    if value is None:
+        return "n/a"
     if isinstance(value, bool):
         return "yes" if value else "no"
     if isinstance(value, int) and "bytes" in key.lower() and "(mb)" not in key.lower():
@@ -75,7 +77,7 @@ def _verdict_rows(targets: list) -> list:
         from .bench.stats import fmt_ci
         ci = f" {fmt_ci((t['ci_low'], t['ci_high']))}" if t.get("ci_low") is not None else ""
         return fmt(t["measured"]) + ci + (f" (n={t['n']})" if t.get("n") else "")
-    return [{"claim": t["target"], "measured (95% CI)": measured(t), "goal": t["goal"], "met": bool(t["passed"]),
+    return [{"claim": t["target"], "measured (95% CI)": measured(t), "goal": t["goal"], "met": fmt(t["passed"]),
              "note": short(t.get("note", ""), 200)} for t in targets]
 
 

@@ -23,16 +23,19 @@ import torch
 from .attention import _attend
 from .cache import RightSizedKVCache
 from .exactness import check_bucket_once, exact_granularity
-from .fast import grouped_window
+from .fast import grouped_window, sdpa_slice
 from .modes import REGISTRY
 
-__all__ = ["make_attention_forward_step", "make_model_forward_step", "make_setup_cache", "cache_granularity"]
+__all__ = ["make_attention_forward_step", "make_model_forward_step", "make_setup_cache", "cache_granularity",
+           "slice_fix_functions"]
 
 
 _MODEL_STEP = threading.local()  # .cut: the patched model step is handing its layers views cut to the live keys
 
 
-def make_attention_forward_step(mode: str, bucket):
+def make_attention_forward_step(mode: str, bucket, *, attend=None):
+    """``MiniCPMAttention.forward_step`` in ``mode``; ``attend`` (q, k, v over exactly the live keys) replaces an
+    unmasked mode's implementation (:func:`slice_fix_functions` builds the published slice fix with it)."""
     from voxcpm.modules.minicpm4.model import apply_rotary_pos_emb
 
     spec = REGISTRY[mode]
@@ -72,6 +75,8 @@ def make_attention_forward_step(mode: str, bucket):
         n_keys = key_cache.size(2)
         if graph:  # compiled fast: the cache's window, masked inside the grouped form (shapes change at edges only)
             attn_output = grouped_window(query_states, key_cache, value_cache, position_id + 1)
+        elif unmasked and attend is not None:
+            attn_output = attend(query_states, key_cache, value_cache)
         elif unmasked:  # the views hold exactly the live keys
             attn_output = _attend(query_states, key_cache, value_cache, n_keys, mode, bucket, None)
         else:
@@ -85,6 +90,15 @@ def make_attention_forward_step(mode: str, bucket):
 
     forward_step.__fastattn__ = ("MiniCPMAttention.forward_step", mode, bucket)
     return forward_step
+
+
+def slice_fix_functions() -> dict:
+    """The published slice fix (seed 000, upstream PRs #199/#395) as class functions, for side-by-side
+    benchmarks (never installed by the patch): upstream's cache and layer code, each layer's SDPA over exactly
+    the live keys with no mask (:func:`fastattn.fast.sdpa_slice`), the key count read from the cache's host-side
+    length. Not bit-identical to upstream; not graph-safe under ``fullgraph`` compile."""
+    return {"MiniCPMAttention.forward_step": make_attention_forward_step("fast", None, attend=sdpa_slice),
+            "MiniCPMModel.forward_step": make_model_forward_step("fast", None)}
 
 
 def make_model_forward_step(mode: str, bucket):

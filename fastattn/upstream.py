@@ -126,7 +126,8 @@ class StaticKVCache:
     def _set_window(self):
         self.window = window_slots(self.current_length, self.storage.size(4), self.granularity)
         self.kv_cache = self.storage[:, :, :, :, : self.window]
-        _mark_dynamic(self.kv_cache, 4)
+        if self.granularity < self.max_length:  # a window that never changes stays static, as before
+            _mark_dynamic(self.kv_cache, 4)
 
     def get_layer_cache(self, layer_idx: int) -> Tuple[torch.Tensor, torch.Tensor]:
         return self.kv_cache[0, layer_idx], self.kv_cache[1, layer_idx]
@@ -250,18 +251,22 @@ from fastattn.models import build_voxcpm2, silence_progress
 assert voxcpm.__file__.startswith(sys.argv[1]), voxcpm.__file__
 silence_progress()
 preset, dtype, text, out = sys.argv[2], sys.argv[3], sys.argv[4], sys.argv[7]
-steps, seed = int(sys.argv[5]), int(sys.argv[6])
-m = build_voxcpm2(preset, seed=seed, dtype=dtype)
+steps, seed, device = int(sys.argv[5]), int(sys.argv[6]), sys.argv[8]
+m = build_voxcpm2(preset, seed=seed, dtype=dtype, device=device)
 torch.manual_seed(seed)
 wav = m.generate(text, min_len=steps, max_len=steps, inference_timesteps=2)
 cache = m.base_lm.kv_cache
-torch.save({"wav": wav, "capacity": cache.storage.shape[4], "length": cache.current_length}, out)
+torch.save({"wav": wav.cpu(), "capacity": cache.storage.shape[4], "length": cache.current_length}, out)
 """
 
 
-def decode_with_diff(preset: str, *, text: str, steps: int, dtype: str = "bfloat16", seed: int = 0) -> dict:
+def decode_with_diff(preset: str, *, text: str, steps: int, dtype: str = "bfloat16", seed: int = 0,
+                     device="cpu") -> dict:
     """Decode with the upstream diff itself applied (a patched copy of voxcpm, imported in a fresh process),
-    then unpatched here from the same seed: ``{"identical", "max_abs_diff", "diff_capacity", "length"}``."""
+    then unpatched here from the same seed, both on ``device`` (the diff's CUDA branch keeps ``max_length``
+    slots): ``{"identical", "max_abs_diff", "diff_capacity", "length", "device"}``."""
+    from .devices import resolve_device
+    device = str(resolve_device(device))
     import subprocess
     import sys
     import tempfile
@@ -275,18 +280,18 @@ def decode_with_diff(preset: str, *, text: str, steps: int, dtype: str = "bfloat
         out = Path(tmp) / "out.pt"
         env = {**os.environ, "PYTHONPATH": str(root)}
         r = subprocess.run([sys.executable, "-c", _DECODE_SCRIPT, str(root), preset, dtype, text, str(steps),
-                            str(seed), str(out)], capture_output=True, text=True, env=env, timeout=1800)
+                            str(seed), str(out), device], capture_output=True, text=True, env=env, timeout=1800)
         if r.returncode:
             raise RuntimeError(f"decoding through the patched copy failed: {r.stderr[-2000:]}")
         res = torch.load(out)
-    model = build_voxcpm2(preset, seed=seed, dtype=dtype)
+    model = build_voxcpm2(preset, seed=seed, dtype=dtype, device=device)
     torch.manual_seed(seed)
-    ref = model.generate(text, min_len=steps, max_len=steps, inference_timesteps=2)
+    ref = model.generate(text, min_len=steps, max_len=steps, inference_timesteps=2).cpu()
     same = ref.shape == res["wav"].shape
     return {"identical": bool(same and torch.equal(ref, res["wav"])),
             "max_abs_diff": float((ref.double() - res["wav"].double()).abs().max()) if same else float("inf"),
             "diff_capacity": int(res["capacity"]), "upstream_capacity": int(model.base_lm.kv_cache.kv_cache.shape[4]),
-            "length": int(res["length"])}
+            "length": int(res["length"]), "device": device}
 
 
 def main(argv=None) -> int:

@@ -113,8 +113,11 @@ def test_cuda_masked_call_is_not_flash():
 def test_seed_claims_checked_on_cpu():
     from fastattn.experiments.backend_selection import check_claims
     rows = backend_matrix("cpu", capacity=1024, position=100)
-    verdicts = {c["claim"]: c["verdict"] for c in check_claims(rows, "cpu")}
-    assert verdicts["A bool attn_mask makes SDPA fall back to the math kernel"].startswith("does not hold on cpu")
+    claims = {c["claim"]: c for c in check_claims(rows, "cpu")}
+    verdicts = {c: v["verdict"] for c, v in claims.items()}
+    assert verdicts["A bool attn_mask makes SDPA fall back to the math kernel"] == "does not hold"
+    assert "bfloat16" in claims["A bool attn_mask makes SDPA fall back to the math kernel"]["shows"]  # voxcpm's dtype
+    assert "fused kernel takes the mask" in claims["A bool attn_mask makes SDPA fall back to the math kernel"]["shows"]
     assert verdicts["Slicing the cache to position+1 (no mask) lets SDPA use flash attention"] == "holds"
     causal = verdicts["is_causal=True is a safe way to drop the mask for a one-query decode step"]
     assert causal.startswith("does not hold")

@@ -21,7 +21,7 @@ from ..devices import DTYPES, resolve_device
 from .attention import attention_sweep, cpu_flags, dtype_costs, fast_choices
 from .cli import main, reference_run
 from .decode import whole_decode
-from .floor import bandwidth, floor_ms, live_kv_bytes, llc_bytes
+from .floor import bandwidth, bandwidth_line, floor_ms, live_kv_bytes, llc_bytes
 from .memory import cache_growth, fill_cost, kv_memory, peak_rss, step_allocations
 from .records import env_record, load_record, record, save_record
 from .stats import ratio_ci, scaled_ci
@@ -33,5 +33,6 @@ from .timing import time_interleaved
 __all__ = ["env_record", "record", "time_interleaved", "attention_sweep", "fast_choices", "dtype_costs", "cpu_flags",
            "decode_step_sweep", "compiled_step_sweep", "whole_decode", "resolve_device", "kv_memory",
            "step_allocations", "fill_cost", "cache_growth", "stream_profile", "peak_rss", "bandwidth", "floor_ms",
-           "live_kv_bytes", "llc_bytes", "save_record", "load_record", "check_targets", "target_goals", "GOALS",
+           "live_kv_bytes", "llc_bytes",
+           "bandwidth_line", "save_record", "load_record", "check_targets", "target_goals", "GOALS",
            "ratio_ci", "scaled_ci", "reference_run", "main", "DTYPES"]

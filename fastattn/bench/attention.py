@@ -10,7 +10,7 @@ from ..attention import MODES, attention_step
 from ..devices import dtype_name, resolve_device
 from ..devices import dtype_of as _dtype
 from ..modes import REGISTRY
-from .floor import bandwidth, floor_ms, live_kv_bytes
+from .floor import bandwidth, floor_binds, floor_ms, live_kv_bytes
 from .records import env_record, record
 from .timing import _progress, _stats_ms, time_interleaved
 
@@ -27,7 +27,8 @@ def attention_sweep(positions: Sequence[int], *, capacity: int = 8192, dtype="fl
     that many distinct K/V caches (36: one per layer of both LMs, as in a real decode step), so each call
     reads its K/V cache-cold, as a model step does; ``floor_meaningful`` says whether the K/V the calls
     cycle through exceed the last-level cache (else the loop re-reads them warm and the DRAM floor does not
-    bind). ``bucket=None`` measures the default ``exact`` (the calibrated granularity, recorded in params).
+    bind; None where the cache size is unknown). ``bucket=None`` measures the default ``exact`` (the calibrated
+    granularity, recorded in params).
     With ``slice_fix``, a ``slice_fix`` row per position times the public slice fix (SDPA over
     ``cache[:, :, :p+1]``, no mask: what ``fast`` was before it chose by measurement). In float32, with
     ``gemm_floor``, a ``gemm_floor`` row times the two bare GEMMs of the grouped form (``q @ k^T``, ``p @ v``, softmax
@@ -42,7 +43,7 @@ def attention_sweep(positions: Sequence[int], *, capacity: int = 8192, dtype="fl
     kvs = [(torch.randn(1, hkv, capacity, head_dim, generator=g).to(device=device, dtype=dt),   # for any caches
             torch.randn(1, hkv, capacity, head_dim, generator=g).to(device=device, dtype=dt)) for _ in range(caches)]
     bw = bw or bandwidth(device)
-    llc = bw.get("llc_bytes") or 0
+    llc = bw.get("llc_bytes")
     gran = _granularity_of(q, kvs[0][0], bucket)
     rows = []
     for p in _progress(positions, progress, f"attention {dtype}"):
@@ -99,7 +100,7 @@ def _position_rows(fns, q, kvs, p, device, repeats, warmup, capacity, gran, bw, 
         window = n if m in ("slice_fix", "gemm_floor") else REGISTRY[m].keys(n, capacity, gran)  # the mode's rule
         err = None if m == "gemm_floor" else (fn(k0, v0).double() - r64).abs().max().item()
         rows.append({"mode": m, "position": p, "length": n, "window": window, **st, "max_err_f64": err,
-                     "live_bytes": live, "floor_ms": fl, "floor_meaningful": live * len(kvs) > llc,
+                     "live_bytes": live, "floor_ms": fl, "floor_meaningful": floor_binds(live, len(kvs), llc),
                      "x_floor": st["median_ms"] / fl})
     return rows
 

@@ -89,14 +89,16 @@ def whole_decode(preset: str = "tiny", *, steps: int = 12, dtype="bfloat16", dev
     Each run is split into base LM, residual LM, local DiT, local encoder, the
     decode-step attention inside the LMs (``lm_attention``, part of the two LM
     figures) and the rest (prefill, projections, stop head, VAE decode).
-    ``identical`` says whether the patched waveform is ``torch.equal`` to upstream's.
+    ``identical`` says whether the patched waveform is ``torch.equal`` to upstream's;
+    ``patched_granularity`` is the patched base-LM cache's window granularity, None where it holds all
+    ``max_length`` slots (no exact window on the device: the patched decode is upstream's computation).
     """
     from ..models import build_voxcpm2, silence_progress
     from ..patch import cache_bytes, patch_voxcpm
     device = resolve_device(device)
     model = model or build_voxcpm2(preset, seed=seed, device=str(device), dtype=dtype)
     silence_progress()
-    runs, wav = [], {}
+    runs, wav, granularity = [], {}, None
     order = ["upstream", "patched"]
     for r in _progress(range(repeats), progress, "whole decode"):
         for variant in (order if r % 2 == 0 else order[::-1]):
@@ -111,7 +113,11 @@ def whole_decode(preset: str = "tiny", *, steps: int = 12, dtype="bfloat16", dev
                     _sync(device)
                     wall = time.perf_counter() - t0
                 kv = cache_bytes(model)["total"]
-                n_steps = model.base_lm.kv_cache.current_length
+                cache = model.base_lm.kv_cache
+                n_steps = cache.current_length
+                if variant == "patched":
+                    bucket = getattr(cache, "bucket", cache.max_length)
+                    granularity = bucket if bucket < cache.max_length else None
             finally:
                 if handle is not None:
                     handle.revert()
@@ -127,7 +133,7 @@ def whole_decode(preset: str = "tiny", *, steps: int = 12, dtype="bfloat16", dev
               "inference_timesteps": inference_timesteps, "repeats": repeats,
               "weights": getattr(model, "fastattn_info", {}).get("weights", "random")}
     return record("whole_decode", env=env_record(device, dtype), params=params, rows=runs, identical=identical,
-                  median_wall_s=med, ratio=med["patched"] / med["upstream"])
+                  median_wall_s=med, ratio=med["patched"] / med["upstream"], patched_granularity=granularity)
 
 
 def time_shares(whole: dict, variant: str = "upstream") -> dict:

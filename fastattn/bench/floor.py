@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import statistics
 from pathlib import Path
+from typing import Optional
 
 import torch
 
@@ -12,8 +13,12 @@ from ..devices import resolve_device
 from .timing import time_interleaved
 
 
-def llc_bytes() -> int:
-    """Last-level cache size from sysfs (the floor means little below it); 32 MiB when unknown."""
+def llc_bytes(device="cpu") -> int:
+    """Last-level cache size of ``device`` (the DRAM floor means little below it): on CPU from sysfs (32 MiB
+    when unknown), on CUDA the GPU's L2 (``get_device_properties(d).L2_cache_size``)."""
+    device = torch.device(device)
+    if device.type == "cuda":
+        return int(torch.cuda.get_device_properties(device).L2_cache_size)
     best = 0
     base = Path("/sys/devices/system/cpu/cpu0/cache")
     for idx in base.glob("index*") if base.exists() else []:
@@ -35,7 +40,22 @@ def bandwidth(device="cpu", *, nbytes: int = 512 * 2**20, repeats: int = 7) -> d
     t = time_interleaved({"copy": lambda: dst.copy_(src)}, repeats=repeats, warmup=2, device=device)["copy"]
     med = statistics.median(t)
     return {"bytes_moved": 2 * n * 4, "median_s": med, "gb_per_s": 2 * n * 4 / med / 1e9,
-            "best_gb_per_s": 2 * n * 4 / min(t) / 1e9, "llc_bytes": llc_bytes() if device.type == "cpu" else None}
+            "best_gb_per_s": 2 * n * 4 / min(t) / 1e9, "llc_bytes": llc_bytes(device) if device.type in
+            ("cpu", "cuda") else None, "llc_kind": {"cpu": "CPU last-level cache", "cuda": "GPU L2"}.get(device.type)}
+
+
+def bandwidth_line(bw: dict) -> str:
+    """One line for a bandwidth record: GB/s and the last-level cache, or that the cache size is unknown."""
+    llc = bw.get("llc_bytes")
+    cache = (f"{bw.get('llc_kind') or 'last-level cache'}: {llc / 2**20:.0f} MiB" if llc else
+             "last-level cache: unknown on this device (the DRAM floor is shown, not judged)")
+    return f"copy bandwidth: {bw['gb_per_s']:.1f} GB/s (read + write); {cache}"
+
+
+def floor_binds(live_bytes: int, copies: int, llc) -> Optional[bool]:
+    """Whether the K/V a loop cycles through (``live_bytes`` x ``copies``) exceed the last-level cache, so that
+    the DRAM floor binds; None when the cache size is unknown (never guessed as 0)."""
+    return None if not llc else live_bytes * copies > llc
 
 
 def live_kv_bytes(length: int, hkv: int, head_dim: int, dtype) -> int:

@@ -17,26 +17,41 @@ from .steps import _lm_and_caches, _prefill, _start_request
 from .timing import _stats_ms, _sync, time_interleaved
 
 
+def _granularity(preset: str, device, dt, max_length: int, bucket) -> int:
+    """The patched cache's granularity for the preset's base LM on ``device``: what ``setup_cache`` would pick
+    (the caller's int, the calibrated window, or ``max_length`` rounded up where no window is exact)."""
+    from ..steps import cache_granularity
+    from .steps import _lm_config
+    return cache_granularity(_lm_config(preset, None), torch.device(device), dt, max_length, bucket)
+
+
+def windows_apply(granularity: int, max_length: int) -> bool:
+    """Whether the patched cache is right-sized on that device: False where it holds all ``max_length`` slots."""
+    return granularity < max_length
+
+
 def kv_memory(preset: str = "full", *, prefill: int = 100, steps: int = 200, dtype="bfloat16",
-              max_length: int = 8192, bucket: Optional[int] = None) -> dict:
+              max_length: int = 8192, bucket: Optional[int] = None, device="cpu") -> dict:
     """KV bytes of one request, both LMs, measured from the caches: upstream's ``StaticKVCache`` (built at
-    ``max_length`` slots, as ``setup_cache`` does) beside fastattn's ``RightSizedKVCache`` (granularity
-    ``bucket``, default the CPU flash kernel's 512-key block) taken through the request a decode makes:
+    ``max_length`` slots, as ``setup_cache`` does) beside fastattn's ``RightSizedKVCache`` in the granularity
+    the patch picks on ``device`` (``bucket``, else the calibrated one: the CPU flash kernel's 512-key block;
+    ``max_length`` where no window is exact, as on CUDA) taken through the request a decode makes:
     ``fill_caches`` with a ``prefill``-token prompt, then one ``step()`` per generated token. Rows: per LM
-    and variant, the slots and storage bytes the cache object holds at the end."""
+    and variant, the slots and storage bytes the cache object holds at the end. ``right_sized`` is False
+    where the patched cache holds all ``max_length`` slots (its bytes then equal upstream's)."""
     from voxcpm.modules.minicpm4.cache import StaticKVCache
 
     from ..cache import RightSizedKVCache
-    from ..exactness import CPU_FLASH_KEY_BLOCK
     from ..models import voxcpm2_config
-    cfg, dt, g = voxcpm2_config(preset), _dtype(dtype), bucket or CPU_FLASH_KEY_BLOCK
+    device, dt = resolve_device(device), _dtype(dtype)
+    cfg, g = voxcpm2_config(preset), _granularity(preset, device, dt, max_length, bucket)
     lm = cfg["lm_config"]
     hkv, d = lm["num_key_value_heads"], lm["kv_channels"]
     rows = []
     for name, layers in (("base_lm", lm["num_hidden_layers"]), ("residual_lm", cfg["residual_lm_num_layers"])):
-        geo = (layers, hkv, d, 1, torch.device("cpu"), dt)
+        geo = (layers, hkv, d, 1, device, dt)
         up, pa = StaticKVCache(*geo, max_length=max_length), RightSizedKVCache(*geo, max_length=max_length, bucket=g)
-        pa.fill_caches([(torch.randn(1, hkv, prefill, d, dtype=dt),) * 2 for _ in range(layers)])
+        pa.fill_caches([(torch.randn(1, hkv, prefill, d, dtype=dt, device=device),) * 2 for _ in range(layers)])
         for _ in range(min(steps, max_length - prefill)):
             pa.step()
         rows += [{"lm": name, "variant": "upstream", "layers": layers, "slots": up.kv_cache.shape[4],
@@ -46,12 +61,15 @@ def kv_memory(preset: str = "full", *, prefill: int = 100, steps: int = 200, dty
     total = {v: sum(r["bytes"] for r in rows if r["variant"] == v) for v in ("upstream", "patched")}
     layers = sum(r["layers"] for r in rows if r["variant"] == "upstream")
     per_slot = total["upstream"] // max_length
-    return record("kv_memory", env=env_record("cpu", dtype),
+    sized = windows_apply(g, max_length)
+    note = (f"measured from the cache objects after a {prefill}-token fill and {steps} steps" if sized else
+            f"no exact window on {device.type}: the patched cache holds all {max_length} slots, as upstream's")
+    return record("kv_memory", env=env_record(device, dtype),
                   params={"preset": preset, "prefill": prefill, "steps": steps, "dtype": dtype_name(dt),
                           "max_length": max_length, "bucket": g, "layers": layers},
                   rows=rows, per_token_bytes=per_slot, upstream_bytes=total["upstream"],
-                  patched_bytes=total["patched"], ratio=total["patched"] / total["upstream"],
-                  note=f"measured from the cache objects after a {prefill}-token fill and {steps} steps")
+                  patched_bytes=total["patched"], ratio=total["patched"] / total["upstream"], right_sized=sized,
+                  note=note)
 
 
 def step_allocations(*, preset: str = "small", layers: int = 1, dtype="float32", position: int = 256,
@@ -72,17 +90,34 @@ def step_allocations(*, preset: str = "small", layers: int = 1, dtype="float32",
         lm.kv_cache = cache
         with swapped(fns), torch.inference_mode():
             lm.forward_step(x, pos)  # warm
-            with quiet_native_stderr(), profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
-                lm.forward_step(x, pos)
-        allocs = [e for e in prof.events() if e.cpu_memory_usage > 0]
-        out[name] = {"allocated_bytes": sum(e.cpu_memory_usage for e in allocs), "allocations": len(allocs),
-                     "largest": sorted(((e.name, e.cpu_memory_usage) for e in allocs), key=lambda t: -t[1])[:5],
-                     "cache_bytes": cache.nbytes if hasattr(cache, "nbytes") else
+            if device.type == "cuda":
+                counted = _cuda_allocations(lambda: lm.forward_step(x, pos), device)
+            else:
+                with quiet_native_stderr(), profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+                    lm.forward_step(x, pos)
+                allocs = [e for e in prof.events() if e.cpu_memory_usage > 0]
+                counted = {"allocated_bytes": sum(e.cpu_memory_usage for e in allocs), "allocations": len(allocs),
+                           "largest": sorted(((e.name, e.cpu_memory_usage) for e in allocs), key=lambda t: -t[1])[:5]}
+        out[name] = {**counted, "cache_bytes": cache.nbytes if hasattr(cache, "nbytes") else
                      cache.kv_cache.numel() * cache.kv_cache.element_size()}
     return record("step_allocations", env=env_record(device, dt),
                   params={"preset": preset, "layers": layers, "dtype": dtype, "position": position},
                   rows=[{"variant": n, **{k: v for k, v in d.items() if k != "largest"}} for n, d in out.items()],
                   variants=out)
+
+
+def _cuda_allocations(fn, device) -> dict:
+    """Bytes and count of CUDA allocations ``fn`` made (the caching allocator's counters; the profiler's CPU
+    activity sees none of them): allocated bytes over what was live before, at their peak."""
+    torch.cuda.synchronize(device)
+    torch.cuda.reset_peak_memory_stats(device)
+    before = torch.cuda.memory_stats(device)
+    fn()
+    torch.cuda.synchronize(device)
+    after = torch.cuda.memory_stats(device)
+    return {"allocated_bytes": after["allocated_bytes.all.peak"] - before["allocated_bytes.all.current"],
+            "allocations": after["allocation.all.allocated"] - before["allocation.all.allocated"], "largest": [],
+            "counted_by": "torch.cuda.memory_stats"}
 
 
 def fill_cost(preset: str = "full", *, prefill: int = 100, dtype="bfloat16", device="cpu", max_length: int = 8192,
@@ -96,8 +131,9 @@ def fill_cost(preset: str = "full", *, prefill: int = 100, dtype="bfloat16", dev
     device, dt = resolve_device(device), _dtype(dtype)
     lm = voxcpm2_config(preset)["lm_config"]
     geo = (lm["num_hidden_layers"], lm["num_key_value_heads"], lm["kv_channels"], 1, device, dt)
+    g = _granularity(preset, device, dt, max_length, None)  # what the patch picks on this device
     caches = {"upstream": StaticKVCache(*geo, max_length=max_length),
-              "patched": RightSizedKVCache(*geo, max_length=max_length)}  # the CPU kernel's 512-slot granularity
+              "patched": RightSizedKVCache(*geo, max_length=max_length, bucket=g)}
     kv = [(torch.randn(1, geo[1], prefill, geo[2], dtype=dt, device=device),) * 2 for _ in range(geo[0])]
     times = time_interleaved({n: (lambda c=c: c.fill_caches(kv)) for n, c in caches.items()}, repeats=repeats,
                              warmup=warmup, device=device)
@@ -106,24 +142,25 @@ def fill_cost(preset: str = "full", *, prefill: int = 100, dtype="bfloat16", dev
             for n, c in caches.items()]
     return record("fill_cost", env=env_record(device, dt), rows=rows,
                   params={"preset": preset, "layers": geo[0], "prefill": prefill, "dtype": dtype_name(dt),
-                          "max_length": max_length})
+                          "max_length": max_length, "granularity": g})
 
 
 def cache_growth(preset: str = "full", *, prefill: int = 100, steps: int = 8000, dtype="bfloat16", device="cpu",
                  max_length: int = 8192, bucket: Optional[int] = None) -> dict:
     """Cost of a long request's cache growth at the preset's base-LM geometry: every ``step()`` of a
     :class:`RightSizedKVCache` timed (prefill ``prefill``, ``steps`` steps), beside upstream's per-request
-    zero-fill of its ``max_length`` slots. Rows: the steps that moved the storage (position, ms, capacity);
-    summary: total seconds in ``step()``, moves, the largest step, and the capacity bound checked at every step."""
+    zero-fill of its ``max_length`` slots. The cache has the granularity the patch picks on ``device`` (``bucket``,
+    else calibrated; ``max_length`` where no window is exact, so it never grows: ``summary["right_sized"]`` is
+    False). Rows: the steps that moved the storage (position, ms, capacity); summary: total seconds in
+    ``step()``, moves, the largest step, and the capacity bound checked at every step."""
     from voxcpm.modules.minicpm4.cache import StaticKVCache
 
     from ..cache import RightSizedKVCache
-    from ..exactness import CPU_FLASH_KEY_BLOCK
     from ..models import voxcpm2_config
     device, dt = resolve_device(device), _dtype(dtype)
     lm = voxcpm2_config(preset)["lm_config"]
     geo = (lm["num_hidden_layers"], lm["num_key_value_heads"], lm["kv_channels"], 1, device, dt)
-    g = bucket or CPU_FLASH_KEY_BLOCK
+    g = _granularity(preset, device, dt, max_length, bucket)  # what the patch picks on this device
     cache = RightSizedKVCache(*geo, max_length=max_length, bucket=g)
     kv = [(torch.randn(1, geo[1], prefill, geo[2], dtype=dt, device=device),) * 2 for _ in range(geo[0])]
     cache.fill_caches(kv)
@@ -144,8 +181,9 @@ def cache_growth(preset: str = "full", *, prefill: int = 100, steps: int = 8000,
                   params={"preset": preset, "layers": geo[0], "prefill": prefill, "steps": steps, "granularity": g,
                           "dtype": dtype_name(dt), "max_length": max_length},
                   summary={"step_total_s": total, "moves": len(moves), "max_step_ms": worst * 1e3,
-                        "bound_held_every_step": bool(bound_ok), "final_capacity": cache.capacity,
-                           "upstream_fill_ms": statistics.median(fill) * 1e3})
+                           "bound_held_every_step": bool(bound_ok), "final_capacity": cache.capacity,
+                           "upstream_fill_ms": statistics.median(fill) * 1e3,
+                           "right_sized": windows_apply(g, max_length)})
 
 
 def peak_rss(preset: str = "small", *, dtype="bfloat16", steps: int = 20, runs: int = 3) -> dict:

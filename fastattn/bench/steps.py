@@ -73,16 +73,21 @@ def _attention_in_step(run, layers: int, steps: int = 3) -> float:
 
 def decode_step_sweep(positions: Sequence[int], *, preset: str = "small", layers: Optional[int] = None,
                       dtype="bfloat16", device="cpu", max_length: int = 8192, bucket: Optional[int] = None,
-                      repeats: int = 7, warmup: int = 2, seed: int = 0, progress: bool = True) -> dict:
+                      repeats: int = 7, warmup: int = 2, seed: int = 0, progress: bool = True,
+                      slice_fix: bool = False) -> dict:
     """One MiniCPM decode step (``MiniCPMModel.forward_step``, the preset's LM geometry), upstream vs patched.
 
     Upstream: voxcpm's own classes with an 8192-slot ``StaticKVCache``. Patched:
-    fastattn's ``exact`` step with a :class:`RightSizedKVCache`. Same weights,
-    same prefill, calls interleaved. Rows per variant and position: per-token
+    fastattn's ``exact`` step with a :class:`RightSizedKVCache`. With ``slice_fix``, a third variant: the
+    published slice fix (:func:`fastattn.steps.slice_fix_functions`) on upstream's cache, the step the seed's
+    per-position claims are about (on CUDA, where ``exact`` is upstream's own call, the only fix timed).
+    Same weights, same prefill, calls interleaved. Rows per variant and position: per-token
     and per-layer medians, and ``attention_in_step_ms``: the SDPA kernel's time per layer inside the step
     (profiled, CPU only: on CUDA the CPU-side op time is a launch, so it is None there).
+    ``params["granularity"]`` is the patched cache's window granularity (None: all ``max_length`` slots).
     """
     from ..patch import original_functions, swapped, variant_functions
+    from ..steps import slice_fix_functions
 
     device, dt = resolve_device(device), _dtype(dtype)
     for p in positions:
@@ -90,6 +95,9 @@ def decode_step_sweep(positions: Sequence[int], *, preset: str = "small", layers
             raise ValueError(f"positions must be in [0, max_length={max_length}), got {p}")
     lm, cfg, D, caches = _lm_and_caches(preset, layers, dt, device, max_length, bucket, seed)
     fns = {"upstream": original_functions(), "patched": variant_functions("exact", bucket=bucket)}
+    cache_of = {"upstream": caches["upstream"], "patched": caches["patched"]}
+    if slice_fix:  # upstream's cache: the fix slices its views
+        fns["slice_fix"], cache_of["slice_fix"] = slice_fix_functions(), caches["upstream"]
     g = torch.Generator().manual_seed(seed + 1)
     x = torch.randn(1, cfg.hidden_size, generator=g).to(device=device, dtype=dt)
     rows = []
@@ -99,14 +107,14 @@ def decode_step_sweep(positions: Sequence[int], *, preset: str = "small", layers
 
         def call(name, pos=pos):
             def run():
-                lm.kv_cache = caches[name]
+                lm.kv_cache = cache_of[name]
                 with swapped(fns[name]), torch.inference_mode():
                     return lm.forward_step(x, pos)
             return run
 
-        outs = {n: call(n)() for n in caches}
-        times = time_interleaved({n: call(n) for n in caches}, repeats=repeats, warmup=warmup, device=device)
-        for n in caches:
+        outs = {n: call(n)() for n in fns}
+        times = time_interleaved({n: call(n) for n in fns}, repeats=repeats, warmup=warmup, device=device)
+        for n in fns:
             st = _stats_ms(times[n])
             rows.append({"variant": n, "position": p, **st, "per_layer_ms": st["median_ms"] / cfg.num_hidden_layers,
                          "attention_in_step_ms": _attention_in_step(call(n), cfg.num_hidden_layers)
@@ -116,7 +124,8 @@ def decode_step_sweep(positions: Sequence[int], *, preset: str = "small", layers
     params = {"preset": preset, "layers": cfg.num_hidden_layers, "hidden": cfg.hidden_size,
               "heads": cfg.num_attention_heads, "kv_heads": cfg.num_key_value_heads, "head_dim": D,
               "positions": list(positions), "dtype": dtype_name(dt), "max_length": max_length, "bucket": bucket,
-              "repeats": repeats, "warmup": warmup}
+              "granularity": caches["patched"].bucket if caches["patched"].bucket < max_length else None,
+              "repeats": repeats, "warmup": warmup, "variants": list(fns)}
     return record("decode_step", env=env_record(device, dt), params=params, rows=rows)
 
 
@@ -130,16 +139,16 @@ def compiled_step_sweep(positions: Sequence[int], *, preset: str = "tiny", layer
     defaults to ``reduce-overhead`` on CUDA). Calls interleaved; the record also
     carries dynamo's graph counts (one per variant expected, never one per position).
     """
-    from ..graphs import graph_counts, reset_graph_counts
+    from ..graphs import graph_counts, mark_cache_static, reset_graph_counts
     from ..patch import original_functions, swapped, variant_functions
 
     device, dt = resolve_device(device), _dtype(dtype)
     mode = mode if mode is not None else ("reduce-overhead" if device.type == "cuda" else None)
     lm, cfg, D, caches = _lm_and_caches(preset, layers, dt, device, max_length, bucket, seed)
     static, right = caches["upstream"], caches["patched"]
-    if device.type == "cuda":
-        torch._dynamo.mark_static_address(static.kv_cache)
-        right.set_static_address(True)
+    if device.type == "cuda":  # both variants alike: the tensors each compiled step reads and writes
+        mark_cache_static(static)
+        mark_cache_static(right)
     fns = {"upstream": original_functions(), "patched": variant_functions("exact", bucket=bucket)}
     opts = {"backend": backend, "fullgraph": True, **({"mode": mode} if mode else {})}
     step = {}

@@ -3,7 +3,9 @@
 Every timing ratio a target judges carries its bootstrap 95% interval (paired over the interleaved rounds,
 :mod:`.stats`) and its sample count: ``{target, measured, goal, passed, ci_low, ci_high, n, note}``.
 ``passed`` judges the median ratio; ``decided`` says whether the whole interval lies on the same side of
-the goal (a target met or missed within the box's noise reads ``decided: False``).
+the goal (a target met or missed within the box's noise reads ``decided: False``). A target that does not
+apply to the device's configuration (the KV and growth targets where no window is exact, as on CUDA) is a row
+with ``passed: None`` and a note that says why: shown, never counted (:func:`met_count`).
 """
 
 from __future__ import annotations
@@ -57,6 +59,7 @@ def check_targets(records: dict) -> list[dict]:
     (kv_memory), ``growth`` (cache_growth), ``whole`` (whole_decode). Missing records are skipped.
     """
     out = []
+    add_goal = lambda gid: f"<= {GOALS[gid][1]:g}" if gid in GOALS else "True"  # noqa: E731
 
     def add(gid, target, measured, note="", ci=None, n=None, at=None):
         """One judged row; ``passed`` from GOALS' bound (or the bool itself for MUST_HOLD), ``id`` = gid[@at]."""
@@ -68,13 +71,18 @@ def check_targets(records: dict) -> list[dict]:
                     "ci_low": ci[0] if ci else None, "ci_high": ci[1] if ci else None, "n": n, "decided": decided,
                     "note": note})
 
+    def not_applicable(gid, target, why):
+        """A target this device's configuration cannot be judged on: shown, never counted as met or missed."""
+        out.append({"id": gid, "target": target, "measured": None, "goal": add_goal(gid), "passed": None,
+                    "ci_low": None, "ci_high": None, "n": None, "decided": None, "note": "not applicable here: " + why})
+
     def add_ratio(gid, target, num, den, note="", at=None):
         r, ci, n = _ratio(num, den)
         add(gid, target, r, note, ci, n, at)
 
     _attention_targets(records, add, add_ratio)
     _floor_targets(records, add)
-    _cache_targets(records, add)
+    _cache_targets(records, add, not_applicable)
     for key, gid in (("decode_bf16", "decode_bf16"), ("decode_fp32", "decode_fp32")):
         rec = records.get(key) or {"rows": []}
         up, pa = (find_row(rec["rows"], variant=v, position=256) for v in ("upstream", "patched"))
@@ -128,7 +136,9 @@ def _floor_targets(records, add):
     if far:
         worst = max(far, key=lambda r: r["x_floor"])
         x, ci, n = _floor_ratio(worst)
-        cached = [r["position"] for r in far if not r["floor_meaningful"]]
+        cached = [r["position"] for r in far if r["floor_meaningful"] is False]
+        where += "; this device's last-level cache size is unknown" if any(
+            r["floor_meaningful"] is None for r in far) else ""
         add("fast_floor_far", f"fast attention at p >= 1024, fp32: time / DRAM floor (worst: p={worst['position']})",
             x, where + (f"; live K/V fit in the last-level cache at {cached}: the "
                                                            "DRAM floor does not bind there" if cached else ""), ci, n)
@@ -142,20 +152,33 @@ def _floor_targets(records, add):
         add("fast_floor_4096", "attention p=4096, fp32: fast / DRAM floor (live K+V once)", x, note, ci, n)
 
 
-def _cache_targets(records, add):
+def _cache_targets(records, add, not_applicable):
     growth = records.get("growth")
     if growth:
         gs, gp = growth["summary"], growth["params"]
         what = f"{gp['prefill']} + {gp['steps']}-step request, {gp['preset']} base LM, {gp['dtype']}"
-        add("growth_time", f"cache growth ({what}): total time in step(), s", gs["step_total_s"],
-            f"one pass, not repeated; upstream zero-fills {gp['max_length']} slots per request instead: "
-            f"{gs['upstream_fill_ms']:.1f} ms")
-        add("growth_moves", f"cache growth ({what}): storage moves", gs["moves"])
-        add("capacity_bound", MUST_HOLD["capacity_bound"], gs["bound_held_every_step"])
+        if gs.get("right_sized", True):
+            add("growth_time", f"cache growth ({what}): total time in step(), s", gs["step_total_s"],
+                f"one pass, not repeated; upstream zero-fills {gp['max_length']} slots per request instead: "
+                f"{gs['upstream_fill_ms']:.1f} ms")
+            add("growth_moves", f"cache growth ({what}): storage moves", gs["moves"])
+            add("capacity_bound", MUST_HOLD["capacity_bound"], gs["bound_held_every_step"])
+        else:
+            why = f"no exact window here: the patched cache holds all {gp['max_length']} slots and never grows"
+            for gid in ("growth_time", "growth_moves", "capacity_bound"):
+                not_applicable(gid, GOALS[gid][0] if gid in GOALS else MUST_HOLD[gid], why)
     kv = records.get("kv")
-    if kv:
+    if kv and kv.get("right_sized", True):
         add("kv_bytes", f"KV of a {kv['params']['prefill'] + kv['params']['steps']}-token request: patched / upstream",
             kv["ratio"], kv.get("note", ""))
+    elif kv:
+        not_applicable("kv_bytes", GOALS["kv_bytes"][0], kv.get("note", "no exact window here"))
+
+
+def met_count(targets: list) -> str:
+    """``"met/judged"`` over the targets that apply here (a not-applicable row counts in neither)."""
+    judged = [t for t in targets if t["passed"] is not None]
+    return f"{sum(bool(t['passed']) for t in judged)}/{len(judged)}"
 
 
 def _whole_targets(whole, add):

@@ -2,29 +2,51 @@
 
 from __future__ import annotations
 
+from typing import Optional
+
 import torch
 
-__all__ = ["check_claims"]
+from ..devices import runtime_dtype
+
+__all__ = ["check_claims", "math_fallback_verdict", "findings", "key_findings", "MATH_OP"]
+
+
+MATH_OP = "aten::_scaled_dot_product_attention_math"
+
+
+def math_fallback_verdict(up: dict, no_gqa: Optional[dict]) -> tuple:
+    """``(verdict, evidence)`` for "a bool attn_mask makes SDPA fall back to the math kernel", from the matrix's
+    upstream row and its "bool mask, no enable_gqa" row (same mask, K/V repeated): where upstream's call runs
+    MATH but the same mask without GQA runs a fused kernel, GQA is the cause, not the mask."""
+    shows = f"{up['dtype']} upstream call ran {up['kernel']} (dispatcher: {up['backend']})"
+    if up["kernel"] != MATH_OP:
+        return "does not hold", f"{shows}: a fused kernel takes the mask but still reads all {up['keys']} keys"
+    if no_gqa is not None and no_gqa["kernel"] != MATH_OP:
+        return "does not hold", (f"{shows}; the same bool mask without enable_gqa (K/V repeated) runs "
+                                 f"{no_gqa['kernel']}: the fallback is caused by GQA, not by the mask")
+    return "holds", shows + ("" if no_gqa is None else "; without enable_gqa too")
+
+
+def _rows_of(rows: list, device) -> tuple:
+    """The matrix rows in voxcpm's runtime dtype on ``device`` (bf16 on CPU and CUDA), and that dtype."""
+    dt = runtime_dtype(device)
+    mine = [r for r in rows if r["dtype"] == dt] or rows
+    return mine, mine[0]["dtype"]
 
 
 def check_claims(rows: list, device="cpu") -> list[dict]:
-    """Seed 000's claims, checked one by one against ``backend_matrix`` rows from this device.
+    """Seed 000's claims, checked one by one against ``backend_matrix`` rows from this device, in the dtype
+    voxcpm runs there (:func:`fastattn.devices.runtime_dtype`).
 
-    Returns ``[{claim, shows, verdict}]`` with verdict "holds", "does not hold" or "holds only on CUDA"...
+    Returns ``[{claim, shows, verdict}]`` with verdict "holds", "does not hold" or a qualified form.
     """
-    dev = torch.device(device).type
-    by = lambda case, dt: next((r for r in rows if r["case"].startswith(case) and r["dtype"] == dt), None)
-    dts = [d for d in ("bfloat16", "float16", "float32") if by("upstream", d)]
-    dt = dts[0]
-    up, fast, exact = by("upstream", dt), by("fast", dt), by("exact", dt)
-    causal = by("is_causal", dt)
+    mine, dt = _rows_of(rows, device)
+    by = lambda case: next((r for r in mine if r["case"].startswith(case)), None)  # noqa: E731
+    up, fast, exact, causal = by("upstream"), by("fast"), by("exact"), by("is_causal")
     out = []
-    math_op = "aten::_scaled_dot_product_attention_math"
-    fell_back = up["kernel"] == math_op
-    out.append({"claim": "A bool attn_mask makes SDPA fall back to the math kernel",
-                "shows": f"{dt} upstream call ran {up['kernel']} (dispatcher: {up['backend']})",
-                "verdict": "holds" if fell_back else f"does not hold on {dev}: a fused kernel takes the mask but "
-                                                     f"still reads all {up['keys']} keys"})
+    verdict, shows = math_fallback_verdict(up, by("bool mask, no enable_gqa"))
+    out.append({"claim": "A bool attn_mask makes SDPA fall back to the math kernel", "shows": shows,
+                "verdict": verdict})
     flash_ok = fast["kernel"] is not None and "flash" in fast["kernel"]
     out.append({"claim": "Slicing the cache to position+1 (no mask) lets SDPA use flash attention",
                 "shows": f"{dt} sliced call ran {fast['kernel']}",
@@ -41,6 +63,37 @@ def check_claims(rows: list, device="cpu") -> list[dict]:
                 "verdict": "does not hold: top-left alignment attends to key 0 only" if not causal["correct"]
                 else "holds (unexpected)"})
     return out
+
+
+def findings(rows: list, device, upstream_report, sliced_report, causal_equals_row0: bool, fast_rec: dict) -> dict:
+    """02's findings, read from its reports and matrix in one dtype (voxcpm's on ``device``): the kernel
+    upstream's masked call and the sliced call ran, whether a bool mask forces MATH and why, the
+    ``is_causal`` trap, and ``fast``'s implementation per dtype and key-count class."""
+    mine, dt = _rows_of(rows, device)
+    up = next(r for r in mine if r["case"].startswith("upstream") and r["head_dim"] == upstream_report.call["q"][3])
+    no_gqa = next((r for r in mine if r["case"].startswith("bool mask, no enable_gqa")), None)
+    causal = next(r for r in mine if r["case"].startswith("is_causal"))
+    verdict, why = math_fallback_verdict(up, no_gqa)
+    return {
+        "dtype of these findings (voxcpm's on this device)": dt,
+        "dispatcher's choice for upstream's masked call": upstream_report.backend,
+        "kernel op that ran for upstream's masked call": upstream_report.kernel,
+        "helper ops of upstream's masked call": ", ".join(o for o in upstream_report.ops
+                                                          if o != upstream_report.kernel),
+        "kernel op that ran for the sliced call": sliced_report.kernel,
+        "bool mask forces the math kernel here": verdict == "holds",
+        "why (the matrix's rows)": why,
+        "is_causal=True with one query equals value row 0": causal_equals_row0,
+        "max |is_causal - correct (float64)|, the matrix's draw": causal["max_abs_err"],
+        **{f"fast's implementation here, {r['class']}": r["candidate"] for r in fast_rec["rows"] if r["winner"]},
+    }
+
+
+def key_findings(items: dict) -> list:
+    """The findings 02 leads with: the two kernels, the bool-mask verdict, fast's float32 choices."""
+    return ["kernel op that ran for upstream's masked call", "kernel op that ran for the sliced call",
+            "bool mask forces the math kernel here"] + [k for k in items if k.startswith("fast's implementation "
+                                                                                      "here, float32")]
 
 
 def _window_claim(device) -> dict:

@@ -10,7 +10,8 @@ import torch
 from ..attention import attention_step, f64_attention
 from ..modes import MODES
 
-__all__ = ["exactness_sweep", "calibration_ladders", "padded_batch_check", "stale_nan_check"]
+__all__ = ["exactness_sweep", "sweep_summary", "gqa_check", "calibration_ladders", "padded_batch_check",
+           "stale_nan_check"]
 
 
 @torch.no_grad()
@@ -40,6 +41,41 @@ def exactness_sweep(positions: Sequence[int], *, capacity: int = 2048, dtypes=("
                          "reference_vs_f64": (ref.double() - r64).abs().max().item(),
                          "fast_vs_f64": (fa.double() - r64).abs().max().item()})
     return rows
+
+
+def sweep_summary(sweep: list) -> dict:
+    """Per dtype of an :func:`exactness_sweep`: positions, bit-identical counts, the largest distances."""
+    out = {}
+    for dt in sorted({r["dtype"] for r in sweep}):
+        rr = [r for r in sweep if r["dtype"] == dt]
+        out[dt] = {"positions": len(rr), "exact bit-identical": sum(r["exact_identical"] for r in rr),
+                   "fast bit-identical": sum(r["fast_identical"] for r in rr),
+                   "max |fast - reference|": max(r["fast_max_abs"] for r in rr),
+                   "max |reference - f64|": max(r["reference_vs_f64"] for r in rr),
+                   "max |fast - f64|": max(r["fast_vs_f64"] for r in rr)}
+    return out
+
+
+@torch.no_grad()
+def gqa_check(device="cpu", *, seed: int = 0, capacity: int = 1024, batch: int = 3) -> dict:
+    """GQA groupings (16/2, 8/8, 8/1 heads) with a batch on ``device``: ``exact`` equals ``reference`` at 28
+    lengths, and at one key every mode returns that key's value row exactly."""
+    from ..devices import resolve_device
+    device = resolve_device(device)
+    g = torch.Generator().manual_seed(seed)
+    out = {}
+    for hq, hkv in ((16, 2), (8, 8), (8, 1)):
+        q = torch.randn(batch, hq, 1, 128, generator=g).to(device)
+        k = torch.randn(batch, hkv, capacity, 128, generator=g).to(device)
+        v = torch.randn(k.shape, generator=g).to(device)
+        same = all(torch.equal(attention_step(q, k, v, n, mode="reference"), attention_step(q, k, v, n))
+                   for n in range(1, capacity + 1, 37))
+        p0 = all(torch.equal(attention_step(q, k, v, 1, mode=m), v[:, :, :1].repeat_interleave(hq // hkv, 1))
+                 for m in MODES)
+        out[f"{hq}/{hkv} heads, batch {batch}, {device.type}"] = {
+            f"exact == reference ({len(range(1, capacity + 1, 37))} lengths)": same,
+            "position 0 returns v[0] in every mode": p0}
+    return out
 
 
 def calibration_ladders(device="cpu", *, capacity: int = 8192, dtypes=("float32", "bfloat16"), lqs=(1, 5),

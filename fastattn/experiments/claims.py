@@ -18,6 +18,8 @@ from typing import Optional
 import torch
 
 from ..bench.records import find_row
+from ..devices import runtime_dtype
+from .backend_selection import math_fallback_verdict
 
 __all__ = ["claims_ledger", "HOLDS", "FAILS", "NOT_HERE", "NOT_RUN"]
 
@@ -69,18 +71,32 @@ def _contiguous(recs, finds):
             f".contiguous() returns the same storage: {same}")
 
 
-def _matrix_row(recs, case):
-    """A row of 02's backend matrix (the first dtype it ran), read from the record, not measured again."""
+def _device(rec: dict) -> str:
+    """The device type a record was measured on ("cpu" for records that predate the field)."""
+    return str(rec.get("env", {}).get("device") or "cpu").split(":")[0]
+
+
+def _matrix_rows(recs) -> tuple:
+    """02's backend-matrix rows in voxcpm's runtime dtype on the run's device (bf16 on CPU and CUDA), read from
+    the record, not measured again: ``(rows, dtype)``; ``([], None)`` without a record."""
     m = recs.get("backend_matrix")
-    return next((r for r in m[0]["rows"] if r["case"].startswith(case)), None) if m else None
+    if not m:
+        return [], None
+    dt = runtime_dtype(_device(m[0]))
+    rows = [r for r in m[0]["rows"] if r["dtype"] == dt] or m[0]["rows"]
+    return rows, rows[0]["dtype"] if rows else None
+
+
+def _matrix_row(recs, case):
+    rows, _ = _matrix_rows(recs)
+    return next((r for r in rows if r["case"].startswith(case)), None)
 
 
 def _math_fallback(recs, finds):
     up = _matrix_row(recs, "upstream")
     if not up:
         return NOT_RUN, "02_backend_selection measures it"
-    math = up["kernel"] == "aten::_scaled_dot_product_attention_math"
-    return (HOLDS if math else FAILS), f"{up['dtype']} upstream call ran {up['kernel']} (dispatcher: {up['backend']})"
+    return math_fallback_verdict(up, _matrix_row(recs, "bool mask, no enable_gqa"))
 
 
 def _slice_flash(recs, finds):
@@ -92,16 +108,18 @@ def _slice_flash(recs, finds):
 
 
 def _o_position(recs, finds):
-    a = next((r for r in recs.get("attention", []) if "fast" in r["params"]["modes"]
-              and len(r["params"]["positions"]) > 2), None)
+    """The slice fix's own rows (``slice_fix``) against upstream's call: O(position) vs O(max_length)."""
+    a = next((r for r in recs.get("attention", []) if len(r["params"]["positions"]) > 2
+              and any(x["mode"] == "slice_fix" for x in r["rows"])), None)
     if not a:
-        return NOT_RUN, "05_profiling measures it"
+        return NOT_RUN, "05_profiling measures it (the attention sweep's slice_fix rows)"
     ps = sorted(a["params"]["positions"])
-    f = [find_row(a["rows"], mode="fast", position=p)["median_ms"] for p in (ps[1], ps[-1])]
+    f = [find_row(a["rows"], mode="slice_fix", position=p)["median_ms"] for p in (ps[1], ps[-1])]
     r = [find_row(a["rows"], mode="reference", position=p)["median_ms"] for p in (ps[1], ps[-1])]
     grows, flat = f[1] / f[0], r[1] / r[0]
     return (HOLDS if grows > 2 and flat < 1.5 else FAILS,
-            f"{a['params']['dtype']}: fast {grows:.3g}x from p={ps[1]} to p={ps[-1]}, reference {flat:.3g}x")
+            f"{a['params']['dtype']}: the slice fix {grows:.3g}x from p={ps[1]} to p={ps[-1]}, upstream's call "
+            f"{flat:.3g}x")
 
 
 def _rounding(recs, finds):
@@ -116,16 +134,26 @@ def _rounding(recs, finds):
 
 
 def _per_position(recs, finds):
+    """The slice fix's own decode-step rows; where a record has none, fastattn's ``exact`` step only where it
+    really windows (a CPU record), never where it is upstream's own call."""
     d = _first(recs, "decode_step", dtype="bfloat16")
     if not d:
         return NOT_RUN, "05_profiling measures it"
+    variant = "slice_fix" if any(r["variant"] == "slice_fix" for r in d["rows"]) else None
+    if variant is None and _device(d) == "cpu":
+        variant = "patched"
+    if variant is None:
+        return NOT_RUN, (f"this run's patched step is upstream's own call on {_device(d)} (no exact window) and "
+                         "the slice fix's step was not timed (decode_step_sweep(slice_fix=True) times it)")
     sp = []
     for p in d["params"]["positions"]:
-        up, pa = find_row(d["rows"], variant="upstream", position=p), find_row(d["rows"], variant="patched", position=p)
+        up, pa = find_row(d["rows"], variant="upstream", position=p), find_row(d["rows"], variant=variant, position=p)
         sp.append((p, up["median_ms"] / pa["median_ms"]))
     inside = [p for p, s in sp if 2.5 <= s <= 3.5]
     text = ", ".join(f"p={p}: {s:.3g}x" for p, s in sp)
-    return (HOLDS if inside else FAILS), f"decode step speedup, bf16, {d['params']['layers']} real-width layers: {text}"
+    who = "the slice fix" if variant == "slice_fix" else "fastattn's exact step (the slice fix was not timed here)"
+    return (HOLDS if inside else FAILS), \
+        f"decode step speedup of {who}, bf16, {d['params']['layers']} real-width layers: {text}"
 
 
 def _end_to_end(recs, finds):
@@ -133,6 +161,9 @@ def _end_to_end(recs, finds):
     if not w:
         return NOT_RUN, "05_profiling measures it"
     w = w[-1]
+    if w.get("patched_granularity", 0) is None:
+        return NOT_RUN, (f"this run's patched decode is upstream's own computation on {_device(w)} (no exact "
+                         "window); the slice fix's whole decode was not timed")
     gain = 1 - w["ratio"]
     return (HOLDS if 0.3 <= gain <= 0.42 else FAILS,
             f"{w['params']['preset']} preset, {w['params']['dtype']}: {gain:.0%} less wall time "
@@ -207,6 +238,8 @@ def _kv_sizes(recs, finds):
     kv = _first(recs, "kv_memory", dtype="float32", preset="full")
     if not kv:
         return NOT_RUN, "01_root_cause measures it"
+    if not kv.get("right_sized", True):
+        return NOT_HERE, f"{kv['note']}: a right-sized cache would change results here, so the default keeps them"
     up, pa = kv["upstream_bytes"] / 1e6, kv["patched_bytes"] / 1e6
     return (HOLDS if 550 <= up <= 650 and 15 <= pa <= 45 else FAILS,
             f"full model, fp32, a {kv['params']['prefill'] + kv['params']['steps']}-token request: {up:.3g} MB -> "
@@ -226,6 +259,8 @@ def _zero_fill_cost(recs, finds):
     w = recs.get("whole_decode")
     if not g or not w:
         return NOT_RUN, "05_profiling measures it"
+    if _device(w[-1]) != "cpu":
+        return NOT_HERE, f"a CPU claim; this run measured on {_device(w[-1])}"
     fill = g[-1]["summary"]["upstream_fill_ms"] / 1e3
     wall = w[-1]["median_wall_s"]["upstream"]
     return (HOLDS if 0.05 <= fill <= 0.3 else FAILS,

@@ -5,8 +5,10 @@ from __future__ import annotations
 
 from ..bench.decode import time_shares
 from ..bench.records import find_row
+from ..bench.targets import met_count
 
-__all__ = ["headline", "headline_key", "floor_reading", "warm_vs_cold", "step_vs_call", "dtype_reading"]
+__all__ = ["headline", "headline_key", "floor_reading", "warm_vs_cold", "step_vs_call", "dtype_reading", "fast_table",
+           "fast_chose", "patched_steps_identical", "amdahl_line", "memory_summary", "growth_table"]
 
 
 def warm_vs_cold(warm: dict, cold: dict) -> list[dict]:
@@ -21,9 +23,16 @@ def warm_vs_cold(warm: dict, cold: dict) -> list[dict]:
     return rows
 
 
+def _ratio_or_none(num, den):
+    """``num / den`` where the denominator is a resolved saving (> 0), else None: no ratio of noise."""
+    return num / den if num is not None and den is not None and den > 0 else None
+
+
 def step_vs_call(dec: dict, warm: dict, cold: dict, position: int = 256) -> dict:
     """What one decode step saves per layer, beside what one isolated attention call saves (reference ->
-    exact), warm and cold: the step's saving is judged against the call that reads K/V as the step does."""
+    exact), warm and cold: the step's saving is judged against the call that reads K/V as the step does.
+    Where ``exact`` is upstream's own call (no exact window on the device: ``exact_granularity`` None) or a
+    saving is not above zero, the ratios are None and ``note`` says why."""
     up, pa = (find_row(dec["rows"], variant=v, position=position) for v in ("upstream", "patched"))
     per_layer = (up["median_ms"] - pa["median_ms"]) / dec["params"]["layers"]
     saved = {name: find_row(rec["rows"], mode="reference", position=position)["median_ms"]
@@ -31,15 +40,18 @@ def step_vs_call(dec: dict, warm: dict, cold: dict, position: int = 256) -> dict
              for name, rec in (("warm", warm), ("cold", cold))}
     inside = (up.get("attention_in_step_ms"), pa.get("attention_in_step_ms"))
     in_step = inside[0] - inside[1] if None not in inside else None
+    same_call = "exact_granularity" in warm.get("params", {}) and warm["params"]["exact_granularity"] is None
+    note = ("exact is upstream's own call on this device (no exact window): there is no saving to reconcile"
+            if same_call else
+            "inside a step each layer streams its weights through the caches between two attention calls, leaving "
+            "K/V colder than an isolated call: the kernel's in-step saving is the one to compare")
     return {"position": position, "dtype": dec["params"]["dtype"],
             "decode step saving per layer ms": per_layer,
             "isolated call saving ms, K/V warm": saved["warm"], "isolated call saving ms, K/V cold": saved["cold"],
             "attention kernel saving inside the step ms (profiled)": in_step,
-            "step saving / cold call saving": per_layer / saved["cold"],
-            "step saving / in-step kernel saving": per_layer / in_step if in_step else None,
-            "note": "inside a step each layer streams its weights through the caches between two attention "
-                    "calls, leaving K/V colder than an isolated call: the kernel's in-step saving is the one to "
-                    "compare"}
+            "step saving / cold call saving": None if same_call else _ratio_or_none(per_layer, saved["cold"]),
+            "step saving / in-step kernel saving": None if same_call else _ratio_or_none(per_layer, in_step),
+            "note": note}
 
 
 def dtype_reading(costs: dict, att32: dict, att16: dict, position: int = 4096) -> dict:
@@ -101,5 +113,69 @@ def headline(att: dict, dec: dict, whole: dict, targets: list, position: int = 2
         "whole decode output bit-identical": whole["identical"],
         "LM decode attention share of wall time (upstream, patched)":
             f"{share['upstream']:.2f}, {share['patched']:.2f}",
-        "targets met": f"{sum(t['passed'] for t in targets)}/{len(targets)}",
+        "targets met": met_count(targets),
     }
+
+
+def fast_table(att: dict, positions) -> list[dict]:
+    """Per dtype and position: ``fast`` beside the public slice fix, the DRAM floor (and whether it binds:
+    None where the last-level cache size is unknown) and both errors vs float64, from the attention sweeps."""
+    rows = []
+    for dt, rec in att.items():
+        for p in positions:
+            f, s, r = (find_row(rec["rows"], mode=m, position=p) for m in ("fast", "slice_fix", "reference"))
+            if not (f and s and r):
+                continue
+            rows.append({"dtype": dt, "position": p, "fast ms": f["median_ms"], "slice fix ms": s["median_ms"],
+                         "fast / slice fix": f["median_ms"] / s["median_ms"], "fast x floor": f["x_floor"],
+                         "floor binds (K/V > LLC)": f["floor_meaningful"], "fast err": f["max_err_f64"],
+                         "reference err": r["max_err_f64"], "n": f["n"]})
+    return rows
+
+
+def fast_chose(att: dict) -> dict:
+    """What ``fast`` chose per dtype, as the sweeps recorded it."""
+    return {dt: [c["winner"] for c in rec.get("fast_choice", [])] for dt, rec in att.items()}
+
+
+def patched_steps_identical(dec: dict) -> bool:
+    """Whether the patched decode step was bit-identical to upstream at every position of every sweep (the
+    slice fix's rows, never identical by design, are not part of the claim)."""
+    return all(r["bit_identical"] for rec in dec.values() for r in rec["rows"] if r["variant"] == "patched")
+
+
+def amdahl_line(whole: dict) -> str:
+    """The whole decode in one sentence: ratio, identity, and Amdahl's bound from the LMs' attention share."""
+    share, wall = time_shares(whole)["lm_attention"], whole["median_wall_s"]
+    same = "" if whole.get("patched_granularity", 0) is not None else \
+        " (no exact window on this device: the patched decode is upstream's computation)"
+    return (f"patched / upstream wall: {whole['ratio']:.2f}, output bit-identical: {whole['identical']}{same}. "
+            f"Amdahl: upstream {wall['upstream']:.1f} s, of which LM decode attention {share:.0%}; if that "
+            f"attention cost nothing: {(1 - share) * wall['upstream']:.1f} s ({1 - share:.2f}x). Patched reaches "
+            f"{wall['patched']:.1f} s ({whole['ratio']:.2f}x).")
+
+
+def memory_summary(kv: dict, alloc: dict, rss: dict) -> dict:
+    """05's memory findings, labelled with where each was measured (peak RSS is a host process running the
+    model on CPU, whatever device the run uses)."""
+    on = alloc["env"].get("device", "cpu")
+    return {f"KV MB, full model, {kv['params']['prefill'] + kv['params']['steps']}-token request (upstream, patched)":
+            (kv["upstream_bytes"] / 1e6, kv["patched_bytes"] / 1e6),
+            "patched KV right-sized on this device": kv.get("right_sized", True),
+            f"bytes allocated by one decode layer step on {on} (upstream, patched)":
+            tuple(alloc["variants"][v]["allocated_bytes"] for v in ("upstream", "patched")),
+            "peak RSS difference patched - upstream MB, CPU processes (spread between processes MB)":
+            (rss["summary"]["peak_difference_bytes"] / 1e6, rss["summary"]["peak_spread_bytes"] / 1e6),
+            "KV MB the patched caches do not hold, CPU processes": rss["summary"]["cache_bytes_saved"] / 1e6}
+
+
+def growth_table(growth: dict) -> list[dict]:
+    """One row per request length of :func:`fastattn.bench.cache_growth` records."""
+    out = []
+    for n, g in growth.items():
+        s = g["summary"]
+        out.append({"request steps": n, "moves": s["moves"], "total in step() ms": s["step_total_s"] * 1e3,
+                    "largest step ms": s["max_step_ms"], "bound held every step": s["bound_held_every_step"],
+                    "final capacity": s["final_capacity"], "right-sized here": s.get("right_sized", True),
+                    "upstream zero-fill per request ms": s["upstream_fill_ms"]})
+    return out
