@@ -177,7 +177,10 @@ def attention_step(
             for Lq > 1).
         length: valid keys, ``Lq <= length <= capacity``: a Python int, or a
             one-element integer tensor on the cache's device (range-checked
-            like an int: on CPU at no cost, on CUDA by a device-side assert). A
+            like an int: on CPU at no cost, raising ValueError; on CUDA by a
+            device-side assert, ``torch._assert_async``, which does not raise a
+            ValueError here but fails the CUDA context for the rest of the
+            process: a bad length there means restarting it). A
             tensor without ``window`` is read back to the host for a windowed
             ``exact`` and for ``fast`` (one device-to-host sync on CUDA).
         mode: ``"exact"`` (default, bit-identical to ``reference`` on this
@@ -222,7 +225,8 @@ def attention_step(
 
 
 def _check_length_tensor(length: torch.Tensor, lq: int, capacity: int, upper: int) -> None:
-    """The int checks for a length tensor: exact on CPU (no sync there), a device-side assert elsewhere."""
+    """The int checks for a length tensor: exact on CPU (no sync there), a device-side assert elsewhere (no host
+    sync; a failing one poisons the CUDA context, per torch's ``_assert_async``: the process must restart)."""
     if length.device.type == "cpu":
         n = int(length.reshape(()))
         _check_length_int(n, lq, capacity)

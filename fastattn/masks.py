@@ -143,6 +143,11 @@ def attention(q, k, v, *, mask=None, mask_info: Optional[MaskInfo] = None, scale
     through one SDPA call.
 
     Fully masked query rows (no visible key) return **zeros**, never NaN.
+
+    Host reads: whether the kept mask is all True (``bool(sub.all())``) and, with padding, the longest row
+    (``.item()``) are read back to the host on every call: one device-to-host sync each on CUDA. This function
+    is therefore not for CUDA-graph capture or a ``fullgraph`` compile (the decode step uses
+    :func:`fastattn.attention_step`, which reads nothing back).
     """
     for name, t in (("q", q), ("k", k), ("v", v)):
         if not isinstance(t, torch.Tensor) or t.dim() != 4:

@@ -10,6 +10,8 @@ from pathlib import Path
 from typing import Optional
 
 from .bench.records import find_row, load_record
+from .devices import runtime_dtype
+from .experiments.backend_selection import math_fallback_reason
 from .paths import data_dir, repo_root
 
 BEGIN, END = "<!-- findings:begin -->", "<!-- findings:end -->"
@@ -29,8 +31,11 @@ def _step_ratio(rec, position=256) -> float:
         find_row(rec["rows"], variant="upstream", position=position)["median_ms"]
 
 
-def _saving(rows, slow: dict, fast: dict, key: str = "median_ms") -> float:
-    return find_row(rows, **slow)[key] - find_row(rows, **fast)[key]
+def _saving(rows, slow: dict, fast: dict, key: str = "median_ms") -> Optional[float]:
+    """``slow[key] - fast[key]`` of two rows; None where either figure was not measured (on CUDA the in-step
+    kernel time is not profiled)."""
+    a, b = find_row(rows, **slow)[key], find_row(rows, **fast)[key]
+    return None if a is None or b is None else a - b
 
 
 def reference_findings(ref: Path, other: Optional[Path] = None) -> str:
@@ -60,15 +65,22 @@ def reference_findings(ref: Path, other: Optional[Path] = None) -> str:
     call = {n: _saving(r["rows"], {"mode": "reference", "position": 256}, {"mode": "exact", "position": 256})
             for n, r in (("warm", att32), ("cold", cold))}
     brackets = min(call.values()) <= step_saving <= max(call.values())
+    windowed = any(c is not None for c in chosen)
     floor_goal = GOALS["fast_floor_4096"][1]
-    masked = find_row(matrix["rows"], case="upstream: bool mask over full cache + GQA", dtype="float32", head_dim=128)
+    gpu = str(env.get("device", "cpu")).startswith("cuda")
+    kind = "GPU" if gpu else "CPU"
+    mdt = runtime_dtype(env.get("device", "cpu"))  # the dtype voxcpm runs there: kernel claims are about it
+    masked = find_row(matrix["rows"], case="upstream: bool mask over full cache + GQA", dtype=mdt, head_dim=128)
+    no_gqa = find_row(matrix["rows"], case="bool mask, no enable_gqa (K/V repeated)", dtype=mdt, head_dim=128)
     conv = find_row(costs["rows"], op="bf16 -> fp32 conversion of K")["median_ms"]
     slice32 = find_row(costs["rows"], op="SDPA over the slice", dtype="float32")["median_ms"]
     decays = not stream["verdict"]["upstream"].startswith("flat")
     rs, wp = rss["summary"], whole["params"]
     winners = ", ".join(sorted({c["winner"] for c in att32["fast_choice"]}))
+    machine = (f"{env['device_name']} (CUDA, torch {env['torch']})" if gpu else
+               f"{env['threads']}-core {env['device_name']} ({env['cpu_capability']}, torch {env['torch']})")
     lines = [
-        f"Findings on a {env['threads']}-core {env['device_name']} ({env['cpu_capability']}, torch {env['torch']}), "
+        f"Findings on a {machine}, "
         f"from the committed reference run `data/results/{ref.name}/` (made by `python -m fastattn bench reference "
         f"--repeats {dp['repeats']}` at commit {env['git_commit'][:7]}; its `targets.json` judges every target, with "
         "a paired bootstrap 95% interval and n for every timing ratio, and says why where one is missed); rerun "
@@ -77,22 +89,27 @@ def reference_findings(ref: Path, other: Optional[Path] = None) -> str:
            "windows) is quoted beside it where the two differ." if other else ""),
         "",
         f"* The symptom users cite (#293: streaming slows from ~0.3 s to 1-2 s per chunk after 400+ chunks) "
-        f"{'shows' if decays else 'does not show'} on this CPU: a {sp['chunks']}-chunk `generate_streaming` run of "
+        f"{'shows' if decays else 'does not show'} on this {kind}: a {sp['chunks']}-chunk `generate_streaming` run of "
         f"the {sp['preset']} model in {sp['dtype']} costs {six['upstream'][0] / 1e3:.2f} s per chunk upstream in the "
         f"first sixth and {six['upstream'][-1] / 1e3:.2f} s in the last ({stream['verdict']['upstream']}), "
         f"{six['exact'][0] / 1e3:.2f} -> {six['exact'][-1] / 1e3:.2f} s patched (`exact`, every chunk "
         f"{'bit-identical' if stream['identical']['exact'] else 'NOT identical'})."
         + ("" if decays else " The full-cache attention makes every chunk slow from the start; it does not make the "
            "stream decay here, so #293's decay has another cause (see `01_root_cause`)."),
-        f"* Upstream's masked decode call runs `{masked['kernel']}` on this CPU (dispatcher: {masked['backend']}"
+        f"* Upstream's masked decode call in {mdt} runs `{masked['kernel']}` on this {kind} "
+        f"(dispatcher: {masked['backend']}"
         + (", after an `aten::where` that turns the mask into -inf" if "aten::where" in masked["helpers"] else "")
-        + f") over all {masked['keys']} keys at every position"
-        + (": the bool mask does **not** force the math kernel; the cost is the scan, not the kernel choice."
-           if "math" not in masked["kernel"] else ": the bool mask forces the math kernel.")
-        + " (On CUDA torch's flash kernel rejects any `attn_mask`; that half of the seed's argument needs a GPU.)",
-        f"* `exact` is bit-identical to upstream **by construction**: its window is a multiple of the CPU flash "
-        f"kernel's 512-key block, confirmed on every machine by `calibrate_exact` (3 draws, every length around each "
-        f"block edge, capacity 8192; here {', '.join(map(str, chosen))} for fp32 and bf16, Lq 1 and 5)."
+        + ") at every position: "
+        + math_fallback_reason(masked, no_gqa)[1] + "."
+        + ("" if gpu else " (On CUDA torch's flash kernel rejects any `attn_mask`; `python -m fastattn gpu-check` "
+           "records which kernel a GPU runs.)"),
+        (f"* `exact` is bit-identical to upstream **by construction**: its window is a multiple of the CPU flash "
+         f"kernel's 512-key block, confirmed on every machine by `calibrate_exact` (3 draws, every length around each "
+         f"block edge, capacity 8192; here {', '.join(map(str, chosen))} for fp32 and bf16, Lq 1 and 5)."
+         if windowed else
+         f"* No key window is exact by construction on this device's kernels (`calibrate_exact`: granularity "
+         f"{', '.join(map(str, chosen))}): `exact` attends over all {masked['keys']} slots, upstream's computation "
+         "minus its per-request zero-fill, and the speed path is the opt-in `fast`.")
         + (f" The first round's 256-slot window was not: it differs at length {bad['float32']['first_diff_length']} "
            f"for Lq = 5 here (fp32 {bad['float32']['max_abs_diff']:.1e}, bf16 {bad['bfloat16']['max_abs_diff']:.1e})."
            if {"float32", "bfloat16"} <= set(bad) else ""),
@@ -107,16 +124,16 @@ def reference_findings(ref: Path, other: Optional[Path] = None) -> str:
         f"the two bare GEMMs of its grouped form alone are {gm['x_floor']:.1f}x: `fast` is "
         f"{fa['median_ms'] / gm['median_ms']:.2f}x the best torch's BLAS does with those bytes"
         + (f", so the {floor_goal:g}x goal needs a custom kernel." if gm["x_floor"] > floor_goal else ".")
-        + f" A decode step saves {step_saving:.2f} ms per layer in fp32 at position 256; the same attention call "
-        f"saves {call['warm']:.2f} ms measured warm, {call['cold']:.2f} ms cold and {in_step:.2f} ms as the SDPA "
-        f"kernel profiled inside the step ({step_saving / in_step:.2f}x)"
-        + (": the isolated benchmarks bracket the step's saving, the in-step kernel matches it." if brackets else
-           ": the in-step kernel figure is the one to compare."),
+        + (f" A decode step saves {step_saving:.2f} ms per layer in fp32 at position 256; the same attention call "
+           f"saves {call['warm']:.2f} ms measured warm, {call['cold']:.2f} ms cold and {in_step:.2f} ms as the SDPA "
+           f"kernel profiled inside the step ({step_saving / in_step:.2f}x)"
+           + (": the isolated benchmarks bracket the step's saving, the in-step kernel matches it." if brackets else
+              ": the in-step kernel figure is the one to compare.") if windowed and in_step else ""),
         f"* bf16 costs {costs['ratios']['SDPA over the slice']:.1f}x fp32 in SDPA over the slice, "
         f"{costs['ratios']['masked SDPA over the capacity (upstream)']:.1f}x in upstream's masked call and "
         f"{costs['ratios']['bare GEMM q @ k^T']:.1f}x in a bare GEMM; converting the live K to fp32 takes "
         f"{conv:.2f} ms against {slice32:.2f} ms for one fp32 call over the slice"
-        + (". So `fast`'s grouped form (convert once, fp32 GEMMs) gains most in bf16, voxcpm's own dtype on CPU."
+        + (". So `fast`'s grouped form (convert once, fp32 GEMMs) gains most in bf16, voxcpm's own dtype."
            if costs["ratios"]["SDPA over the slice"] > costs["ratios"]["bare GEMM q @ k^T"] else "."),
         f"* A real-width decode step ({layers} layers, hidden {dp['hidden']}) at position 256: {_ci(t['decode_bf16'])} "
         f"in bf16, {_ci(t['decode_fp32'])} in fp32"
@@ -124,11 +141,13 @@ def reference_findings(ref: Path, other: Optional[Path] = None) -> str:
            if xo else "") + ".",
         f"* KV of a {kv['params']['prefill'] + kv['params']['steps']}-token request of the {kv['params']['preset']} "
         f"model, read from the cache objects: {kv['upstream_bytes'] / 1e6:.0f} MB to {kv['patched_bytes'] / 1e6:.0f} "
-        f"MB. Peak RSS of a short {rss['params']['preset']}-preset request ({rs['runs']} fresh processes each): "
+        + ("MB." if kv.get("right_sized", True) else f"MB ({kv['note']}).")
+        + f" Peak RSS of a short {rss['params']['preset']}-preset request ({rs['runs']} fresh CPU processes each): "
         f"patched {rs['peak_difference_bytes'] / 1e6:+.0f} MB against upstream (spread "
         f"{rs['peak_spread_bytes'] / 1e6:.0f} MB), the caches holding {rs['cache_bytes_saved'] / 1e6:.0f} MB less. A "
         f"{growth['params']['prefill']} + {growth['params']['steps']}-step request at the {growth['params']['preset']} "
-        f"base LM's geometry moves its cache {growth['summary']['moves']} times "
+        f"base LM's geometry moves its cache {growth['summary']['moves']} times"
+        + ("" if growth["summary"].get("right_sized", True) else " (it holds all max_length slots here)") + " "
         f"({growth['summary']['step_total_s']:.2f} s in `step()` over the whole request; upstream zero-fills "
         f"{growth['params']['max_length']} slots per request instead, {growth['summary']['upstream_fill_ms']:.1f} ms).",
         f"* The {wp['preset']} model in {wp['dtype']}, {wp['steps']} steps: {whole['median_wall_s']['upstream']:.1f} s "
@@ -140,7 +159,8 @@ def reference_findings(ref: Path, other: Optional[Path] = None) -> str:
         + f". The LMs' decode attention is {share['lm_attention']:.0%} of upstream's wall time and the local DiT "
         f"{share['local_dit']:.0%}, so removing all attention time alone would leave about "
         f"{1 - share['lm_attention']:.2f}"
-        + (": no attention fix halves this CPU's wall time." if share["lm_attention"] < 0.5 else "."),
+        + (f": no attention fix halves this {kind}'s wall time." if share["lm_attention"] < 0.5
+           else "."),
         f"* Compiled (`torch.compile`, {comp['params']['backend']}, {comp['params']['preset']} preset, positions "
         f"{comp['params']['positions'][0]}-{comp['params']['positions'][-1]}): the patched step traced "
         f"{comp['graphs']['unique_graphs']} graphs (a recompile would add one) with {comp['graphs']['graph_breaks']} "

@@ -71,13 +71,17 @@ def _environment(summary: dict) -> dict:
     return {k: env.get(k) for k in keys if env.get(k) is not None}
 
 
+_MET_CLASS = {True: "ok", False: "bad", None: ""}  # a target that does not apply here is neither
+
+
 def _verdict_rows(targets: list) -> list:
-    """One row per target: the measured figure with its 95% interval and n where it has them."""
+    """One row per target: the measured figure with its 95% interval and n where it has them; ``met`` is None
+    for a target that does not apply on this device."""
     def measured(t):
         from .bench.stats import fmt_ci
         ci = f" {fmt_ci((t['ci_low'], t['ci_high']))}" if t.get("ci_low") is not None else ""
         return fmt(t["measured"]) + ci + (f" (n={t['n']})" if t.get("n") else "")
-    return [{"claim": t["target"], "measured (95% CI)": measured(t), "goal": t["goal"], "met": fmt(t["passed"]),
+    return [{"claim": t["target"], "measured (95% CI)": measured(t), "goal": t["goal"], "met": t["passed"],
              "note": short(t.get("note", ""), 200)} for t in targets]
 
 
@@ -117,7 +121,7 @@ def _index_html(run_dir: Path, summary: dict, env: dict, verdicts: list, ledger:
         out.append("<h2>Verdicts (targets judged in this run)</h2><table><tr><th>claim</th><th>measured (95% CI)</th>"
                    "<th>goal</th><th>met</th><th>note</th></tr>")
         out += [f"<tr><td>{e(v['claim'])}</td><td>{e(v['measured (95% CI)'])}</td><td>{e(v['goal'])}</td>"
-                f"<td class='{'ok' if v['met'] else 'bad'}'>{'yes' if v['met'] else 'no'}</td><td>{e(v['note'])}"
+                f"<td class='{_MET_CLASS[v['met']]}'>{fmt(v['met'])}</td><td>{e(v['note'])}"
                 "</td></tr>" for v in verdicts]
         out.append("</table>")
     if ledger:
@@ -162,7 +166,8 @@ def _summary_md(run_dir: Path, summary: dict, env: dict, verdicts: list, ledger:
     lines = [f"## fastattn workbook: `{run_dir.name}` ({summary.get('status', '?')})", "",
              "Environment: " + ", ".join(f"{k} {fmt(v)}" for k, v in env.items()), ""]
     if verdicts:
-        lines += ["### Verdicts", ""] + _md_table([{**v, "met": "yes" if v["met"] else "**no**"} for v in verdicts])
+        lines += ["### Verdicts", ""] + _md_table([{**v, "met": "**no**" if v["met"] is False else fmt(v["met"])}
+                                                   for v in verdicts])
         lines.append("")
     if ledger:
         lines += ["### The seeds' claims, judged on this device", ""] + _md_table(ledger) + [""]

@@ -117,7 +117,8 @@ def test_seed_claims_checked_on_cpu():
     verdicts = {c: v["verdict"] for c, v in claims.items()}
     assert verdicts["A bool attn_mask makes SDPA fall back to the math kernel"] == "does not hold"
     assert "bfloat16" in claims["A bool attn_mask makes SDPA fall back to the math kernel"]["shows"]  # voxcpm's dtype
-    assert "fused kernel takes the mask" in claims["A bool attn_mask makes SDPA fall back to the math kernel"]["shows"]
+    shows = claims["A bool attn_mask makes SDPA fall back to the math kernel"]["shows"]
+    assert "fused kernel takes the bool mask" in shows
     assert verdicts["Slicing the cache to position+1 (no mask) lets SDPA use flash attention"] == "holds"
     causal = verdicts["is_causal=True is a safe way to drop the mask for a one-query decode step"]
     assert causal.startswith("does not hold")

@@ -128,6 +128,7 @@ def test_whole_decode_tiny_breakdown():
     up = [r for r in rec["rows"] if r["variant"] == "upstream"][0]
     pa = [r for r in rec["rows"] if r["variant"] == "patched"][0]
     assert pa["kv_bytes"] * 10 <= up["kv_bytes"]
+    assert rec["patched_granularity"] == 512  # a real window on CPU (None where the cache keeps every slot)
     assert F.scaled_dot_product_attention is sdpa  # the attention timer is removed afterwards
 
 

@@ -19,7 +19,7 @@ def test_cpu_quick_run_writes_records_and_summary(tmp_path):
     for step in ("doctor", "backend_matrix", "exactness_calibration", "attention_sweep", "decode_step_sweep",
                  "whole_decode_eager"):
         assert f"| {step} | ok: " in summary, summary
-    for step in ("whole_decode_optimized", "upstream_diff_compiled"):
+    for step in ("whole_decode_optimized", "stream_under_optimize", "upstream_diff_compiled"):
         assert f"| {step} | skipped: " in summary and "need CUDA" in summary
     assert "failed" not in summary
     kinds = {bench.load_record(p)["kind"] for p in folder.glob("*.json")}

@@ -1,0 +1,145 @@
+"""The CUDA branches, exercised on CPU: each device-conditional piece of logic fed what a GPU gives it
+(reasons on C++ stderr, an L2 size, a device index, cudagraph skips), so a GPU box runs tested code."""
+
+import os
+import warnings
+
+import pytest
+import torch
+
+from fastattn import bench
+from fastattn.bench.floor import bandwidth_line, floor_binds, llc_bytes
+
+
+def test_native_warnings_are_read_from_fd2():
+    """torch's can_use_* bindings print their reasons with c10's handler on C++ stderr, not Python warnings."""
+    from fastattn.backends import call_capturing_native_stderr, native_warnings
+
+    def binding():
+        os.write(2, b"[W1201 10:00:00.000000 42 aten/src/ATen/native/transformers/cuda/sdp_utils.cpp:690] Warning: "
+                    b"Flash attention does not support non-null attn_mask. (function check_for_attn_mask)\n")
+        os.write(2, b"unrelated line\n")
+        return False
+    ok, text = call_capturing_native_stderr(binding)
+    assert ok is False
+    assert native_warnings(text) == ["Flash attention does not support non-null attn_mask."]
+
+
+def test_cuda_eligibility_collects_the_bindings_stderr(monkeypatch):
+    from fastattn import backends
+    cb = torch.backends.cuda
+
+    def refuse(params, debug):
+        os.write(2, b"[W sdp_utils.cpp:1] Warning: Mem efficient attention requires no GQA. (function f)\n")
+        return False
+    for name in ("can_use_flash_attention", "can_use_efficient_attention", "can_use_cudnn_attention"):
+        monkeypatch.setattr(cb, name, refuse)
+    q, k = torch.randn(1, 16, 1, 64), torch.randn(1, 2, 32, 64)
+    e = backends._eligibility_cuda(q, k, k, None, False, True)
+    assert e["EFFICIENT_ATTENTION"] == {"eligible": False, "reason": "Mem efficient attention requires no GQA."}
+    assert e["MATH"]["eligible"]
+
+
+def test_gpu_last_level_cache_is_its_l2(monkeypatch):
+    class Props:
+        L2_cache_size = 60 * 2**20
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda d: Props())
+    assert llc_bytes("cuda") == 60 * 2**20
+    assert floor_binds(1000, 36, None) is None and floor_binds(2**20, 36, 30 * 2**20) is True
+    line = bandwidth_line({"gb_per_s": 4000.0, "llc_bytes": None})
+    assert "unknown" in line and "4000.0 GB/s" in line
+    assert "GPU L2: 60 MiB" in bandwidth_line({"gb_per_s": 4000.0, "llc_bytes": 60 * 2**20, "llc_kind": "GPU L2"})
+
+
+def test_cudagraph_skips_and_their_reasons_are_counted():
+    """inductor's cudagraph trees log why they ran a compiled function without CUDA graphs; graph_counts says."""
+    from torch._inductor.cudagraph_utils import log_cudagraph_skip_and_bump_counter
+
+    from fastattn.graphs import graph_counts, reset_graph_counts
+    reset_graph_counts()
+    log_cudagraph_skip_and_bump_counter("skipping cudagraphs due to mutated inputs (1 instances)")
+    g = graph_counts()
+    assert g["cudagraph_skips"] == 1 and g["cudagraph_skip_reasons"] == [
+        "skipping cudagraphs due to mutated inputs (1 instances)"]
+    assert "recompiles" not in g  # torch never writes that counter: reporting 0 would be a false claim
+    reset_graph_counts()
+    assert graph_counts()["cudagraph_skips"] == 0 and graph_counts()["cudagraph_skip_reasons"] == []
+
+
+def test_a_chosen_cuda_index_becomes_the_current_device(monkeypatch):
+    from fastattn.gpucheck import select_device
+    chosen = []
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    monkeypatch.setattr(torch.cuda, "set_device", chosen.append)
+    assert select_device("cuda:1") == torch.device("cuda") and chosen == [1]
+    assert select_device("cpu") == torch.device("cpu") and chosen == [1]
+
+
+def test_a_cuda_build_without_usable_cuda_is_said_loudly(monkeypatch):
+    from fastattn import devices
+    monkeypatch.setattr(torch.version, "cuda", "13.0")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.setattr(devices, "_WARNED_NO_CUDA", [])
+    assert "built for CUDA 13.0" in devices.cuda_build_without_cuda()
+    with pytest.warns(RuntimeWarning, match="runs on CPU"):
+        assert devices.resolve_device("auto") == torch.device("cpu")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        devices.resolve_device("auto")  # once per process
+
+
+def test_priority_order_names():
+    from fastattn.doctor import priority_names
+    assert priority_names([3, 1, 2, 0]) == ["CUDNN_ATTENTION", "FLASH_ATTENTION", "EFFICIENT_ATTENTION", "MATH"]
+
+
+def test_probe_only_candidates_are_measured_never_chosen():
+    """sdpa_kernel flips process-wide flags: a forced candidate is reported, never put on the decode path."""
+    from fastattn.fast import PROBE_ONLY, choose_fast, sdpa_slice
+    assert "sdpa_flash" in PROBE_ONLY
+    seen = []
+
+    def forced(q, k, v):
+        seen.append(k.shape[2])
+        return sdpa_slice(q, k, v)
+    ch = choose_fast("cpu", torch.float32, hq=4, hkv=2, head_dim=16, length_class="keys<=512",
+                     candidates={"sdpa_slice": (sdpa_slice, ("cpu",)), "sdpa_flash": (forced, ("cpu",))})
+    assert ch["winner"] == "sdpa_slice"
+    row = next(r for r in ch["candidates"] if r["candidate"] == "sdpa_flash")
+    assert row["probe_only"] and row["median_ms"] is not None
+    timed = seen[2:]  # after the two accuracy calls: one call per probe length per sample, never a key count twice
+    assert len(timed) == len(set(timed)) > 2
+
+
+def test_memory_measures_the_cache_the_device_really_keeps():
+    """Where no window is exact (CUDA), the patched cache holds every slot: the KV and growth figures say so and
+    the targets do not judge them (here forced on CPU with a granularity of max_length)."""
+    kv = bench.kv_memory("tiny", prefill=10, steps=20, dtype="float32", max_length=1024, bucket=1024)
+    assert kv["right_sized"] is False and kv["ratio"] == 1.0 and "holds all 1024 slots" in kv["note"]
+    growth = bench.cache_growth("tiny", prefill=10, steps=50, dtype="float32", max_length=1024, bucket=1024)
+    assert growth["summary"]["right_sized"] is False and growth["summary"]["moves"] == 0
+    rows = {t["id"]: t for t in bench.check_targets({"kv": kv, "growth": growth})}
+    assert {rows[g]["passed"] for g in ("kv_bytes", "growth_time", "growth_moves", "capacity_bound")} == {None}
+    sized = bench.kv_memory("tiny", prefill=10, steps=20, dtype="float32", max_length=1024)
+    assert sized["right_sized"] is True and sized["params"]["bucket"] == 512  # what the patch picks on CPU
+
+
+def test_decode_step_times_the_published_slice_fix_beside_the_patch():
+    rec = bench.decode_step_sweep([0, 40], preset="tiny", dtype="float32", repeats=2, warmup=1, progress=False,
+                                  slice_fix=True, max_length=1024)
+    assert {r["variant"] for r in rec["rows"]} == {"upstream", "patched", "slice_fix"}
+    assert all(r["bit_identical"] for r in rec["rows"] if r["variant"] == "patched")
+    assert rec["params"]["granularity"] == 512 and rec["params"]["variants"][-1] == "slice_fix"
+
+
+def test_stream_chunks_times_every_chunk_with_its_counters():
+    from fastattn.gpucheck import stream_chunks, upstream_optimized
+    from fastattn.models import build_voxcpm2, silence_progress
+    model = build_voxcpm2("tiny", dtype="float32")
+    silence_progress()
+    with pytest.raises(RuntimeError, match="did not compile"):
+        upstream_optimized(model)  # voxcpm's optimize() runs eagerly off CUDA: never mistaken for compiled
+    rows = stream_chunks(model, 8, text="hello world " * 8, recordings=lambda d: 0)
+    assert [r["chunk"] for r in rows] == list(range(8))
+    assert all(r["ms"] > 0 and {"unique_graphs", "cudagraph_skips", "cudagraph_recordings"} <= set(r) for r in rows)
