@@ -103,18 +103,19 @@ def calibration_ladders(device="cpu", *, capacity: int = 8192, dtypes=("float32"
 
 
 def padded_batch_check(*, lengths=(37, 200, 5), Lq: int = 3, Lk: int = 256, hq: int = 8, hkv: int = 2,
-                       head_dim: int = 64, seed: int = 0) -> dict:
+                       head_dim: int = 64, seed: int = 0, device="cpu") -> dict:
     """A left-padded batch decoding Lq > 1 tokens through :func:`fastattn.attention` with
     ``MaskInfo(keys, causal=True, padding="left")``: against SDPA with the dense mask (bit for bit),
     against a float64 reference per row, and with ``check=True`` verifying the structure.
     With left padding every row's real keys end at key Lk-1, so bottom-right causality is each row's own."""
+    from ..devices import resolve_device
     from ..masks import MaskInfo, attention
+    device = resolve_device(device)
     g = torch.Generator().manual_seed(seed)
     B = len(lengths)
-    q = torch.randn(B, hq, Lq, head_dim, generator=g)
-    k = torch.randn(B, hkv, Lk, head_dim, generator=g)
-    v = torch.randn(B, hkv, Lk, head_dim, generator=g)
-    keys = torch.arange(Lk).view(1, -1) >= Lk - torch.tensor(lengths).view(-1, 1)
+    q, k, v = (torch.randn(*s, generator=g).to(device) for s in ((B, hq, Lq, head_dim), (B, hkv, Lk, head_dim),
+                                                                 (B, hkv, Lk, head_dim)))
+    keys = (torch.arange(Lk).view(1, -1) >= Lk - torch.tensor(lengths).view(-1, 1)).to(device)
     info = MaskInfo(keys=keys, causal=True, padding="left")
     dense = info.dense(Lq, Lk)
     out = attention(q, k, v, mask=dense, mask_info=info, enable_gqa=True, check=True)
@@ -123,24 +124,26 @@ def padded_batch_check(*, lengths=(37, 200, 5), Lq: int = 3, Lk: int = 256, hq: 
                        for b, n in enumerate(lengths)])
     return {"lengths": list(lengths), "Lq": Lq, "structured_equals_dense_sdpa": bool(torch.equal(out, sdpa)),
             "max_abs_vs_f64": (out.double() - ref).abs().max().item(),
-            "describes": info.describes(dense)}
+            "describes": info.describes(dense), "device": str(device)}
 
 
-def stale_nan_check(*, capacity: int = 1024, length: int = 300, seed: int = 0) -> dict:
-    """NaN stored past ``length``: which modes it reaches, and whether RightSizedKVCache clears it."""
+def stale_nan_check(*, capacity: int = 1024, length: int = 300, seed: int = 0, device="cpu") -> dict:
+    """NaN stored past ``length`` on ``device``: which modes it reaches (a kernel's masked-key handling decides),
+    and whether RightSizedKVCache clears it."""
     from ..cache import RightSizedKVCache
+    from ..devices import resolve_device
+    device = resolve_device(device)
     g = torch.Generator().manual_seed(seed)
-    q = torch.randn(1, 16, 1, 128, generator=g)
-    k = torch.randn(1, 2, capacity, 128, generator=g)
-    v = torch.randn(1, 2, capacity, 128, generator=g)
+    q, k, v = (torch.randn(*s, generator=g).to(device) for s in ((1, 16, 1, 128), (1, 2, capacity, 128),
+                                                                 (1, 2, capacity, 128)))
     k[:, :, length:] = float("nan")
     v[:, :, length:] = float("nan")
     finite = {m: bool(torch.isfinite(attention_step(q, k, v, length, mode=m)).all()) for m in MODES}
-    c = RightSizedKVCache(1, 2, 128, 1, "cpu", torch.float32, max_length=capacity)
-    garbage = torch.full((1, 2, length + 200, 128), float("nan"))
+    c = RightSizedKVCache(1, 2, 128, 1, device, torch.float32, max_length=capacity)
+    garbage = torch.full((1, 2, length + 200, 128), float("nan"), device=device)
     c.fill_caches([(garbage, garbage)])  # an earlier, longer request leaves NaN in every slot it wrote
     c.fill_caches([(k[:, :, :length], v[:, :, :length])])  # the next request
     p = c.step()
     kk, vv = c.get_layer_cache(0)
     after = {m: bool(torch.isfinite(attention_step(q, kk, vv, p + 1, mode=m)).all()) for m in ("reference", "exact")}
-    return {"finite_output_with_nan_past_length": finite, "finite_after_rightsized_fill": after}
+    return {"finite_output_with_nan_past_length": finite, "finite_after_rightsized_fill": after, "device": str(device)}
