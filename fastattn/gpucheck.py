@@ -154,6 +154,8 @@ def stream_chunks(model, chunks: int, *, text: str, seed: int = 0, device="cpu",
     """Every chunk of one ``generate_streaming`` run: its ms, and after it the compile counters
     (:func:`fastattn.graphs.graph_counts`) and CUDA graphs recorded so far: a stream that records a graph per
     new shape shows it chunk by chunk (#209/#269; #293's one GPU-only hypothesis)."""
+    from .bench.noise import delta, host_counters
+    from .bench.stream import mark_disturbed
     from .bench.timing import _sync
     from .graphs import graph_counts
     device = torch.device(device)
@@ -161,21 +163,27 @@ def stream_chunks(model, chunks: int, *, text: str, seed: int = 0, device="cpu",
     gen = model.generate_streaming(text, min_len=chunks, max_len=chunks, inference_timesteps=inference_timesteps)
     rows = []
     _sync(device)
+    h0 = host_counters()
     t0 = time.perf_counter()
     for i, _ in enumerate(gen):
         _sync(device)
         ms = (time.perf_counter() - t0) * 1e3
+        h1 = host_counters()
         g = graph_counts()
-        rows.append({"chunk": i, "ms": ms, "unique_graphs": g["unique_graphs"], "cudagraph_skips": g["cudagraph_skips"],
-                     "cudagraph_recordings": recordings(device)})
+        rows.append({"chunk": i, "ms": ms, **delta(h0, h1), "unique_graphs": g["unique_graphs"],
+                     "cudagraph_skips": g["cudagraph_skips"], "cudagraph_recordings": recordings(device)})
+        h0 = host_counters()
         t0 = time.perf_counter()
+    mark_disturbed(rows)
     return rows
 
 
 def _stream_under_upstream_optimize(device, size) -> dict:
-    """A long stream (>= 600 chunks) under voxcpm's own ``optimize()``: per chunk ms, graphs and recordings."""
+    """A long stream (>= 600 chunks, twice) under voxcpm's own ``optimize()``: per chunk ms, host counters,
+    graphs and recordings; the trend of the per-chunk cost over both streams (quiet chunks only)."""
     from .bench.records import env_record, record
-    from .bench.stream import _text_for, sixths, verdict
+    from .bench.stream import _text_for, sixths
+    from .bench.trend import describe, trend
     from .graphs import reset_graph_counts
     from .models import build_voxcpm2
     chunks = size.get("stream_chunks", 600)
@@ -183,10 +191,12 @@ def _stream_under_upstream_optimize(device, size) -> dict:
     torch._dynamo.reset()
     reset_graph_counts()
     upstream_optimized(model)
-    rows = stream_chunks(model, chunks, text=_text_for(chunks), device=device)
-    six = sixths([r["ms"] for r in rows])
+    rows = [dict(r, repeat=k) for k in range(2)
+            for r in stream_chunks(model, chunks, text=_text_for(chunks), device=device)]
+    t = trend([[(r["chunk"], r["ms"], r["disturbed"]) for r in rows if r["repeat"] == k] for k in range(2)])
+    six = sixths([r["ms"] for r in rows if r["repeat"] == 0])
     return record("stream_under_optimize", env=env_record(device, "bfloat16"), params={**size, "chunks": chunks},
-                  rows=rows, sixths=six, verdict=verdict(six),
+                  rows=rows, sixths=six, trend=t, verdict=describe(t),
                   graphs_recorded_after_first_sixth=_grew_after(rows, "cudagraph_recordings"),
                   graphs_compiled_after_first_sixth=_grew_after(rows, "unique_graphs"))
 

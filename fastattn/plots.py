@@ -227,13 +227,18 @@ def stream(rec: dict, *, ax=None, window: int = 25):
         color = COLORS.get(v, COLORS.get("patched") if v == "exact" else None)
         ax.plot(x, y, lw=0.5, alpha=0.35, color=color)
         roll = [statistics.median(y[max(0, i - window // 2):i + window // 2 + 1]) for i in range(len(y))]
-        ax.plot(x, roll, lw=2, color=color, label=f"{v}: {rec['verdict'][v]}")
+        word = rec.get("trend", {}).get(v, {}).get("verdict") or rec["verdict"][v].split(" (")[0]
+        ax.plot(x, roll, lw=2, color=color, label=f"{v}: {word}")
+        bad = [r for r in rec["rows"] if r["variant"] == v and r.get("disturbed") and r["chunk"] > 0]
+        if bad:  # chunks another process disturbed: shown, left out of the verdict
+            ax.scatter([r["chunk"] for r in bad], [r["ms"] for r in bad], marker="x", s=12, color=color,
+                       label=f"{v}: {len(bad)} disturbed chunks (all repeats)")
     p = rec["params"]
     ax.set_xlabel("chunk (one decode step each)")
     ax.set_ylabel("ms per chunk")
     ax.set_ylim(bottom=0)
     return _finish(fig, ax, _title(rec, f"generate_streaming, {p['preset']} preset, {p['dtype']}, {p['chunks']} chunks "
-                                        f"(rolling median of {window})"))
+                                        f"(repeat 0, rolling median of {window})"))
 
 
 def targets_table(targets: list) -> str:

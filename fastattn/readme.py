@@ -74,7 +74,8 @@ def reference_findings(ref: Path, other: Optional[Path] = None) -> str:
     no_gqa = find_row(matrix["rows"], case="bool mask, no enable_gqa (K/V repeated)", dtype=mdt, head_dim=128)
     conv = find_row(costs["rows"], op="bf16 -> fp32 conversion of K")["median_ms"]
     slice32 = find_row(costs["rows"], op="SDPA over the slice", dtype="float32")["median_ms"]
-    decays = not stream["verdict"]["upstream"].startswith("flat")
+    decays = stream.get("trend", {}).get("upstream", {}).get("verdict", "") == "grows" or \
+        stream["verdict"]["upstream"].startswith("decays")  # the reference record predates the trend verdict
     rs, wp = rss["summary"], whole["params"]
     winners = ", ".join(sorted({c["winner"] for c in att32["fast_choice"]}))
     machine = (f"{env['device_name']} (CUDA, torch {env['torch']})" if gpu else

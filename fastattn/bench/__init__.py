@@ -26,13 +26,14 @@ from .memory import cache_growth, fill_cost, kv_memory, peak_rss, step_allocatio
 from .records import env_record, load_record, record, save_record
 from .stats import ratio_ci, scaled_ci
 from .steps import compiled_step_sweep, decode_step_sweep
-from .stream import stream_profile
+from .stream import stream_profile, stream_table
 from .targets import GOALS, check_targets, target_goals
 from .timing import time_interleaved
 
 __all__ = ["env_record", "record", "time_interleaved", "attention_sweep", "fast_choices", "dtype_costs", "cpu_flags",
            "decode_step_sweep", "compiled_step_sweep", "whole_decode", "resolve_device", "kv_memory",
-           "step_allocations", "fill_cost", "cache_growth", "stream_profile", "peak_rss", "bandwidth", "floor_ms",
+           "step_allocations", "fill_cost", "cache_growth", "stream_profile", "stream_table", "peak_rss", "bandwidth",
+           "floor_ms",
            "live_kv_bytes", "llc_bytes",
            "bandwidth_line", "save_record", "load_record", "check_targets", "target_goals", "GOALS",
            "ratio_ci", "scaled_ci", "reference_run", "main", "DTYPES"]

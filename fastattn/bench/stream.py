@@ -3,7 +3,8 @@
 OpenBMB/VoxCPM issue #293: streaming starts at ~0.3 s per chunk and slows to 1-2 s
 after 400+ chunks. :func:`stream_profile` times every chunk of the same stream
 (same text, seed and length) for upstream and the patched modes, alternately and
-repeated, and says from the data whether the cost per chunk grows along the stream.
+repeated, marks the chunks other processes disturbed, and says from a robust trend over the repeats (quiet
+chunks only) whether the cost per chunk grows along the stream.
 """
 
 from __future__ import annotations
@@ -15,8 +16,10 @@ from typing import Sequence
 import torch
 
 from ..devices import resolve_device
+from .noise import delta, disturbed, host_counters, others_busy
 from .records import env_record, record
 from .timing import _progress, _sync
+from .trend import describe, trend
 
 VARIANTS = ("upstream", "exact", "fast")
 SENTENCE = "The quick brown fox jumps over the lazy dog near the quiet river bank. "
@@ -28,26 +31,40 @@ def _text_for(chunks: int) -> str:
 
 
 def _one_stream(model, variant: str, text: str, chunks: int, seed: int, inference_timesteps: int, device):
+    """One stream: its chunks, and per chunk the wall ms, position, process CPU s and involuntary switches."""
     from ..patch import patch_voxcpm
 
     handle = patch_voxcpm(model, mode=variant) if variant != "upstream" else None
     try:
         torch.manual_seed(seed)
         gen = model.generate_streaming(text, min_len=chunks, max_len=chunks, inference_timesteps=inference_timesteps)
-        out, ms, pos = [], [], []
+        out, rows = [], []
         _sync(device)
+        h0 = host_counters()
         t0 = time.perf_counter()
         for chunk in gen:
             _sync(device)
             t1 = time.perf_counter()
+            h1 = host_counters()
             out.append(chunk)
-            ms.append((t1 - t0) * 1e3)
-            pos.append(model.base_lm.kv_cache.current_length - 1)
+            rows.append({"ms": (t1 - t0) * 1e3, "position": model.base_lm.kv_cache.current_length - 1,
+                         **delta(h0, h1)})
+            h0 = host_counters()
             t0 = time.perf_counter()
     finally:
         if handle is not None:
             handle.revert()
-    return out, ms, pos
+    mark_disturbed(rows)
+    return out, rows
+
+
+def mark_disturbed(rows: list) -> None:
+    """Set ``disturbed`` on a stream's chunk rows (time order; ``ms`` and :func:`.noise.delta`'s counters)."""
+    wall = [r["ms"] / 1e3 for r in rows]
+    cpu = [r["cpu_s"] for r in rows]
+    others = others_busy(wall, cpu, [r["machine_s"] for r in rows])
+    for r, f in zip(rows, disturbed(wall, cpu, [r["switches"] for r in rows], others=others)):
+        r["disturbed"] = f
 
 
 def sixths(values: Sequence[float]) -> list:
@@ -58,23 +75,36 @@ def sixths(values: Sequence[float]) -> list:
 
 
 def verdict(sixth_medians: Sequence[float], *, tolerance: float = 0.2) -> str:
-    """"decays" when the last sixth is more than ``tolerance`` slower than the first, "speeds up" when faster,
-    else "flat", with the change in percent."""
+    """One stream's sixths read naively: "decays" when the last sixth is more than ``tolerance`` slower than the
+    first. One run and one burst decide it, so no verdict of the workbook rests on it (see :func:`variant_trend`);
+    it remains for a quick look at a single stream."""
     first, last = sixth_medians[0], sixth_medians[-1]
     change = last / first - 1
     word = "decays" if change > tolerance else "speeds up" if change < -tolerance else "flat"
     return f"{word} ({change:+.0%} from the first to the last sixth)"
 
 
+def variant_trend(rows: list, variant: str) -> dict:
+    """The trend (:func:`.trend.trend`) of one variant's per-chunk ms over its repeats, disturbed chunks out."""
+    reps = sorted({r["repeat"] for r in rows if r["variant"] == variant})
+    return trend([[(r["chunk"], r["ms"], r["disturbed"]) for r in rows if r["variant"] == variant and r["repeat"] == k]
+                  for k in reps])
+
+
 def stream_profile(preset: str, chunks: int, *, dtype="bfloat16", device="cpu",
                    modes: Sequence[str] = VARIANTS, seed: int = 0, inference_timesteps: int = 2,
-                   progress: bool = True, repeats: int = 1, model=None) -> dict:
+                   progress: bool = True, repeats: int = 2, model=None, retries: int = 1) -> dict:
     """Every chunk of a ``generate_streaming`` run timed per variant (the same text, seed and length;
-    variants run alternately, ``repeats`` times each), with whether each variant's stream equals upstream's.
+    variants alternate, their order rotated each repeat, ``repeats`` times each), with whether each variant's
+    stream equals upstream's.
 
-    Returns ``{"kind": "stream_profile", "env", "params", "rows": [{"variant", "repeat", "chunk",
-    "position", "ms"}, ...], "identical": {variant: bool}, "sixths": {variant: [median ms]},
-    "verdict": {variant: str}}``. The first chunk carries the prefill and is left out of the sixths.
+    Each chunk also carries the process's CPU time and involuntary context switches and whether it was ``disturbed``
+    (:mod:`.noise`). A variant whose trend is inconclusive because the machine was busy gets up to ``retries`` more
+    repeats. Returns ``{"kind": "stream_profile", "env", "params", "rows": [{"variant", "repeat", "chunk",
+    "position", "ms", "cpu_s", "switches", "machine_s", "disturbed"}, ...], "identical": {variant: bool}, "sixths":
+    {variant: [median ms of quiet chunks]}, "trend": {variant: trend dict}, "verdict": {variant: one line}}``.
+    Verdicts come from :func:`variant_trend` (a robust slope with a bootstrap interval over the repeats, quiet
+    chunks only), never from one run's sixths. The first chunk carries the prefill and is left out.
     """
     from ..models import build_voxcpm2, silence_progress
 
@@ -83,26 +113,59 @@ def stream_profile(preset: str, chunks: int, *, dtype="bfloat16", device="cpu",
         raise ValueError(f"modes must be a non-empty selection of {VARIANTS}, got {list(modes)}")
     if isinstance(chunks, bool) or not isinstance(chunks, int) or chunks < 7:
         raise ValueError(f"chunks must be an int >= 7 (six sixths and a first chunk), got {chunks!r}")
+    if isinstance(repeats, bool) or not isinstance(repeats, int) or repeats < 1:
+        raise ValueError(f"repeats must be an int >= 1 (2 or more for a trend verdict), got {repeats!r}")
     device = resolve_device(device)
     model = model or build_voxcpm2(preset, seed=seed, device=str(device), dtype=dtype)
     silence_progress()
     text = _text_for(chunks)
-    rows, streams = [], {}
+    rows, streams, done = [], {}, {v: 0 for v in modes}
+
+    def run(variant):
+        out, chunk_rows = _one_stream(model, variant, text, chunks, seed, inference_timesteps, device)
+        streams.setdefault(variant, out)
+        rows.extend({"variant": variant, "repeat": done[variant], "chunk": i, **r} for i, r in enumerate(chunk_rows))
+        done[variant] += 1
+
     order = list(modes)
     for r in _progress(range(repeats), progress, "stream profile"):
         for variant in order[r % len(order):] + order[:r % len(order)]:
-            out, ms, pos = _one_stream(model, variant, text, chunks, seed, inference_timesteps, device)
-            streams.setdefault(variant, out)
-            rows += [{"variant": variant, "repeat": r, "chunk": i, "position": p, "ms": t}
-                     for i, (t, p) in enumerate(zip(ms, pos))]
+            run(variant)
+    for _ in range(retries):  # a busy stretch: measure again rather than judge the noise
+        busy = [v for v in modes if variant_trend(rows, v)["why"].startswith("the machine was busy")]
+        for variant in busy:
+            run(variant)
     ref = streams.get("upstream")
     identical = {v: (ref is not None and len(s) == len(ref) and all(torch.equal(a, b) for a, b in zip(s, ref)))
                  for v, s in streams.items()}
-    per = {v: [statistics.median(x["ms"] for x in rows if x["variant"] == v and x["chunk"] == i)
-               for i in range(chunks) if any(x["variant"] == v and x["chunk"] == i for x in rows)] for v in modes}
-    six = {v: sixths(per[v]) for v in modes}
+    quiet = {v: [_chunk_median([x for x in rows if x["variant"] == v and x["chunk"] == i]) for i in range(chunks)]
+             for v in modes}
+    trends = {v: variant_trend(rows, v) for v in modes}
     params = {"preset": preset, "chunks": chunks, "dtype": dtype, "modes": list(modes), "seed": seed,
-              "inference_timesteps": inference_timesteps, "repeats": repeats, "text_chars": len(text),
+              "inference_timesteps": inference_timesteps, "repeats": repeats, "retries": retries,
+              "repeats_run": dict(done), "text_chars": len(text),
               "weights": getattr(model, "fastattn_info", {}).get("weights", "random")}
     return record("stream_profile", env=env_record(device, dtype), params=params, rows=rows, identical=identical,
-                  sixths=six, verdict={v: verdict(six[v]) for v in modes})
+                  sixths={v: sixths(quiet[v]) for v in modes}, trend=trends,
+                  verdict={v: describe(t) for v, t in trends.items()},
+                  disturbed={v: sum(x["disturbed"] for x in rows if x["variant"] == v) for v in modes})
+
+
+def _chunk_median(samples: list) -> float:
+    """A chunk's median ms over its quiet samples (over all of them where every one was disturbed: the figure is
+    then shown, but the trend verdict, which never uses it, says the machine was busy)."""
+    quiet = [x["ms"] for x in samples if not x["disturbed"]]
+    return statistics.median(quiet or [x["ms"] for x in samples])
+
+
+def stream_table(rec: dict) -> list:
+    """One row per variant of a ``stream_profile`` record: repeats, quiet first and last sixth, the trend with its
+    interval, the disturbed chunks left out, and whether the stream equals upstream's."""
+    out = []
+    for v, t in rec["trend"].items():
+        six = rec["sixths"][v]
+        out.append({"variant": v, "repeats": t["repeats"], "first sixth ms": six[0] if six else None,
+                    "last sixth ms": six[-1] if six else None, "trend": rec["verdict"][v],
+                    "disturbed chunks": ", ".join(f"{a}-{b}" for a, b in t["disturbed_chunks"]) or "none",
+                    "stream equals upstream's": rec["identical"][v]})
+    return out

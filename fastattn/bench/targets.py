@@ -10,6 +10,8 @@ with ``passed: None`` and a note that says why: shown, never counted (:func:`met
 
 from __future__ import annotations
 
+import statistics
+
 from .records import find_row
 from .stats import ratio_ci, scaled_ci
 
@@ -44,10 +46,26 @@ def target_goals() -> list[dict]:
         [{"target": what, "goal": "True"} for what in MUST_HOLD.values()]
 
 
+def quiet_pairs(num: dict, den: dict) -> tuple:
+    """The paired samples of two rows timed in the same rounds, less every round either was disturbed in
+    (``disturbed_flags``, :func:`fastattn.bench.timing._stats_ms`): a ratio never rests on a busy moment."""
+    a, b = num["samples_ms"], den["samples_ms"]
+    fa, fb = num.get("disturbed_flags") or [False] * len(a), den.get("disturbed_flags") or [False] * len(b)
+    if len(a) != len(b):
+        return [x for x, f in zip(a, fa) if not f], [x for x, f in zip(b, fb) if not f]
+    keep = [i for i in range(len(a)) if not (fa[i] or fb[i])]
+    return [a[i] for i in keep], [b[i] for i in keep]
+
+
 def _ratio(num: dict, den: dict) -> tuple:
-    """Median ratio of two timed rows, its paired bootstrap interval (None without samples) and n."""
-    ci = ratio_ci(num["samples_ms"], den["samples_ms"]) if "samples_ms" in num and "samples_ms" in den else None
-    return num["median_ms"] / den["median_ms"], ci, min(num.get("n", 0), den.get("n", 0))
+    """Median ratio of two timed rows over their quiet rounds, its paired bootstrap interval (None without
+    samples) and n (the quiet rounds; where fewer than 3 are quiet, all rounds, and the row says so)."""
+    if "samples_ms" not in num or "samples_ms" not in den:
+        return num["median_ms"] / den["median_ms"], None, min(num.get("n", 0), den.get("n", 0))
+    a, b = quiet_pairs(num, den)
+    if min(len(a), len(b)) < 3:
+        a, b = num["samples_ms"], den["samples_ms"]
+    return statistics.median(a) / statistics.median(b), ratio_ci(a, b), min(len(a), len(b))
 
 
 def check_targets(records: dict) -> list[dict]:

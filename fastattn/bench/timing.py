@@ -6,9 +6,11 @@ from __future__ import annotations
 import random
 import statistics
 import time
-from typing import Sequence
+from typing import Optional, Sequence
 
 import torch
+
+from .noise import delta, disturbed, host_counters, others_busy
 
 
 def _progress(it, enabled: bool, desc: str):
@@ -23,7 +25,8 @@ def _sync(device):
         torch.cuda.synchronize(device)
 
 
-def time_interleaved(fns: dict, *, repeats: int = 7, warmup: int = 2, device="cpu", seed: int = 0) -> dict:
+def time_interleaved(fns: dict, *, repeats: int = 7, warmup: int = 2, device="cpu", seed: int = 0,
+                     host: Optional[dict] = None) -> dict:
     """Time each callable ``repeats`` times, interleaved, after ``warmup`` rounds.
 
     Each repeat runs every variant once, in an order shuffled afresh (seeded): a call pays for what the call
@@ -31,6 +34,11 @@ def time_interleaved(fns: dict, *, repeats: int = 7, warmup: int = 2, device="cp
     same neighbour) would charge one variant for another's traffic every time; shuffled, each variant follows
     each other one about equally often. Returns ``{name: [seconds, ...]}`` (sample ``i`` of every variant from
     repeat ``i``). On CUDA each sample uses CUDA events around the call and one synchronisation.
+
+    ``host``, a dict, receives ``{name: {"cpu_s": [...], "switches": [...], "machine_s": [...],
+    "others_busy": [...]}}``: the process's CPU time, involuntary context switches and the machine's busy CPU
+    during each sample, and whether other processes took the cores during that sample's round (:mod:`.noise`),
+    from which :func:`_stats_ms` flags the samples another process disturbed.
     """
     if repeats < 1 or warmup < 0:
         raise ValueError(f"repeats must be >= 1 and warmup >= 0, got {repeats}, {warmup}")
@@ -41,10 +49,14 @@ def time_interleaved(fns: dict, *, repeats: int = 7, warmup: int = 2, device="cp
             fns[n]()
     _sync(device)
     out = {n: [] for n in names}
+    counters = {n: {"cpu_s": [], "switches": [], "machine_s": []} for n in names}
+    rounds = []  # (wall, own CPU, machine busy) of each repeat: the repeats follow each other in time
     rng = random.Random(seed)
     for _ in range(repeats):
         order = rng.sample(names, len(names))
+        r0, w0 = host_counters(), time.perf_counter()
         for n in order:
+            h0 = host_counters()
             if device.type == "cuda":
                 a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
                 a.record()
@@ -56,12 +68,32 @@ def time_interleaved(fns: dict, *, repeats: int = 7, warmup: int = 2, device="cp
                 t0 = time.perf_counter()
                 fns[n]()
                 out[n].append(time.perf_counter() - t0)
+            for k, v in delta(h0, host_counters()).items():
+                counters[n][k].append(v)
+        d = delta(r0, host_counters())
+        rounds.append((time.perf_counter() - w0, d["cpu_s"], d["machine_s"]))
+    if host is not None:
+        busy = others_busy(*zip(*rounds)) if rounds else []  # a round others took the cores in marks all its samples
+        for n in names:
+            counters[n]["others_busy"] = list(busy)
+        host.update(counters)
     return out
 
 
-def _stats_ms(samples: Sequence[float]) -> dict:
-    """Median, p10/p90, min and n in ms, and the samples themselves (bootstrap intervals need them)."""
-    s = sorted(x * 1e3 for x in samples)
+def _stats_ms(samples: Sequence[float], host: Optional[dict] = None) -> dict:
+    """Median, p10/p90, min and n in ms, and the samples themselves (bootstrap intervals need them).
+
+    With ``host`` (one variant's counters from :func:`time_interleaved`), each sample is judged disturbed or
+    not (:func:`.noise.disturbed`): the statistics then rest on the quiet samples only (while at least 3 are
+    quiet), ``n`` counts those, ``disturbed`` counts the others and ``disturbed_flags`` marks them in timing
+    order, so that paired intervals drop a round either variant lost."""
+    flags = [False] * len(samples)
+    if host is not None:
+        flags = disturbed(list(samples), host["cpu_s"], host["switches"], others=host.get("others_busy"))
+    quiet = [x for x, f in zip(samples, flags) if not f]
+    used = quiet if len(quiet) >= 3 else list(samples)
+    s = sorted(x * 1e3 for x in used)
     q = lambda f: s[min(len(s) - 1, max(0, round(f * (len(s) - 1))))]
     return {"median_ms": statistics.median(s), "p10_ms": q(0.1), "p90_ms": q(0.9), "min_ms": s[0], "n": len(s),
-            "samples_ms": [x * 1e3 for x in samples]}  # in timing order: round i of every variant pairs up
+            "samples_ms": [x * 1e3 for x in samples],  # in timing order: round i of every variant pairs up
+            "disturbed": sum(flags), "disturbed_flags": flags}

@@ -49,9 +49,13 @@ def _symptom(recs, finds):
     s = _first(recs, "stream_profile")
     if not s:
         return NOT_RUN, "01_root_cause measures it (bench.stream_profile)"
-    v = s["verdict"].get("upstream", "")
-    return (HOLDS if v.startswith("decays") else FAILS,
-            f"upstream over {s['params']['chunks']} chunks ({s['params']['preset']} preset): {v}")
+    t = s.get("trend", {}).get("upstream")
+    where = f"upstream over {s['params']['chunks']} chunks ({s['params']['preset']} preset)"
+    if t is None:  # a record from before the trend verdict: one run's sixths, which one burst decides
+        return NOT_RUN, f"{where}: this record has no trend verdict (one run's sixths cannot decide it); rerun 01"
+    if t["verdict"] == "inconclusive":
+        return NOT_HERE, f"{where}: {s['verdict']['upstream']}"
+    return (HOLDS if t["verdict"] == "grows" else FAILS), f"{where}: {s['verdict']['upstream']}"
 
 
 def _mask_alloc(recs, finds):

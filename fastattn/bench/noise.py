@@ -1,0 +1,131 @@
+"""Whether the machine was busy while a sample ran: the process's CPU time and involuntary context switches.
+
+A shared box lends its cores to other processes. When they take the cores, this process's OpenMP threads are
+descheduled: a step then costs several times its quiet time, far more than the share of CPU it lost. Two host
+counters show it (``resource.getrusage``): the process's CPU time over the sample's wall time falls (about 1.98
+with 2 threads on a quiet 2-core EPYC, measured), and the involuntary context switches jump (about 7 per 200 ms
+chunk there). A third counter sees the neighbours themselves: the machine's busy CPU time (``/proc/stat``) less
+this process's is what other processes ran. It ticks in jiffies (10 ms), so it is read over windows of at least a
+quarter second (consecutive samples pooled): a window where others ran more than ``OTHERS_MAX`` cores on average
+marks every sample in it. Unlike the first two it needs no quiet majority to compare against. None of them needs a
+privilege or a GPU; on CUDA they describe the host that launches the kernels, beside the CUDA events that time
+them.
+
+:func:`disturbed` flags samples against the quiet level of their own series, so it needs no threshold tuned per
+machine or workload: a sample whose CPU/wall falls below ``cpu_drop`` times the series' upper-quartile CPU/wall, or
+whose involuntary switches exceed ``switch_jump`` times what the series' median rate gives for its length (and
+at least ``min_switches``), was disturbed. The CPU level is the upper quartile, so it stays right even when nearly
+half the samples were disturbed; the neighbours' own CPU (above) needs no quiet majority at all.
+"""
+
+from __future__ import annotations
+
+import os
+import resource
+import time
+from typing import Callable, Optional, Sequence
+
+__all__ = ["host_counters", "machine_busy_s", "timed", "disturbed", "others_busy", "quiet_share", "CPU_DROP",
+           "SWITCH_JUMP", "MIN_SWITCHES", "OTHERS_MAX"]
+
+#: a sample below this fraction of its series' quiet CPU/wall was descheduled
+CPU_DROP = 0.6
+#: a sample above this multiple of its series' quiet switch rate (per second) was preempted
+SWITCH_JUMP = 4.0
+#: involuntary switches a sample may take whatever its length (a quiet box preempts a process now and then:
+#: 0-2 per 7 ms chunk of the tiny preset, measured)
+MIN_SWITCHES = 3
+#: cores other processes may use on average during a window before its samples count as disturbed
+OTHERS_MAX = 0.3
+#: shortest window (s) over which the machine's jiffy counters are read
+MIN_WINDOW_S = 0.25
+
+_HZ = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+
+
+def machine_busy_s() -> Optional[float]:
+    """CPU seconds the whole machine has been busy since boot (``/proc/stat``: all but idle and iowait), or
+    None where there is no such file."""
+    try:
+        with open("/proc/stat") as f:
+            fields = [int(x) for x in f.readline().split()[1:]]
+    except (OSError, ValueError):
+        return None
+    idle = fields[3] + (fields[4] if len(fields) > 4 else 0)
+    guest = sum(fields[8:10]) if len(fields) > 9 else 0  # already counted in user and nice
+    return (sum(fields) - idle - guest) / _HZ
+
+
+def host_counters() -> tuple:
+    """``(process CPU seconds, involuntary context switches, machine busy seconds or None)`` so far."""
+    r = resource.getrusage(resource.RUSAGE_SELF)
+    return r.ru_utime + r.ru_stime, r.ru_nivcsw, machine_busy_s()
+
+
+def delta(before: tuple, after: tuple) -> dict:
+    """One sample's counters from two :func:`host_counters` readings: ``{"cpu_s", "switches", "machine_s"}``."""
+    machine = None if before[2] is None or after[2] is None else after[2] - before[2]
+    return {"cpu_s": after[0] - before[0], "switches": after[1] - before[1], "machine_s": machine}
+
+
+def timed(fn: Callable, clock=time.perf_counter) -> tuple:
+    """``(fn(), wall s, counters)`` of one call (counters as :func:`delta`)."""
+    h0 = host_counters()
+    t0 = clock()
+    out = fn()
+    wall = clock() - t0
+    return out, wall, delta(h0, host_counters())
+
+
+def others_busy(wall: Sequence[float], cpu: Sequence[float], machine: Sequence[Optional[float]], *,
+                min_window: float = MIN_WINDOW_S, max_cores: float = OTHERS_MAX) -> list:
+    """One bool per sample, samples in time order: did other processes run more than ``max_cores`` cores on
+    average over the window (consecutive samples pooled to at least ``min_window`` s) the sample lies in?
+    Other processes' CPU = the machine's busy CPU less this process's. All False where the machine's
+    counters are unavailable."""
+    flags = [False] * len(wall)
+    if any(m is None for m in machine):
+        return flags
+    start, acc = 0, [0.0, 0.0, 0.0]
+    for i, (w, c, m) in enumerate(zip(wall, cpu, machine)):
+        acc = [acc[0] + w, acc[1] + c, acc[2] + m]
+        if acc[0] >= min_window or i == len(wall) - 1:
+            busy = acc[0] >= min_window / 2 and (acc[2] - acc[1]) / acc[0] > max_cores
+            for j in range(start, i + 1):
+                flags[j] = busy
+            start, acc = i + 1, [0.0, 0.0, 0.0]
+    return flags
+
+
+def _quantile(values: Sequence[float], f: float) -> float:
+    s = sorted(values)
+    return s[min(len(s) - 1, max(0, round(f * (len(s) - 1))))]
+
+
+def disturbed(wall: Sequence[float], cpu: Sequence[float], switches: Sequence[int], *, cpu_drop: float = CPU_DROP,
+              switch_jump: float = SWITCH_JUMP, min_switches: int = MIN_SWITCHES,
+              others: Optional[Sequence[bool]] = None) -> list:
+    """One bool per sample: was it disturbed, judged against its own series' quiet level (see the module), or
+    marked by ``others`` (:func:`others_busy`: other processes took the cores during its window).
+
+    Samples too short for the counters to resolve (under 2 ms of wall time) are judged by switches only."""
+    if not (len(wall) == len(cpu) == len(switches)):
+        raise ValueError(f"wall, cpu and switches must have one value per sample, got {len(wall)}, {len(cpu)}, "
+                         f"{len(switches)}")
+    if not wall:
+        return []
+    ratio = [c / w if w > 0 else 0.0 for c, w in zip(cpu, wall)]
+    rate = [s / w if w > 0 else 0.0 for s, w in zip(switches, wall)]
+    quiet_ratio, quiet_rate = _quantile(ratio, 0.75), _quantile(rate, 0.5)
+    flags = []
+    others = others or [False] * len(wall)
+    for w, r, n, o in zip(wall, ratio, switches, others):
+        low_cpu = w >= 2e-3 and r < cpu_drop * quiet_ratio
+        preempted = n > max(switch_jump * quiet_rate * w, min_switches)
+        flags.append(bool(low_cpu or preempted or o))
+    return flags
+
+
+def quiet_share(flags: Sequence[bool]) -> float:
+    """The share of samples that were not disturbed (1.0 for none)."""
+    return 1.0 - (sum(flags) / len(flags) if flags else 0.0)

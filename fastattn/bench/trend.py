@@ -1,0 +1,142 @@
+"""Does a per-chunk cost grow along a stream? A robust slope with a bootstrap interval, over repeats, on quiet
+chunks only: a verdict one busy burst cannot flip.
+
+The slope is Tukey's resistant line (the median of the last third of the chunks against the median of the first
+third, over their median chunk indices): O(n), and a burst covering less than a third of the stream moves it
+little. It is fitted within each repeat and averaged (weights: quiet chunks), so repeats at different levels add
+no slope. Its 95% interval is a moving-block bootstrap over chunk indices (blocks keep neighbouring chunks
+together, since a busy stretch lasts many chunks), the same blocks for every repeat. Disturbed chunks
+(:mod:`.noise`) are left out before anything is computed.
+
+Verdicts, for a stream of ``span`` chunks at ``level`` ms per chunk and a relative ``tolerance``:
+
+* ``grows``: the whole interval is above zero, the estimated change over the stream exceeds ``tolerance``,
+  and every repeat on its own grows by more than half of it;
+* ``shrinks``: the mirror image;
+* ``flat``: the whole interval of the change over the stream lies within ``±tolerance``;
+* ``inconclusive``: anything else, fewer than two repeats, or too few quiet chunks (then it names the
+  disturbed stretches: "the machine was busy").
+"""
+
+from __future__ import annotations
+
+import random
+import statistics
+from typing import Optional, Sequence
+
+__all__ = ["resistant_slope", "trend", "stretches", "TOLERANCE"]
+
+#: relative change over the whole stream below which a stream is flat
+TOLERANCE = 0.2
+RESAMPLES = 1000
+
+
+def resistant_slope(x: Sequence[float], y: Sequence[float]) -> Optional[float]:
+    """Tukey's resistant-line slope: (median y of the last third - of the first third) / (same for x)."""
+    pts = sorted(zip(x, y))
+    k = len(pts) // 3
+    if k < 2:
+        return None
+    first, last = pts[:k], pts[-k:]
+    dx = statistics.median(p[0] for p in last) - statistics.median(p[0] for p in first)
+    return None if dx <= 0 else (statistics.median(p[1] for p in last) - statistics.median(p[1] for p in first)) / dx
+
+
+def stretches(indices: Sequence[int], gap: int = 3) -> list:
+    """Runs of chunk indices as ``[(first, last), ...]`` (indices within ``gap`` of each other join)."""
+    out = []
+    for i in sorted(indices):
+        if out and i - out[-1][1] <= gap:
+            out[-1][1] = i
+        else:
+            out.append([i, i])
+    return [tuple(r) for r in out]
+
+
+def pooled_slope(series: list) -> Optional[float]:
+    """The repeats' own resistant slopes, averaged with their quiet chunk counts as weights: a slope within
+    each repeat, so a repeat that runs at another level (and lost its end to a busy stretch) adds no slope."""
+    fits = [(resistant_slope([p[0] for p in s], [p[1] for p in s]), len(s)) for s in series]
+    fits = [(m, n) for m, n in fits if m is not None]
+    return sum(m * n for m, n in fits) / sum(n for _, n in fits) if fits else None
+
+
+def _bootstrap(series: list, block: int, seed: int) -> list:
+    """Slopes of resampled streams: the same blocks of chunk indices drawn for every repeat."""
+    idx = sorted({i for s in series for i, _ in s})
+    if len(idx) < 6:
+        return []
+    starts = list(range(0, max(1, len(idx) - block + 1)))
+    rng = random.Random(seed)
+    by = [dict(s) for s in series]
+    slopes = []
+    for _ in range(RESAMPLES):
+        pick = []
+        while len(pick) < len(idx):
+            b = rng.choice(starts)
+            pick.extend(idx[b:b + block])
+        pick = pick[:len(idx)]
+        s = pooled_slope([[(i, d[i]) for i in pick if i in d] for d in by])
+        if s is not None:
+            slopes.append(s)
+    return slopes
+
+
+def trend(repeats: Sequence[Sequence[tuple]], *, tolerance: float = TOLERANCE, min_quiet: float = 0.5,
+          seed: int = 0) -> dict:
+    """The trend of one variant's per-chunk cost over ``repeats``: each a sequence of ``(chunk, ms, disturbed)``.
+
+    Returns ``{"slope_ms_per_100", "ci": [lo, hi], "change", "change_ci", "level_ms", "per_repeat_change",
+    "verdict": "grows" | "shrinks" | "flat" | "inconclusive", "why", "disturbed", "disturbed_chunks",
+    "quiet_share", "repeats"}``; the slope and interval in ms per 100 chunks, ``change`` over the stream's span
+    relative to its level. Chunk 0 (it carries the prefill) is left out."""
+    series = [[(c, ms) for c, ms, bad in r if c > 0 and not bad] for r in repeats]
+    flagged = sorted({c for r in repeats for c, _, bad in r if bad})
+    total = sum(1 for r in repeats for c, _, _ in r if c > 0)
+    quiet = sum(len(s) for s in series)
+    out = {"repeats": len(repeats), "disturbed": total - quiet, "disturbed_chunks": stretches(flagged),
+           "quiet_share": quiet / total if total else 0.0, "slope_ms_per_100": None, "ci": None, "change": None,
+           "change_ci": None, "level_ms": None, "per_repeat_change": []}
+    pooled = [p for s in series for p in s]
+    slope = pooled_slope(series)
+    if slope is None:
+        return {**out, "verdict": "inconclusive", "why": "too few quiet chunks to fit a slope"}
+    span = max(p[0] for p in pooled) - min(p[0] for p in pooled)
+    level = statistics.median(p[1] for p in pooled)
+    block = max(5, span // 20)
+    boot = sorted(_bootstrap(series, block, seed))
+    lo, hi = (boot[int(0.025 * (len(boot) - 1))], boot[int(0.975 * (len(boot) - 1))]) if boot else (slope, slope)
+    rel = lambda s: s * span / level if level else 0.0  # noqa: E731
+    per = [rel(s) for s in (resistant_slope([p[0] for p in r], [p[1] for p in r]) for r in series) if s is not None]
+    out.update(slope_ms_per_100=slope * 100, ci=[lo * 100, hi * 100], change=rel(slope),
+               change_ci=[rel(lo), rel(hi)], level_ms=level, per_repeat_change=per)
+    return {**out, **_verdict(out, len(repeats), tolerance, min_quiet)}
+
+
+def _verdict(t: dict, n_repeats: int, tolerance: float, min_quiet: float) -> dict:
+    busy = ", ".join(f"{a}-{b}" for a, b in t["disturbed_chunks"][:6])
+    if t["quiet_share"] < min_quiet:
+        return {"verdict": "inconclusive", "why": f"the machine was busy: {t['disturbed']} chunks disturbed "
+                                                  f"(chunks {busy})"}
+    if n_repeats < 2:
+        return {"verdict": "inconclusive", "why": "one repeat: a trend needs at least two"}
+    lo, hi = t["change_ci"]
+    every = len(t["per_repeat_change"]) == n_repeats
+    if lo > 0 and t["change"] > tolerance and every and min(t["per_repeat_change"]) > tolerance / 2:
+        return {"verdict": "grows", "why": "the interval is above zero and every repeat grows"}
+    if hi < 0 and t["change"] < -tolerance and every and max(t["per_repeat_change"]) < -tolerance / 2:
+        return {"verdict": "shrinks", "why": "the interval is below zero and every repeat shrinks"}
+    if -tolerance <= lo and hi <= tolerance:
+        return {"verdict": "flat", "why": f"the change over the stream lies within ±{tolerance:.0%}"}
+    return {"verdict": "inconclusive", "why": f"the interval of the change, [{lo:+.0%}, {hi:+.0%}], spans the "
+                                              f"±{tolerance:.0%} tolerance"}
+
+
+def describe(t: dict) -> str:
+    """A trend as one line: verdict, change over the stream with its interval, and the disturbed chunks."""
+    if t["change"] is None:
+        return f"{t['verdict']} ({t['why']})"
+    lo, hi = t["change_ci"]
+    busy = f"; {t['disturbed']} disturbed chunks left out" if t["disturbed"] else ""
+    return (f"{t['verdict']} ({t['change']:+.0%} over the stream, 95% CI [{lo:+.0%}, {hi:+.0%}], "
+            f"{t['repeats']} repeats{busy}; {t['why']})")
