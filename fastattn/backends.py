@@ -35,8 +35,9 @@ import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-from .attention import _exact_window, f64_attention
+from .core import f64_attention
 from .devices import dtype_name, dtype_of, quiet_native_stderr, resolve_device
+from .exactness import exact_window
 
 __all__ = ["SDPAReport", "explain_sdpa", "backend_matrix", "decode_inputs", "device_backends", "KERNEL_OPS"]
 
@@ -333,7 +334,7 @@ def backend_matrix(device="cpu", dtype=None, *, capacity: int = 8192, position: 
             gq = hq // hkv
             run("bool mask, no enable_gqa (K/V repeated)", dt, D, q, k.repeat_interleave(gq, 1),
                 v.repeat_interleave(gq, 1), bool_mask, enable_gqa=False, ref=ref)
-            w = _exact_window(q, k, n, None)  # the default exact's window here (calibrated; the capacity if none)
+            w = exact_window(q, k, n, None)  # the default exact's window here (calibrated; the capacity if none)
             run(f"exact: window {w} keys, mask sliced", dt, D, q, k[:, :, :w], v[:, :, :w], bool_mask[..., :w], ref=ref)
             run("is_causal=True with Lq=1 (top-left aligned)", dt, D, q, k[:, :, :n], v[:, :, :n], is_causal=True,
                 ref=ref)

@@ -50,7 +50,7 @@ from typing import List, Tuple
 
 import torch
 
-from .attention import _check_bucket
+from .core import check_bucket
 
 __all__ = ["RightSizedKVCache", "fill_capacity", "step_capacity", "window_slots"]
 
@@ -117,7 +117,7 @@ class RightSizedKVCache:
         self.dim_kv_head = _pos_int(dim_kv_head, "dim_kv_head")
         self.batch_size = _pos_int(batch_size, "batch_size")
         self.max_length = _pos_int(max_length, "max_length")
-        _check_bucket(bucket)
+        check_bucket(bucket)
         if not isinstance(dtype, torch.dtype):
             raise TypeError(f"dtype must be a torch.dtype, got {type(dtype).__name__}")
         self.bucket = bucket

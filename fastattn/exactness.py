@@ -40,10 +40,11 @@ from typing import Optional
 import torch
 import torch.nn.functional as F
 
+from .core import capturing_or_compiling, causal_mask, check_bucket, host_length, sdpa, window_for
 from .devices import device_key, dtype_name
 
-__all__ = ["CPU_FLASH_KEY_BLOCK", "calibrate_exact", "exact_granularity", "kernel_key_block", "check_exactness",
-           "self_check_once", "check_bucket_once", "warn_if_unaligned_window", "exactness_report",
+__all__ = ["CPU_FLASH_KEY_BLOCK", "calibrate_exact", "exact_granularity", "exact_window", "kernel_key_block",
+           "check_exactness", "self_check_once", "check_bucket_once", "warn_if_unaligned_window", "exactness_report",
            "reset_exactness_cache"]
 
 #: torch's CPU flash-attention kernel walks keys in blocks of this many (kvSplitSize, every qSize).
@@ -162,7 +163,6 @@ def calibrate_exact(device, dtype, *, hq: int, hkv: int, head_dim: int, capacity
 
 
 def _measure(ladder, lengths, device, dtype, hq, hkv, head_dim, capacity, lq, draws, seed, exhaustive) -> None:
-    from .attention import _mask, _sdpa, window_for  # _sdpa looks SDPA up at call time (tests replace it)
     gen = torch.Generator(device="cpu").manual_seed(seed)
     k = torch.randn(draws, hkv, capacity, head_dim, generator=gen).to(device=device, dtype=dtype)
     v = torch.randn(draws, hkv, capacity, head_dim, generator=gen).to(device=device, dtype=dtype)
@@ -177,11 +177,11 @@ def _measure(ladder, lengths, device, dtype, hq, hkv, head_dim, capacity, lq, dr
         for j, n in enumerate(lengths):
             w = window_for(n, capacity, row["candidate"])
             if j not in refs:
-                refs[j] = _sdpa(qs[j], k, v, _mask(capacity, qs[j].shape[2], n, k.device))
+                refs[j] = sdpa(qs[j], k, v, causal_mask(capacity, qs[j].shape[2], n, k.device))
             row["lengths_checked"] += 1
             if w == capacity:
                 continue  # the same call as the reference
-            out = _sdpa(qs[j], k[:, :, :w], v[:, :, :w], _mask(w, qs[j].shape[2], n, k.device))
+            out = sdpa(qs[j], k[:, :, :w], v[:, :, :w], causal_mask(w, qs[j].shape[2], n, k.device))
             if not torch.equal(out, refs[j]):
                 worst = max(worst, (out.double() - refs[j].double()).abs().max().item())
                 row["first_diff_length"] = row["first_diff_length"] or n
@@ -204,7 +204,7 @@ def check_bucket_once(device, dtype, *, hq: int, hkv: int, head_dim: int, bucket
     """An explicit int bucket: checked once per device, dtype, geometry, bucket and capacity (the patch
     checks at the cache's ``max_length``, since its layers only ever see the window); warns where it differs."""
     device = torch.device(device)
-    if _capturing_or_compiling() or device.type == "meta" or (capacity is not None and bucket >= capacity):
+    if capturing_or_compiling() or device.type == "meta" or (capacity is not None and bucket >= capacity):
         return
     key = (device_key(device), dtype_name(dtype), hq, hkv, head_dim, bucket, capacity)
     if key in _SELF_CHECKS:
@@ -237,9 +237,7 @@ def check_exactness(device, dtype, *, hq: int = 16, hkv: int = 2, head_dim: int 
     dense check the default ``bucket=None`` relies on. Returns
     ``{"bit_identical", "max_abs_diff", "positions_checked", "first_diff_position", ...}``.
     """
-    from .attention import _check_bucket, _mask, _sdpa, window_for
-
-    _check_bucket(bucket)
+    check_bucket(bucket)
     device = torch.device(device)
     capacity = capacity or 4 * bucket
     if capacity > 1 << 20:
@@ -254,9 +252,9 @@ def check_exactness(device, dtype, *, hq: int = 16, hkv: int = 2, head_dim: int 
     max_diff, first = 0.0, None
     for p in positions:
         q = torch.randn(1, hq, 1, head_dim, generator=gen).to(device=device, dtype=dtype)
-        ref = _sdpa(q, k, v, _mask(capacity, 1, p + 1, device))
+        ref = sdpa(q, k, v, causal_mask(capacity, 1, p + 1, device))
         w = window_for(p + 1, capacity, bucket)
-        ex = _sdpa(q, k[:, :, :w], v[:, :, :w], _mask(w, 1, p + 1, device))
+        ex = sdpa(q, k[:, :, :w], v[:, :, :w], causal_mask(w, 1, p + 1, device))
         if not torch.equal(ref, ex):
             d = (ref.double() - ex.double()).abs().max().item()
             max_diff = max(max_diff, d)
@@ -271,12 +269,6 @@ def check_exactness(device, dtype, *, hq: int = 16, hkv: int = 2, head_dim: int 
 
 
 # --------------------------------------------------------------------------- the cached choice
-def _capturing_or_compiling() -> bool:
-    if torch.compiler.is_compiling():
-        return True
-    return bool(torch.cuda.is_available() and torch.cuda.is_current_stream_capturing())
-
-
 def _key(device, dtype, hq, hkv, head_dim, capacity, lq) -> tuple:
     return (device_key(torch.device(device)), dtype_name(dtype), hq, hkv, head_dim, capacity, lq,
             torch.get_num_threads(), id(F.scaled_dot_product_attention))
@@ -291,7 +283,7 @@ def exact_granularity(device, dtype, *, hq: int, hkv: int, head_dim: int, capaci
     hit = _CALIBRATIONS.get(key)
     if hit is not None:
         return hit["bucket"]
-    if _capturing_or_compiling():
+    if capturing_or_compiling():
         return None
     with _LOCK:
         if key not in _CALIBRATIONS:
@@ -306,6 +298,19 @@ def exact_granularity(device, dtype, *, hq: int, hkv: int, head_dim: int, capaci
                       f"({cal['kernel']}): {why}. It stays bit-identical to upstream but is no faster than "
                       "mode='reference' there; mode='fast' is the opt-in speed path.", RuntimeWarning, stacklevel=3)
     return cal["bucket"]
+
+
+def exact_window(q, k_cache, length, bucket) -> int:
+    """``exact``'s key count for this call: the length rounded up to ``bucket`` (or the calibrated granularity),
+    or the whole capacity where no window is exact. A tensor length is read back (a host sync on CUDA)."""
+    capacity = k_cache.shape[2]
+    g = bucket if bucket is not None else exact_granularity(
+        q.device, q.dtype, hq=q.shape[1], hkv=k_cache.shape[1], head_dim=q.shape[3], capacity=capacity,
+        lq=q.shape[2])
+    if g is None or g >= capacity:
+        return capacity
+    n = length if isinstance(length, int) else host_length(length, q.shape[2], capacity)
+    return window_for(n, capacity, g)
 
 
 def warn_if_unaligned_window(q, k_cache, window: int) -> None:

@@ -39,6 +39,8 @@ from typing import Callable, Optional
 import torch
 import torch.nn.functional as F
 
+from .bench.timing import time_interleaved
+from .core import capturing_or_compiling, causal_mask, f64_attention, sdpa
 from .devices import device_key, dtype_name
 
 __all__ = ["CANDIDATES", "PROBE_ONLY", "fast_attention", "fast_report", "reset_fast_cache", "choose_fast",
@@ -93,8 +95,7 @@ def sdpa_slice(q, k, v):
     lq, n = q.shape[2], k.shape[2]
     if lq == 1 or lq == n:  # Lq == n: bottom-right == top-left alignment, so is_causal is right here
         return F.scaled_dot_product_attention(q, k, v, is_causal=(lq > 1), enable_gqa=True)
-    from .attention import _mask
-    return F.scaled_dot_product_attention(q, k, v, attn_mask=_mask(n, lq, n, q.device), enable_gqa=True)
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=causal_mask(n, lq, n, q.device), enable_gqa=True)
 
 
 def _forced(backend: str) -> Callable:
@@ -140,8 +141,6 @@ def _time(fns: dict, q, k, v, lengths: list, device, repeats: int = 7, warmup: i
     call by call (bench's timer: shuffled order, CUDA events on CUDA). Every sample uses key counts no
     earlier sample used (each length less one more key per call): a kernel that builds a plan per key count
     (cuDNN's graph cache on Hopper) pays for it here as it would in a real decode, where every step adds a key."""
-    from .bench.timing import time_interleaved
-
     def run(fn):
         shift = iter(range(1, 1 << 30))
         def call():
@@ -163,8 +162,6 @@ def choose_fast(device, dtype, *, hq: int, hkv: int, head_dim: int, lq: int = 1,
     """Probe every candidate for this call shape: accuracy vs float64 (twice ``reference``'s error at
     most), then an interleaved timing at the two lengths of ``length_class`` (see ``LENGTH_CLASSES``);
     return the choice with each candidate's figures."""
-    from .attention import _mask, _sdpa, f64_attention
-
     device = torch.device(device)
     cands = {n: fn for n, (fn, devs) in (candidates or CANDIDATES).items() if device.type in devs}
     if length_class not in LENGTH_CLASSES:
@@ -175,7 +172,7 @@ def choose_fast(device, dtype, *, hq: int, hkv: int, head_dim: int, lq: int = 1,
     k, v = rand(1, hkv, max(lengths), head_dim), rand(1, hkv, max(lengths), head_dim)
     q = rand(1, hq, lq, head_dim)
     args = [(q, k[:, :, :n], v[:, :, :n]) for n in lengths]
-    ref_err = max((_sdpa(q, k, v, _mask(k.shape[2], lq, n, device)).double()
+    ref_err = max((sdpa(q, k, v, causal_mask(k.shape[2], lq, n, device)).double()
                    - f64_attention(q, k, v, n)).abs().max().item() for n in lengths)
     rows, ok = [], {}
     for name, fn in cands.items():
@@ -219,8 +216,7 @@ def _implementation(q, k) -> Callable:
     key = _key(q, k)
     hit = _CHOICES.get(key)
     if hit is None:
-        from .exactness import _capturing_or_compiling
-        if _capturing_or_compiling() or q.device.type == "meta":
+        if capturing_or_compiling() or q.device.type == "meta":
             return sdpa_slice
         with _LOCK:  # every key-count class at once: a decode crossing 512 or 2048 keys never stalls to probe
             for cls in LENGTH_CLASSES:

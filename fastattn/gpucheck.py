@@ -156,17 +156,17 @@ def stream_chunks(model, chunks: int, *, text: str, seed: int = 0, device="cpu",
     new shape shows it chunk by chunk (#209/#269; #293's one GPU-only hypothesis)."""
     from .bench.noise import delta, host_counters
     from .bench.stream import mark_disturbed
-    from .bench.timing import _sync
+    from .bench.timing import sync_device
     from .graphs import graph_counts
     device = torch.device(device)
     torch.manual_seed(seed)
     gen = model.generate_streaming(text, min_len=chunks, max_len=chunks, inference_timesteps=inference_timesteps)
     rows = []
-    _sync(device)
+    sync_device(device)
     h0 = host_counters()
     t0 = time.perf_counter()
     for i, _ in enumerate(gen):
-        _sync(device)
+        sync_device(device)
         ms = (time.perf_counter() - t0) * 1e3
         h1 = host_counters()
         g = graph_counts()
@@ -182,7 +182,7 @@ def _stream_under_upstream_optimize(device, size) -> dict:
     """A long stream (>= 600 chunks, twice) under voxcpm's own ``optimize()``: per chunk ms, host counters,
     graphs and recordings; the trend of the per-chunk cost over both streams (quiet chunks only)."""
     from .bench.records import env_record, record
-    from .bench.stream import _text_for, sixths
+    from .bench.stream import sixths, text_for
     from .bench.trend import describe, trend
     from .graphs import reset_graph_counts
     from .models import build_voxcpm2
@@ -192,7 +192,7 @@ def _stream_under_upstream_optimize(device, size) -> dict:
     reset_graph_counts()
     upstream_optimized(model)
     rows = [dict(r, repeat=k) for k in range(2)
-            for r in stream_chunks(model, chunks, text=_text_for(chunks), device=device)]
+            for r in stream_chunks(model, chunks, text=text_for(chunks), device=device)]
     t = trend([[(r["chunk"], r["ms"], r["disturbed"]) for r in rows if r["repeat"] == k] for k in range(2)])
     six = sixths([r["ms"] for r in rows if r["repeat"] == 0])
     return record("stream_under_optimize", env=env_record(device, "bfloat16"), params={**size, "chunks": chunks},

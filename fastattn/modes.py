@@ -13,10 +13,8 @@ from __future__ import annotations
 
 from typing import Callable, NamedTuple, Optional
 
-# Imported at module level, not per call: these run once per layer per token. fastattn.attention imports this
-# module at its end, when everything named here is defined.
-from .attention import _exact_window, _host_length, _mask, _sdpa
-from .exactness import self_check_once
+from .core import causal_mask, host_length, sdpa
+from .exactness import exact_window, self_check_once
 from .fast import fast_attention
 
 __all__ = ["Mode", "REGISTRY", "MODES", "mode_spec"]
@@ -34,21 +32,21 @@ class Mode(NamedTuple):
 
 
 def _reference(q, k_cache, v_cache, length, bucket, window):
-    return _sdpa(q, k_cache, v_cache, _mask(k_cache.shape[2], q.shape[2], length, q.device))
+    return sdpa(q, k_cache, v_cache, causal_mask(k_cache.shape[2], q.shape[2], length, q.device))
 
 
 def _exact(q, k_cache, v_cache, length, bucket, window):
     if window is None:  # the bucket decides the window only here (the patch checks its own at max_length)
         if bucket is not None:
             self_check_once(q, k_cache, bucket)
-        window = _exact_window(q, k_cache, length, bucket)
+        window = exact_window(q, k_cache, length, bucket)
     k, v = k_cache[:, :, :window], v_cache[:, :, :window]
-    return _sdpa(q, k, v, _mask(window, q.shape[2], length, q.device))
+    return sdpa(q, k, v, causal_mask(window, q.shape[2], length, q.device))
 
 
 def _fast(q, k_cache, v_cache, length, bucket, window):
     """Exactly the live keys, the implementation chosen for this device and shape (:mod:`fastattn.fast`)."""
-    n = length if isinstance(length, int) else _host_length(length, q.shape[2], k_cache.shape[2])
+    n = length if isinstance(length, int) else host_length(length, q.shape[2], k_cache.shape[2])
     return fast_attention(q, k_cache[:, :, :n], v_cache[:, :, :n])
 
 

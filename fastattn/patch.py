@@ -35,8 +35,8 @@ from contextlib import contextmanager
 from typing import Optional
 
 from . import compat, inflight
-from .attention import _check_bucket
 from .cache import RightSizedKVCache
+from .core import check_bucket
 from .devices import package_version
 from .exactness import exactness_report
 from .inflight import in_flight
@@ -362,7 +362,7 @@ def patch_voxcpm(model=None, *, mode: str = "exact", cache: bool = True, force: 
     mode_spec(mode)
     if not isinstance(cache, bool):
         raise TypeError(f"cache must be a bool, got {type(cache).__name__}")
-    _check_bucket(bucket, allow_none=True)
+    check_bucket(bucket, allow_none=True)
     if model is not None:
         _lms(model)
         _check_not_compiled(model)

@@ -20,7 +20,6 @@ from typing import Optional
 
 import torch
 
-from .attention import _attend
 from .cache import RightSizedKVCache
 from .exactness import check_bucket_once, exact_granularity
 from .fast import grouped_window, sdpa_slice
@@ -71,18 +70,18 @@ def make_attention_forward_step(mode: str, bucket, *, attend=None):
             key_cache = key_cache.contiguous()
             value_cache = value_cache.contiguous()
 
-        # fastattn.attention_step's computation without its argument checks (shapes come from the model).
+        # the mode's implementation without attention_step's argument checks (shapes come from the model)
         n_keys = key_cache.size(2)
         if graph:  # compiled fast: the cache's window, masked inside the grouped form (shapes change at edges only)
             attn_output = grouped_window(query_states, key_cache, value_cache, position_id + 1)
         elif unmasked and attend is not None:
             attn_output = attend(query_states, key_cache, value_cache)
         elif unmasked:  # the views hold exactly the live keys
-            attn_output = _attend(query_states, key_cache, value_cache, n_keys, mode, bucket, None)
+            attn_output = spec.attend(query_states, key_cache, value_cache, n_keys, bucket, None)
         else:
             length = position_id + 1  # a device tensor in voxcpm's loop: no host sync
             window = n_keys if spec.windowed else None
-            attn_output = _attend(query_states, key_cache, value_cache, length, mode, bucket, window)
+            attn_output = spec.attend(query_states, key_cache, value_cache, length, bucket, window)
 
         attn_output = attn_output.transpose(1, 2).contiguous()
         attn_output = attn_output.reshape(bsz, self.num_heads * self.head_dim)

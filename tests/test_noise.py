@@ -12,7 +12,7 @@ from fastattn import bench
 from fastattn.bench.noise import disturbed, others_busy
 from fastattn.bench.stream import sixths, verdict
 from fastattn.bench.targets import quiet_pairs
-from fastattn.bench.timing import _stats_ms
+from fastattn.bench.timing import stats_ms
 from fastattn.bench.trend import describe, resistant_slope, stretches, trend
 
 
@@ -46,7 +46,7 @@ def test_other_processes_cpu_is_read_over_pooled_windows():
 def test_statistics_and_ratios_rest_on_quiet_samples():
     samples = [0.010] * 8 + [0.100, 0.100]
     host = {"cpu_s": [0.02] * 8 + [0.02, 0.02], "switches": [1] * 8 + [50, 50], "others_busy": [False] * 10}
-    st = _stats_ms(samples, host)
+    st = stats_ms(samples, host)
     assert st["disturbed"] == 2 and st["n"] == 8 and st["median_ms"] == pytest.approx(10.0)
     num = {"samples_ms": [1, 1, 9, 1], "disturbed_flags": [False, False, True, False]}
     den = {"samples_ms": [2, 2, 2, 9], "disturbed_flags": [False, False, False, True]}

@@ -17,23 +17,37 @@ eager and compiled), ``decode`` (a whole generate, split by component),
 ``targets``, ``cli``.
 """
 
-from ..devices import DTYPES, resolve_device
-from .attention import attention_sweep, cpu_flags, dtype_costs, fast_choices
-from .cli import main, reference_run
-from .decode import whole_decode
-from .floor import bandwidth, bandwidth_line, floor_ms, live_kv_bytes, llc_bytes
-from .memory import cache_growth, fill_cost, kv_memory, peak_rss, step_allocations
-from .records import env_record, load_record, record, save_record
-from .stats import ratio_ci, scaled_ci
-from .steps import compiled_step_sweep, decode_step_sweep
-from .stream import stream_profile, stream_table
-from .targets import GOALS, check_targets, target_goals
-from .timing import time_interleaved
+from importlib import import_module
 
-__all__ = ["env_record", "record", "time_interleaved", "attention_sweep", "fast_choices", "dtype_costs", "cpu_flags",
-           "decode_step_sweep", "compiled_step_sweep", "whole_decode", "resolve_device", "kv_memory",
-           "step_allocations", "fill_cost", "cache_growth", "stream_profile", "stream_table", "peak_rss", "bandwidth",
-           "floor_ms",
-           "live_kv_bytes", "llc_bytes",
-           "bandwidth_line", "save_record", "load_record", "check_targets", "target_goals", "GOALS",
-           "ratio_ci", "scaled_ci", "reference_run", "main", "DTYPES"]
+#: public name -> the submodule that owns it (imported on first use: ``fastattn.fast`` uses the timer without
+#: importing every instrument, and the instruments import the core)
+_OWNERS = {
+    "attention": ("attention_sweep", "cpu_flags", "dtype_costs", "fast_choices"),
+    "cli": ("main", "reference_run"),
+    "decode": ("whole_decode",),
+    "floor": ("bandwidth", "bandwidth_line", "floor_ms", "live_kv_bytes", "llc_bytes"),
+    "memory": ("cache_growth", "fill_cost", "kv_memory", "peak_rss", "step_allocations"),
+    "records": ("env_record", "load_record", "record", "save_record"),
+    "stats": ("ratio_ci", "scaled_ci"),
+    "steps": ("compiled_step_sweep", "decode_step_sweep"),
+    "stream": ("stream_profile", "stream_table"),
+    "targets": ("GOALS", "check_targets", "target_goals"),
+    "timing": ("time_interleaved",),
+}
+_LAZY = {name: mod for mod, names in _OWNERS.items() for name in names} | {"DTYPES": "..devices",
+                                                                         "resolve_device": "..devices"}
+
+__all__ = sorted(_LAZY)
+
+
+def __getattr__(name):
+    mod = _LAZY.get(name)
+    if mod is None:
+        raise AttributeError(f"module 'fastattn.bench' has no attribute {name!r}")
+    value = getattr(import_module(mod if mod.startswith("..") else f".{mod}", __name__), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__():
+    return sorted(set(globals()) | set(_LAZY))

@@ -6,13 +6,14 @@ from typing import Optional, Sequence
 
 import torch
 
-from ..attention import MODES, attention_step
+from ..attention import attention_step
+from ..core import causal_mask, f64_attention, sdpa
 from ..devices import dtype_name, resolve_device
 from ..devices import dtype_of as _dtype
-from ..modes import REGISTRY
+from ..modes import MODES, REGISTRY
 from .floor import bandwidth, floor_binds, floor_ms, live_kv_bytes
 from .records import env_record, record
-from .timing import _progress, _stats_ms, time_interleaved
+from .timing import progress_bar, stats_ms, time_interleaved
 
 
 def attention_sweep(positions: Sequence[int], *, capacity: int = 8192, dtype="float32", device="cpu",
@@ -46,7 +47,7 @@ def attention_sweep(positions: Sequence[int], *, capacity: int = 8192, dtype="fl
     llc = bw.get("llc_bytes")
     gran = _granularity_of(q, kvs[0][0], bucket)
     rows = []
-    for p in _progress(positions, progress, f"attention {dtype}"):
+    for p in progress_bar(positions, progress, f"attention {dtype}"):
         fns = _variants(q, p + 1, modes, bucket, slice_fix, gemm=gemm_floor and dt == torch.float32)
         rows += _position_rows(fns, q, kvs, p, device, repeats, warmup, capacity, gran, bw, llc)
     fast_choice = [c for c in fast_report() if c["dtype"] == dtype_name(dt)
@@ -86,7 +87,6 @@ def _variants(q, n: int, modes, bucket, slice_fix: bool, gemm: bool) -> dict:
 
 
 def _position_rows(fns, q, kvs, p, device, repeats, warmup, capacity, gran, bw, llc) -> list:
-    from ..attention import f64_attention
     n, k0, v0 = p + 1, kvs[0][0], kvs[0][1]
     turn = iter(range(10**12))
     timed = {m: (lambda fn=fn: fn(*kvs[next(turn) % len(kvs)])) for m, fn in fns.items()}
@@ -96,7 +96,7 @@ def _position_rows(fns, q, kvs, p, device, repeats, warmup, capacity, gran, bw, 
     fl = floor_ms(n, k0.shape[1], q.shape[3], k0.dtype, bw["gb_per_s"])
     rows = []
     for m, fn in fns.items():
-        st = _stats_ms(times[m])
+        st = stats_ms(times[m])
         window = n if m in ("slice_fix", "gemm_floor") else REGISTRY[m].keys(n, capacity, gran)  # the mode's rule
         err = None if m == "gemm_floor" else (fn(k0, v0).double() - r64).abs().max().item()
         rows.append({"mode": m, "position": p, "length": n, "window": window, **st, "max_err_f64": err,
@@ -146,7 +146,6 @@ def dtype_costs(device="cpu", *, length: int = 4096, capacity: int = 8192, hq: i
     interleaved. Rows: ``{op, dtype, median_ms, n, ...}`` for upstream's masked SDPA over the whole
     capacity, SDPA over the slice, one bare GEMM ``q @ k^T`` over ``length`` keys, and the bf16 -> fp32
     conversion of that K; ``ratios``: bf16 / fp32 per op; ``flags``: the CPU's bf16-relevant features."""
-    from ..attention import _mask, _sdpa
     from ..fast import sdpa_slice
     device = resolve_device(device)
     g = torch.Generator().manual_seed(seed)
@@ -154,15 +153,15 @@ def dtype_costs(device="cpu", *, length: int = 4096, capacity: int = 8192, hq: i
     fns = {}
     for dt in (torch.float32, torch.bfloat16):
         q, k, v = (t.to(device=device, dtype=dt) for t in base)
-        m, name = _mask(capacity, 1, length, device), dtype_name(dt)
+        m, name = causal_mask(capacity, 1, length, device), dtype_name(dt)
         qg = q.reshape(1, hkv, hq // hkv, head_dim)
-        fns[("masked SDPA over the capacity (upstream)", name)] = lambda q=q, k=k, v=v, m=m: _sdpa(q, k, v, m)
+        fns[("masked SDPA over the capacity (upstream)", name)] = lambda q=q, k=k, v=v, m=m: sdpa(q, k, v, m)
         fns[("SDPA over the slice", name)] = lambda q=q, k=k, v=v: sdpa_slice(q, k[:, :, :length], v[:, :, :length])
         fns[("bare GEMM q @ k^T", name)] = lambda qg=qg, k=k: qg @ k[:, :, :length].transpose(-1, -2)
         if dt == torch.bfloat16:
             fns[("bf16 -> fp32 conversion of K", name)] = lambda k=k: k[:, :, :length].float()
     times = time_interleaved(fns, repeats=repeats, warmup=warmup, device=device)
-    rows = [{"op": op, "dtype": dt, **_stats_ms(times[(op, dt)])} for op, dt in fns]
+    rows = [{"op": op, "dtype": dt, **stats_ms(times[(op, dt)])} for op, dt in fns]
     ms = {(r["op"], r["dtype"]): r["median_ms"] for r in rows}
     ratios = {op: ms[(op, "bfloat16")] / ms[(op, "float32")] for op, dt in fns if dt == "float32"}
     return record("dtype_costs", env=env_record(device), rows=rows, ratios=ratios,

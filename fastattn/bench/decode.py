@@ -12,7 +12,7 @@ import torch
 
 from ..devices import resolve_device
 from .records import env_record, record
-from .timing import _progress, _sync
+from .timing import progress_bar, sync_device
 
 
 class _Timers:
@@ -100,17 +100,17 @@ def whole_decode(preset: str = "tiny", *, steps: int = 12, dtype="bfloat16", dev
     silence_progress()
     runs, wav, granularity = [], {}, None
     order = ["upstream", "patched"]
-    for r in _progress(range(repeats), progress, "whole decode"):
+    for r in progress_bar(range(repeats), progress, "whole decode"):
         for variant in (order if r % 2 == 0 else order[::-1]):
             timers = _Timers(device)
             handle = patch_voxcpm(model, mode=mode) if variant == "patched" else None
             try:
                 with _instrumented(model, timers):
                     torch.manual_seed(seed)
-                    _sync(device)
+                    sync_device(device)
                     t0 = time.perf_counter()
                     out = model.generate(text, min_len=steps, max_len=steps, inference_timesteps=inference_timesteps)
-                    _sync(device)
+                    sync_device(device)
                     wall = time.perf_counter() - t0
                 kv = cache_bytes(model)["total"]
                 cache = model.base_lm.kv_cache

@@ -13,16 +13,16 @@ import torch
 from ..devices import dtype_name, quiet_native_stderr, resolve_device
 from ..devices import dtype_of as _dtype
 from .records import env_record, record
-from .steps import _lm_and_caches, _prefill, _start_request
-from .timing import _stats_ms, _sync, time_interleaved
+from .steps import lm_and_caches, random_prefill, start_request
+from .timing import stats_ms, sync_device, time_interleaved
 
 
 def _granularity(preset: str, device, dt, max_length: int, bucket) -> int:
     """The patched cache's granularity for the preset's base LM on ``device``: what ``setup_cache`` would pick
     (the caller's int, the calibrated window, or ``max_length`` rounded up where no window is exact)."""
     from ..steps import cache_granularity
-    from .steps import _lm_config
-    return cache_granularity(_lm_config(preset, None), torch.device(device), dt, max_length, bucket)
+    from .steps import lm_config
+    return cache_granularity(lm_config(preset, None), torch.device(device), dt, max_length, bucket)
 
 
 def windows_apply(granularity: int, max_length: int) -> bool:
@@ -79,9 +79,9 @@ def step_allocations(*, preset: str = "small", layers: int = 1, dtype="float32",
 
     from ..patch import original_functions, swapped, variant_functions
     device, dt = resolve_device(device), _dtype(dtype)
-    lm, cfg, D, caches = _lm_and_caches(preset, layers, dt, device, max_length, None, 0)
+    lm, cfg, D, caches = lm_and_caches(preset, layers, dt, device, max_length, None, 0)
     g = torch.Generator().manual_seed(1)
-    _start_request(caches, _prefill(cfg, D, position, g, device, dt), position)
+    start_request(caches, random_prefill(cfg, D, position, g, device, dt), position)
     x = torch.randn(1, cfg.hidden_size, generator=g).to(device=device, dtype=dt)
     pos = torch.tensor([position], device=device)
     out = {}
@@ -137,7 +137,7 @@ def fill_cost(preset: str = "full", *, prefill: int = 100, dtype="bfloat16", dev
     kv = [(torch.randn(1, geo[1], prefill, geo[2], dtype=dt, device=device),) * 2 for _ in range(geo[0])]
     times = time_interleaved({n: (lambda c=c: c.fill_caches(kv)) for n, c in caches.items()}, repeats=repeats,
                              warmup=warmup, device=device)
-    rows = [{"variant": n, **_stats_ms(times[n]),
+    rows = [{"variant": n, **stats_ms(times[n]),
              "cache_bytes": c.nbytes if hasattr(c, "nbytes") else c.kv_cache.numel() * c.kv_cache.element_size()}
             for n, c in caches.items()]
     return record("fill_cost", env=env_record(device, dt), rows=rows,
@@ -169,7 +169,7 @@ def cache_growth(preset: str = "full", *, prefill: int = 100, steps: int = 8000,
         gen = cache.generation
         t0 = time.perf_counter()
         pos = cache.step()
-        _sync(device)
+        sync_device(device)
         dt_s = time.perf_counter() - t0
         total, worst = total + dt_s, max(worst, dt_s)
         bound_ok &= cache.capacity <= min(max(2 * cache.current_length, g), max_length)

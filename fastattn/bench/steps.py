@@ -9,10 +9,10 @@ import torch
 from ..devices import dtype_name, quiet_native_stderr, resolve_device
 from ..devices import dtype_of as _dtype
 from .records import env_record, record
-from .timing import _progress, _stats_ms, time_interleaved
+from .timing import progress_bar, stats_ms, time_interleaved
 
 
-def _lm_config(preset: str, layers: Optional[int]):
+def lm_config(preset: str, layers: Optional[int]):
     from voxcpm.modules.minicpm4 import MiniCPM4Config
 
     from ..models import voxcpm2_config
@@ -22,7 +22,7 @@ def _lm_config(preset: str, layers: Optional[int]):
     return MiniCPM4Config.model_validate(cfg)
 
 
-def _lm_and_caches(preset: str, layers: Optional[int], dt, device, max_length: int, bucket, seed: int):
+def lm_and_caches(preset: str, layers: Optional[int], dt, device, max_length: int, bucket, seed: int):
     """A MiniCPMModel with the preset's LM geometry (random weights, built with voxcpm's own classes) and
     the two caches to compare: upstream's StaticKVCache and a RightSizedKVCache of the same geometry."""
     from voxcpm.modules.minicpm4 import MiniCPMModel
@@ -32,7 +32,7 @@ def _lm_and_caches(preset: str, layers: Optional[int], dt, device, max_length: i
     from ..patch import original_functions, swapped
     from ..steps import cache_granularity
 
-    cfg = _lm_config(preset, layers)
+    cfg = lm_config(preset, layers)
     state = torch.random.get_rng_state()
     torch.manual_seed(seed)
     with swapped(original_functions()):
@@ -46,7 +46,7 @@ def _lm_and_caches(preset: str, layers: Optional[int], dt, device, max_length: i
     return lm, cfg, D, caches
 
 
-def _start_request(caches: dict, kv: list, p: int) -> None:
+def start_request(caches: dict, kv: list, p: int) -> None:
     """Put every cache at position ``p``: the prefill ``kv`` (p slots per layer) filled, position p claimed."""
     for c in caches.values():
         c.fill_caches([(a[:, :, :p], b[:, :, :p]) for a, b in kv])
@@ -54,7 +54,7 @@ def _start_request(caches: dict, kv: list, p: int) -> None:
             raise RuntimeError(f"cache did not start at position {p}")
 
 
-def _prefill(cfg, D: int, p: int, g, device, dt) -> list:
+def random_prefill(cfg, D: int, p: int, g, device, dt) -> list:
     return [(torch.randn(1, cfg.num_key_value_heads, p, D, generator=g).to(device=device, dtype=dt),
              torch.randn(1, cfg.num_key_value_heads, p, D, generator=g).to(device=device, dtype=dt))
             for _ in range(cfg.num_hidden_layers)]
@@ -93,7 +93,7 @@ def decode_step_sweep(positions: Sequence[int], *, preset: str = "small", layers
     for p in positions:
         if not 0 <= p < max_length:
             raise ValueError(f"positions must be in [0, max_length={max_length}), got {p}")
-    lm, cfg, D, caches = _lm_and_caches(preset, layers, dt, device, max_length, bucket, seed)
+    lm, cfg, D, caches = lm_and_caches(preset, layers, dt, device, max_length, bucket, seed)
     fns = {"upstream": original_functions(), "patched": variant_functions("exact", bucket=bucket)}
     cache_of = {"upstream": caches["upstream"], "patched": caches["patched"]}
     if slice_fix:  # upstream's cache: the fix slices its views
@@ -101,8 +101,8 @@ def decode_step_sweep(positions: Sequence[int], *, preset: str = "small", layers
     g = torch.Generator().manual_seed(seed + 1)
     x = torch.randn(1, cfg.hidden_size, generator=g).to(device=device, dtype=dt)
     rows = []
-    for p in _progress(positions, progress, f"decode step {dtype}"):
-        _start_request(caches, _prefill(cfg, D, p, g, device, dt), p)
+    for p in progress_bar(positions, progress, f"decode step {dtype}"):
+        start_request(caches, random_prefill(cfg, D, p, g, device, dt), p)
         pos = torch.tensor([p], device=device)
 
         def call(name, pos=pos):
@@ -115,7 +115,7 @@ def decode_step_sweep(positions: Sequence[int], *, preset: str = "small", layers
         outs = {n: call(n)() for n in fns}
         times = time_interleaved({n: call(n) for n in fns}, repeats=repeats, warmup=warmup, device=device)
         for n in fns:
-            st = _stats_ms(times[n])
+            st = stats_ms(times[n])
             rows.append({"variant": n, "position": p, **st, "per_layer_ms": st["median_ms"] / cfg.num_hidden_layers,
                          "attention_in_step_ms": _attention_in_step(call(n), cfg.num_hidden_layers)
                          if device.type == "cpu" else None,
@@ -144,7 +144,7 @@ def compiled_step_sweep(positions: Sequence[int], *, preset: str = "tiny", layer
 
     device, dt = resolve_device(device), _dtype(dtype)
     mode = mode if mode is not None else ("reduce-overhead" if device.type == "cuda" else None)
-    lm, cfg, D, caches = _lm_and_caches(preset, layers, dt, device, max_length, bucket, seed)
+    lm, cfg, D, caches = lm_and_caches(preset, layers, dt, device, max_length, bucket, seed)
     static, right = caches["upstream"], caches["patched"]
     if device.type == "cuda":  # both variants alike: the tensors each compiled step reads and writes
         mark_cache_static(static)
@@ -161,8 +161,8 @@ def compiled_step_sweep(positions: Sequence[int], *, preset: str = "tiny", layer
     g = torch.Generator().manual_seed(seed + 1)
     x = torch.randn(1, cfg.hidden_size, generator=g).to(device=device, dtype=dt)
     rows = []
-    for p in _progress(positions, progress, "compiled step"):
-        _start_request(caches, _prefill(cfg, D, p, g, device, dt), p)
+    for p in progress_bar(positions, progress, "compiled step"):
+        start_request(caches, random_prefill(cfg, D, p, g, device, dt), p)
         pos = torch.tensor([p], device=device)
 
         def call(name, pos=pos):
@@ -176,7 +176,7 @@ def compiled_step_sweep(positions: Sequence[int], *, preset: str = "tiny", layer
 
         times = time_interleaved({n: call(n) for n in step}, repeats=repeats, warmup=warmup, device=device)
         for n in step:
-            rows.append({"variant": n, "position": p, **_stats_ms(times[n])})
+            rows.append({"variant": n, "position": p, **stats_ms(times[n])})
     params = {"preset": preset, "layers": cfg.num_hidden_layers, "hidden": cfg.hidden_size, "dtype": dtype_name(dt),
               "backend": backend, "mode": mode, "positions": list(positions), "bucket": bucket, "repeats": repeats}
     return record("compiled_step", env=env_record(device, dt), params=params, rows=rows, graphs=graph_counts())

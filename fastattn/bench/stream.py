@@ -18,14 +18,14 @@ import torch
 from ..devices import resolve_device
 from .noise import delta, disturbed, host_counters, others_busy
 from .records import env_record, record
-from .timing import _progress, _sync
+from .timing import progress_bar, sync_device
 from .trend import describe, trend
 
 VARIANTS = ("upstream", "exact", "fast")
 SENTENCE = "The quick brown fox jumps over the lazy dog near the quiet river bank. "
 
 
-def _text_for(chunks: int) -> str:
+def text_for(chunks: int) -> str:
     """A text long enough that voxcpm's length cap (about 6 tokens of audio per text token) allows ``chunks``."""
     return SENTENCE * max(1, -(-(chunks // 5 + 10) // len(SENTENCE)))
 
@@ -39,11 +39,11 @@ def _one_stream(model, variant: str, text: str, chunks: int, seed: int, inferenc
         torch.manual_seed(seed)
         gen = model.generate_streaming(text, min_len=chunks, max_len=chunks, inference_timesteps=inference_timesteps)
         out, rows = [], []
-        _sync(device)
+        sync_device(device)
         h0 = host_counters()
         t0 = time.perf_counter()
         for chunk in gen:
-            _sync(device)
+            sync_device(device)
             t1 = time.perf_counter()
             h1 = host_counters()
             out.append(chunk)
@@ -118,7 +118,7 @@ def stream_profile(preset: str, chunks: int, *, dtype="bfloat16", device="cpu",
     device = resolve_device(device)
     model = model or build_voxcpm2(preset, seed=seed, device=str(device), dtype=dtype)
     silence_progress()
-    text = _text_for(chunks)
+    text = text_for(chunks)
     rows, streams, done = [], {}, {v: 0 for v in modes}
 
     def run(variant):
@@ -128,7 +128,7 @@ def stream_profile(preset: str, chunks: int, *, dtype="bfloat16", device="cpu",
         done[variant] += 1
 
     order = list(modes)
-    for r in _progress(range(repeats), progress, "stream profile"):
+    for r in progress_bar(range(repeats), progress, "stream profile"):
         for variant in order[r % len(order):] + order[:r % len(order)]:
             run(variant)
     for _ in range(retries):  # a busy stretch: measure again rather than judge the noise

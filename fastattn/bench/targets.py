@@ -48,7 +48,7 @@ def target_goals() -> list[dict]:
 
 def quiet_pairs(num: dict, den: dict) -> tuple:
     """The paired samples of two rows timed in the same rounds, less every round either was disturbed in
-    (``disturbed_flags``, :func:`fastattn.bench.timing._stats_ms`): a ratio never rests on a busy moment."""
+    (``disturbed_flags``, :func:`fastattn.bench.timing.stats_ms`): a ratio never rests on a busy moment."""
     a, b = num["samples_ms"], den["samples_ms"]
     fa, fb = num.get("disturbed_flags") or [False] * len(a), den.get("disturbed_flags") or [False] * len(b)
     if len(a) != len(b):

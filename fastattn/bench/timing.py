@@ -13,14 +13,14 @@ import torch
 from .noise import delta, disturbed, host_counters, others_busy
 
 
-def _progress(it, enabled: bool, desc: str):
+def progress_bar(it, enabled: bool, desc: str):
     if not enabled:
         return it
     from tqdm.auto import tqdm
     return tqdm(it, desc=desc, leave=False)
 
 
-def _sync(device):
+def sync_device(device):
     if device.type == "cuda":
         torch.cuda.synchronize(device)
 
@@ -38,7 +38,7 @@ def time_interleaved(fns: dict, *, repeats: int = 7, warmup: int = 2, device="cp
     ``host``, a dict, receives ``{name: {"cpu_s": [...], "switches": [...], "machine_s": [...],
     "others_busy": [...]}}``: the process's CPU time, involuntary context switches and the machine's busy CPU
     during each sample, and whether other processes took the cores during that sample's round (:mod:`.noise`),
-    from which :func:`_stats_ms` flags the samples another process disturbed.
+    from which :func:`stats_ms` flags the samples another process disturbed.
     """
     if repeats < 1 or warmup < 0:
         raise ValueError(f"repeats must be >= 1 and warmup >= 0, got {repeats}, {warmup}")
@@ -47,7 +47,7 @@ def time_interleaved(fns: dict, *, repeats: int = 7, warmup: int = 2, device="cp
     for _ in range(warmup):
         for n in names:
             fns[n]()
-    _sync(device)
+    sync_device(device)
     out = {n: [] for n in names}
     counters = {n: {"cpu_s": [], "switches": [], "machine_s": []} for n in names}
     rounds = []  # (wall, own CPU, machine busy) of each repeat: the repeats follow each other in time
@@ -80,7 +80,7 @@ def time_interleaved(fns: dict, *, repeats: int = 7, warmup: int = 2, device="cp
     return out
 
 
-def _stats_ms(samples: Sequence[float], host: Optional[dict] = None) -> dict:
+def stats_ms(samples: Sequence[float], host: Optional[dict] = None) -> dict:
     """Median, p10/p90, min and n in ms, and the samples themselves (bootstrap intervals need them).
 
     With ``host`` (one variant's counters from :func:`time_interleaved`), each sample is judged disturbed or
