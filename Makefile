@@ -1,13 +1,17 @@
 # Two commands on a fresh machine with python3 and make:
 #   make workbook   set up .venv and run the whole workbook headless
 #   make test       set up .venv and run the tests
+# Side checks (docs/install-matrix-notes.md):
+#   make torch-matrix TORCH=2.11.0 PY=3.12   core tests + gpu-check --device cpu --quick in .venv-torch<TORCH>-py<PY>
+#   make wheelhouse PY=3.12                  offline wheels for a GPU box that already has torch (wheelhouse-py<PY>/)
+#   make wheelhouse-test PY=3.12             the box's offline install + gpu-check --quick, rehearsed here
 PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.fastattn-installed
 ARGS   ?=
 
-.PHONY: all setup workbook test lab doctor bench clean-venv
+.PHONY: all setup workbook test lab doctor bench clean-venv torch-matrix wheelhouse wheelhouse-test
 all: test
 
 $(BIN)/python:
@@ -43,3 +47,22 @@ bench: $(STAMP)
 
 clean-venv:
 	rm -rf $(VENV)
+
+# Another torch (and Python) in a side venv; PY defaults to python3's version; REF=HEAD tests the
+# committed tree instead of the working tree.
+TORCH ?=
+REF   ?=
+PY    ?= $(shell $(PYTHON) -c 'import sys; print("%d.%d" % sys.version_info[:2])')
+torch-matrix:
+	@test -n "$(TORCH)" || { echo "usage: make torch-matrix TORCH=2.11.0 [PY=3.12]"; exit 2; }
+	scripts/torch-matrix.sh $(TORCH) $(PY) $(REF)
+
+# Offline wheels for a GPU box that has torch (wheelhouse-py<PY>/, under 60 MiB; PY defaults to the GPU
+# image's 3.12 here); REF=HEAD builds fastattn from the committed tree. wheelhouse-test rehearses the box's
+# offline install + gpu-check here, on the image's torch (TORCH, default 2.11.0).
+BOX_PY = $(if $(filter file,$(origin PY)),3.12,$(PY))
+wheelhouse:
+	REF=$(REF) scripts/wheelhouse.sh $(BOX_PY)
+
+wheelhouse-test:
+	scripts/wheelhouse-test.sh $(BOX_PY) $(or $(TORCH),2.11.0)

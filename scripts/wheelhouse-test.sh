@@ -1,0 +1,53 @@
+#!/usr/bin/env bash
+# Rehearse the GPU box's offline install here:   scripts/wheelhouse-test.sh [PY [TORCH]]   (3.12, 2.11.0)
+# A fresh venv stands in for the box's image: torch==TORCH and the image's other packages (wheelhouse.sh's
+# IMAGE, at requirements.txt's pins) from the index, minus pydantic, which the image lacks although
+# transformers' CLI pulls it here. Then, with the index switched off, wheelhouse-py<PY>/gpu-box.sh installs
+# the kit and runs `gpu-check --device cpu --quick`. Checks that torch is untouched and that no package the
+# image had changed version. First, a strict resolve: the wheelhouse must complete the image's named
+# packages alone (installed without their requirements), so a fuller stand-in here hides no missing wheel.
+# The venv is .venv-wheelhouse-test-py<PY> (recreated each run).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PY=${1:-3.12}
+TORCH=${2:-2.11.0}
+WH=$PWD/wheelhouse-py$PY
+VENV=$PWD/.venv-wheelhouse-test-py$PY
+IMAGE=${IMAGE:-"numpy scipy matplotlib transformers einops safetensors tqdm pytest hypothesis"}
+LACKS="pydantic pydantic-core voxcpm librosa papermill nbconvert ipykernel ipywidgets"
+export PIP_CONSTRAINT=
+[ -f "$WH/gpu-box.sh" ] || { echo "no $WH: run make wheelhouse PY=$PY" >&2; exit 2; }
+
+rm -rf "$VENV"
+"$(scripts/find-python.sh "$PY")" -m venv "$VENV"
+pip=("$VENV/bin/python" -m pip)
+"${pip[@]}" install --quiet --upgrade pip
+"${pip[@]}" install --quiet "torch==$TORCH"
+image=$(for p in $IMAGE; do grep -iE "^$p==" requirements.txt || echo "$p"; done)
+# Strict: with the image's named packages alone (none of what they require), the wheelhouse must still
+# resolve the kit. Catches a wheel missing here that this machine's fuller stand-in would hide.
+# shellcheck disable=SC2086
+"${pip[@]}" install --quiet --no-deps $image
+env -u PIP_FIND_LINKS PIP_CONFIG_FILE=/dev/null "${pip[@]}" install --quiet --dry-run --no-index \
+    --find-links "$WH" -r "$WH/requirements.txt"
+echo "[wheelhouse-test] strict resolve against the named image packages only: ok"
+# shellcheck disable=SC2086
+"${pip[@]}" install --quiet -c <(echo "torch==$TORCH") $image
+# shellcheck disable=SC2086
+"${pip[@]}" uninstall --quiet -y $LACKS 2>/dev/null || true
+"${pip[@]}" freeze | sort > "$VENV/freeze-image.txt"
+echo "[wheelhouse-test] image stand-in: $(wc -l < "$VENV/freeze-image.txt") packages, $(grep -i '^torch==' "$VENV/freeze-image.txt")"
+
+OUT=$(mktemp -d "${TMPDIR:-/tmp}/wheelhouse-test.XXXXXX")
+rc=0
+# No index, no pip configuration (this machine's find-links and extra indexes), no hub: as on the box.
+# From a folder outside the checkout, so that `python -m fastattn` imports the wheel, not ./fastattn.
+(cd "$OUT" && env -u PIP_FIND_LINKS PIP_NO_INDEX=1 PIP_CONFIG_FILE=/dev/null HF_HUB_OFFLINE=1 \
+    PYTHON="$VENV/bin/python" bash "$WH/gpu-box.sh" --device cpu --quick --out "$OUT/kit") || rc=$?
+"${pip[@]}" freeze | sort > "$VENV/freeze-after.txt"
+echo "[wheelhouse-test] changed or removed by the install (must be empty):"
+comm -23 "$VENV/freeze-image.txt" "$VENV/freeze-after.txt" | tee "$VENV/changed.txt"
+echo "[wheelhouse-test] added: $(comm -13 "$VENV/freeze-image.txt" "$VENV/freeze-after.txt" | wc -l) packages"
+[ -s "$VENV/changed.txt" ] && rc=1
+echo "[wheelhouse-test] gpu-box.sh exit $rc; records in $OUT/kit"
+exit $rc
