@@ -115,4 +115,6 @@ def test_a_neighbour_taking_both_cores_cannot_make_a_stream_decay():
     bad = rec["trend"]["upstream"]["disturbed_chunks"]
     assert rec["disturbed"]["upstream"] > 0 and any(a <= 200 <= b for a, b in bad), bad
     quiet = bench.stream_profile("tiny", 300, repeats=3, **kw)
+    if quiet["trend"]["upstream"]["quiet_share"] < 0.9:  # then "the machine was busy" is the right answer
+        pytest.skip(f"another process took the cores during the quiet rerun: {quiet['verdict']}")
     assert quiet["trend"]["upstream"]["verdict"] == "flat", quiet["verdict"]
