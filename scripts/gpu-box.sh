@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # On the GPU box (torch already installed, no network), e.g. from the checkout's root:
 #   bash wheelhouse-py3.12/gpu-box.sh                       install the kit offline, then gpu-check on CUDA
-#   bash wheelhouse-py3.12/gpu-box.sh --device cpu --quick --out /tmp/kit   the same, the CPU rehearsal
+#   bash wheelhouse-py3.12/gpu-box.sh --device cpu --quick --out kit-cpu   the same, the CPU rehearsal
 # Arguments go to `python -m fastattn gpu-check`. PYTHON picks the interpreter (default: python, else python3).
 # Fails, before gpu-check, if the install changed torch or if the kit does not import.
 # fastattn needs data/ and notebooks/ beside it (a checkout): outside one, this sets FASTATTN_ROOT to the
