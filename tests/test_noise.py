@@ -53,6 +53,14 @@ def test_statistics_and_ratios_rest_on_quiet_samples():
     assert quiet_pairs(num, den) == ([1, 1], [2, 2])  # a round either variant lost is dropped from both
 
 
+def test_sweep_rows_say_how_many_samples_were_disturbed():
+    rec = bench.attention_sweep([100], capacity=1024, hq=2, hkv=1, head_dim=16, repeats=4, warmup=1,
+                                bw={"gb_per_s": 10.0, "llc_bytes": None}, progress=False)
+    for r in rec["rows"]:
+        assert r["disturbed"] == sum(r["disturbed_flags"]) and len(r["disturbed_flags"]) == 4
+        assert r["n"] == (4 - r["disturbed"] if 4 - r["disturbed"] >= 3 else 4)
+
+
 def test_trend_verdicts():
     rng = random.Random(1)
     flat = [[(i, 100 + rng.gauss(0, 5), False) for i in range(300)] for _ in range(2)]

@@ -90,13 +90,14 @@ def _position_rows(fns, q, kvs, p, device, repeats, warmup, capacity, gran, bw, 
     n, k0, v0 = p + 1, kvs[0][0], kvs[0][1]
     turn = iter(range(10**12))
     timed = {m: (lambda fn=fn: fn(*kvs[next(turn) % len(kvs)])) for m, fn in fns.items()}
-    times = time_interleaved(timed, repeats=repeats, warmup=warmup, device=device)
+    host: dict = {}
+    times = time_interleaved(timed, repeats=repeats, warmup=warmup, device=device, host=host)
     r64 = f64_attention(q, k0, v0, n)
     live = live_kv_bytes(n, k0.shape[1], q.shape[3], k0.dtype)
     fl = floor_ms(n, k0.shape[1], q.shape[3], k0.dtype, bw["gb_per_s"])
     rows = []
     for m, fn in fns.items():
-        st = stats_ms(times[m])
+        st = stats_ms(times[m], host[m])
         window = n if m in ("slice_fix", "gemm_floor") else REGISTRY[m].keys(n, capacity, gran)  # the mode's rule
         err = None if m == "gemm_floor" else (fn(k0, v0).double() - r64).abs().max().item()
         rows.append({"mode": m, "position": p, "length": n, "window": window, **st, "max_err_f64": err,
@@ -160,8 +161,9 @@ def dtype_costs(device="cpu", *, length: int = 4096, capacity: int = 8192, hq: i
         fns[("bare GEMM q @ k^T", name)] = lambda qg=qg, k=k: qg @ k[:, :, :length].transpose(-1, -2)
         if dt == torch.bfloat16:
             fns[("bf16 -> fp32 conversion of K", name)] = lambda k=k: k[:, :, :length].float()
-    times = time_interleaved(fns, repeats=repeats, warmup=warmup, device=device)
-    rows = [{"op": op, "dtype": dt, **stats_ms(times[(op, dt)])} for op, dt in fns]
+    host: dict = {}
+    times = time_interleaved(fns, repeats=repeats, warmup=warmup, device=device, host=host)
+    rows = [{"op": op, "dtype": dt, **stats_ms(times[(op, dt)], host[(op, dt)])} for op, dt in fns]
     ms = {(r["op"], r["dtype"]): r["median_ms"] for r in rows}
     ratios = {op: ms[(op, "bfloat16")] / ms[(op, "float32")] for op, dt in fns if dt == "float32"}
     return record("dtype_costs", env=env_record(device), rows=rows, ratios=ratios,

@@ -135,9 +135,10 @@ def fill_cost(preset: str = "full", *, prefill: int = 100, dtype="bfloat16", dev
     caches = {"upstream": StaticKVCache(*geo, max_length=max_length),
               "patched": RightSizedKVCache(*geo, max_length=max_length, bucket=g)}
     kv = [(torch.randn(1, geo[1], prefill, geo[2], dtype=dt, device=device),) * 2 for _ in range(geo[0])]
+    host: dict = {}
     times = time_interleaved({n: (lambda c=c: c.fill_caches(kv)) for n, c in caches.items()}, repeats=repeats,
-                             warmup=warmup, device=device)
-    rows = [{"variant": n, **stats_ms(times[n]),
+                             warmup=warmup, device=device, host=host)
+    rows = [{"variant": n, **stats_ms(times[n], host[n]),
              "cache_bytes": c.nbytes if hasattr(c, "nbytes") else c.kv_cache.numel() * c.kv_cache.element_size()}
             for n, c in caches.items()]
     return record("fill_cost", env=env_record(device, dt), rows=rows,

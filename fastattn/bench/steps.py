@@ -113,9 +113,11 @@ def decode_step_sweep(positions: Sequence[int], *, preset: str = "small", layers
             return run
 
         outs = {n: call(n)() for n in fns}
-        times = time_interleaved({n: call(n) for n in fns}, repeats=repeats, warmup=warmup, device=device)
+        host: dict = {}
+        times = time_interleaved({n: call(n) for n in fns}, repeats=repeats, warmup=warmup, device=device,
+                                 host=host)
         for n in fns:
-            st = stats_ms(times[n])
+            st = stats_ms(times[n], host[n])
             rows.append({"variant": n, "position": p, **st, "per_layer_ms": st["median_ms"] / cfg.num_hidden_layers,
                          "attention_in_step_ms": _attention_in_step(call(n), cfg.num_hidden_layers)
                          if device.type == "cpu" else None,
@@ -174,9 +176,11 @@ def compiled_step_sweep(positions: Sequence[int], *, preset: str = "tiny", layer
                     return f(x, pos)
             return run
 
-        times = time_interleaved({n: call(n) for n in step}, repeats=repeats, warmup=warmup, device=device)
+        host: dict = {}
+        times = time_interleaved({n: call(n) for n in step}, repeats=repeats, warmup=warmup, device=device,
+                                 host=host)
         for n in step:
-            rows.append({"variant": n, "position": p, **stats_ms(times[n])})
+            rows.append({"variant": n, "position": p, **stats_ms(times[n], host[n])})
     params = {"preset": preset, "layers": cfg.num_hidden_layers, "hidden": cfg.hidden_size, "dtype": dtype_name(dt),
               "backend": backend, "mode": mode, "positions": list(positions), "bucket": bucket, "repeats": repeats}
     return record("compiled_step", env=env_record(device, dt), params=params, rows=rows, graphs=graph_counts())

@@ -61,11 +61,12 @@ def _ratio(num: dict, den: dict) -> tuple:
     """Median ratio of two timed rows over their quiet rounds, its paired bootstrap interval (None without
     samples) and n (the quiet rounds; where fewer than 3 are quiet, all rounds, and the row says so)."""
     if "samples_ms" not in num or "samples_ms" not in den:
-        return num["median_ms"] / den["median_ms"], None, min(num.get("n", 0), den.get("n", 0))
+        return num["median_ms"] / den["median_ms"], None, min(num.get("n", 0), den.get("n", 0)), 0
     a, b = quiet_pairs(num, den)
     if min(len(a), len(b)) < 3:
         a, b = num["samples_ms"], den["samples_ms"]
-    return statistics.median(a) / statistics.median(b), ratio_ci(a, b), min(len(a), len(b))
+    dropped = len(num["samples_ms"]) - len(a)
+    return statistics.median(a) / statistics.median(b), ratio_ci(a, b), min(len(a), len(b)), dropped
 
 
 def check_targets(records: dict) -> list[dict]:
@@ -95,8 +96,9 @@ def check_targets(records: dict) -> list[dict]:
                     "ci_low": None, "ci_high": None, "n": None, "decided": None, "note": "not applicable here: " + why})
 
     def add_ratio(gid, target, num, den, note="", at=None):
-        r, ci, n = _ratio(num, den)
-        add(gid, target, r, note, ci, n, at)
+        r, ci, n, dropped = _ratio(num, den)
+        busy = f"{dropped} disturbed rounds left out" if dropped else ""
+        add(gid, target, r, "; ".join(x for x in (note, busy) if x), ci, n, at)
 
     _attention_targets(records, add, add_ratio)
     _floor_targets(records, add)
