@@ -305,7 +305,8 @@ def _run_all(nbs, params, run_dir: Path, device: str, kernel: str, keep_going: b
         t0 = time.perf_counter()
         try:
             pm.execute_notebook(str(nb), str(executed), parameters=nb_params, kernel_name=kernel,
-                                cwd=str(nb.parent), progress_bar=False, execution_timeout=timeout)
+                                cwd=str(nb.parent), execution_timeout=timeout,
+                                progress_bar={"desc": f"[fastattn] {nb.stem}", "unit": "cell", "leave": False})
             entry["status"] = "ok"
         except PapermillExecutionError as exc:
             entry["status"] = "failed"
