@@ -37,7 +37,7 @@ __all__ = ["MODES", "attention_step", "calibrate_exact", "check_exactness", "exa
            "MaskInfo", "attention", *_LAZY]
 
 
-_SUBMODULES = {"modes", "masks", "cache", "exactness", "fast", "backends", "devices", "doctor",
+_SUBMODULES = {"core", "modes", "masks", "cache", "exactness", "fast", "backends", "devices", "doctor",
                "patch", "steps", "inflight", "models", "graphs", "upstream", "compat", "bench", "plots", "report",
                "workbook", "gpucheck", "experiments", "paths"}
 
