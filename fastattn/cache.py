@@ -46,7 +46,7 @@ with ``resize_(0)`` was tried: writes then raise, but reads segfault.)
 from __future__ import annotations
 
 import sys
-from typing import List, Tuple
+from typing import List, Optional, Tuple
 
 import torch
 
@@ -157,10 +157,21 @@ class RightSizedKVCache:
         if w != getattr(self, "window", None) or view is None or view.data_ptr() != self._storage.data_ptr():
             self.window = w
             self.kv_cache = self._storage[:, :, :, :, :w]
-            if self.bucket < self.max_length:
+            if self.windowed:
                 _mark_dynamic(self.kv_cache, 4)
             if self.static_address:
                 torch._dynamo.mark_static_address(self.kv_cache)
+
+    @property
+    def windowed(self) -> bool:
+        """Whether windows vary (granularity below ``max_length``): False where no window is exact and the cache
+        holds all ``max_length`` slots, as upstream's."""
+        return self.bucket < self.max_length
+
+    @property
+    def granularity(self) -> Optional[int]:
+        """The window granularity, or None where the cache holds all ``max_length`` slots (no exact window)."""
+        return self.bucket if self.windowed else None
 
     @property
     def capacity(self) -> int:

@@ -154,28 +154,17 @@ def stream_chunks(model, chunks: int, *, text: str, seed: int = 0, device="cpu",
     """Every chunk of one ``generate_streaming`` run: its ms, and after it the compile counters
     (:func:`fastattn.graphs.graph_counts`) and CUDA graphs recorded so far: a stream that records a graph per
     new shape shows it chunk by chunk (#209/#269; #293's one GPU-only hypothesis)."""
-    from .bench.noise import delta, host_counters
-    from .bench.stream import mark_disturbed
-    from .bench.timing import sync_device
+    from .bench.stream import time_chunks
     from .graphs import graph_counts
-    device = torch.device(device)
+
+    def counters():
+        g = graph_counts()
+        return {"unique_graphs": g["unique_graphs"], "cudagraph_skips": g["cudagraph_skips"],
+                "cudagraph_recordings": recordings(device)}
     torch.manual_seed(seed)
     gen = model.generate_streaming(text, min_len=chunks, max_len=chunks, inference_timesteps=inference_timesteps)
-    rows = []
-    sync_device(device)
-    h0 = host_counters()
-    t0 = time.perf_counter()
-    for i, _ in enumerate(gen):
-        sync_device(device)
-        ms = (time.perf_counter() - t0) * 1e3
-        h1 = host_counters()
-        g = graph_counts()
-        rows.append({"chunk": i, "ms": ms, **delta(h0, h1), "unique_graphs": g["unique_graphs"],
-                     "cudagraph_skips": g["cudagraph_skips"], "cudagraph_recordings": recordings(device)})
-        h0 = host_counters()
-        t0 = time.perf_counter()
-    mark_disturbed(rows)
-    return rows
+    _, rows = time_chunks(gen, device, counters)
+    return [{"chunk": i, **r} for i, r in enumerate(rows)]
 
 
 def _stream_under_upstream_optimize(device, size) -> dict:

@@ -289,7 +289,6 @@ def test_bench_cli_smoke(tmp_path, capsys):
 
 
 def test_stream_profile_record_and_verdict():
-    from fastattn.bench.stream import verdict
     rec = bench.stream_profile("tiny", 14, modes=("upstream", "exact"), progress=False, retries=0)
     assert rec["kind"] == "stream_profile" and rec["params"]["chunks"] == 14
     assert {r["variant"] for r in rec["rows"]} == {"upstream", "exact"} and len(rec["rows"]) == 2 * 2 * 14
@@ -302,9 +301,6 @@ def test_stream_profile_record_and_verdict():
     assert rec["verdict"]["exact"].startswith(rec["trend"]["exact"]["verdict"])
     drawn = _lines_by_label(plots.stream(rec).axes[0])
     assert any(k.startswith("exact: ") for k in drawn)
-    assert verdict([1.0, 1, 1, 1, 1, 1.5]).startswith("decays (+50%")
-    assert verdict([1.0, 1, 1, 1, 1, 1.1]).startswith("flat (+10%")
-    assert verdict([1.0, 1, 1, 1, 1, 0.5]).startswith("speeds up (-50%")
     with pytest.raises(ValueError, match="modes must be"):
         bench.stream_profile("tiny", 14, modes=("flash",))
     with pytest.raises(ValueError, match="chunks must be an int >= 7"):

@@ -143,3 +143,58 @@ def test_stream_chunks_times_every_chunk_with_its_counters():
     rows = stream_chunks(model, 8, text="hello world " * 8, recordings=lambda d: 0)
     assert [r["chunk"] for r in rows] == list(range(8))
     assert all(r["ms"] > 0 and {"unique_graphs", "cudagraph_skips", "cudagraph_recordings"} <= set(r) for r in rows)
+
+
+def test_cuda_allocations_are_counted_by_the_caching_allocator(monkeypatch):
+    """The profiler's CPU activity sees no CUDA allocation: on CUDA the allocator's counters are read instead."""
+    from fastattn.bench.memory import _cuda_allocations
+    stats = iter([{"allocated_bytes.all.current": 1000, "allocation.all.allocated": 10},
+                  {"allocated_bytes.all.peak": 5000, "allocation.all.allocated": 13}])
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda d=None: None)
+    monkeypatch.setattr(torch.cuda, "reset_peak_memory_stats", lambda d=None: None)
+    monkeypatch.setattr(torch.cuda, "memory_stats", lambda d=None: next(stats))
+    got = _cuda_allocations(lambda: None, "cuda")
+    assert got["allocated_bytes"] == 4000 and got["allocations"] == 3 and got["counted_by"] == "torch.cuda.memory_stats"
+
+
+def test_cudagraph_recordings_read_the_tree_managers_counter(monkeypatch):
+    import itertools
+
+    import torch._inductor.cudagraph_trees as trees
+
+    from fastattn.gpucheck import cudagraph_recordings
+
+    class Manager:
+        graph_counter = itertools.count(5)
+    monkeypatch.setattr(trees, "get_manager", lambda index, create_if_none_exists=True: Manager())
+    assert cudagraph_recordings("cuda") == 5 and next(Manager.graph_counter) == 5  # read, not consumed
+    monkeypatch.setattr(trees, "get_manager", lambda index, create_if_none_exists=True: None)
+    assert cudagraph_recordings("cuda") is None
+
+
+def test_priority_order_is_read_after_a_selection():
+    from fastattn.doctor import sdp_priority_order
+    order = sdp_priority_order("cpu")
+    assert order is None or {"FLASH_ATTENTION", "MATH"} <= set(order)
+
+
+def test_a_cache_that_keeps_every_slot_says_so():
+    from fastattn import RightSizedKVCache
+    whole = RightSizedKVCache(2, 2, 16, 1, "cpu", torch.float32, max_length=64, bucket=64)
+    sized = RightSizedKVCache(2, 2, 16, 1, "cpu", torch.float32, max_length=64, bucket=16)
+    assert (whole.windowed, whole.granularity) == (False, None) and (sized.windowed, sized.granularity) == (True, 16)
+
+
+def test_both_caches_are_marked_static_alike():
+    """CUDA graphs need the tensor each compiled step mutates at a static address: upstream's one tensor, the
+    right-sized cache's storage and window view (a compiled-step comparison marks both, never one)."""
+    from voxcpm.modules.minicpm4.cache import StaticKVCache
+
+    from fastattn import RightSizedKVCache
+    from fastattn.graphs import mark_cache_static
+    up = StaticKVCache(2, 2, 16, 1, "cpu", torch.float32, max_length=64)
+    ours = RightSizedKVCache(2, 2, 16, 1, "cpu", torch.float32, max_length=64, bucket=16)
+    for c in (up, ours, None):
+        mark_cache_static(c)
+    marked = lambda t: getattr(t, "_dynamo_static_input_type", None) is not None  # noqa: E731
+    assert marked(up.kv_cache) and marked(ours._storage) and marked(ours.kv_cache)

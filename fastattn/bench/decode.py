@@ -116,8 +116,7 @@ def whole_decode(preset: str = "tiny", *, steps: int = 12, dtype="bfloat16", dev
                 cache = model.base_lm.kv_cache
                 n_steps = cache.current_length
                 if variant == "patched":
-                    bucket = getattr(cache, "bucket", cache.max_length)
-                    granularity = bucket if bucket < cache.max_length else None
+                    granularity = getattr(cache, "granularity", None)
             finally:
                 if handle is not None:
                     handle.revert()
@@ -134,6 +133,12 @@ def whole_decode(preset: str = "tiny", *, steps: int = 12, dtype="bfloat16", dev
               "weights": getattr(model, "fastattn_info", {}).get("weights", "random")}
     return record("whole_decode", env=env_record(device, dtype), params=params, rows=runs, identical=identical,
                   median_wall_s=med, ratio=med["patched"] / med["upstream"], patched_granularity=granularity)
+
+
+def patched_is_upstream(whole: dict) -> bool:
+    """Whether a ``whole_decode`` record's patched decode was upstream's computation (its cache held every slot:
+    no exact window on the device). Records from before the field say nothing: False."""
+    return "patched_granularity" in whole and whole["patched_granularity"] is None
 
 
 def time_shares(whole: dict, variant: str = "upstream") -> dict:

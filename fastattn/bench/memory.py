@@ -25,11 +25,6 @@ def _granularity(preset: str, device, dt, max_length: int, bucket) -> int:
     return cache_granularity(lm_config(preset, None), torch.device(device), dt, max_length, bucket)
 
 
-def windows_apply(granularity: int, max_length: int) -> bool:
-    """Whether the patched cache is right-sized on that device: False where it holds all ``max_length`` slots."""
-    return granularity < max_length
-
-
 def kv_memory(preset: str = "full", *, prefill: int = 100, steps: int = 200, dtype="bfloat16",
               max_length: int = 8192, bucket: Optional[int] = None, device="cpu") -> dict:
     """KV bytes of one request, both LMs, measured from the caches: upstream's ``StaticKVCache`` (built at
@@ -57,11 +52,11 @@ def kv_memory(preset: str = "full", *, prefill: int = 100, steps: int = 200, dty
         rows += [{"lm": name, "variant": "upstream", "layers": layers, "slots": up.kv_cache.shape[4],
                   "bytes": up.kv_cache.numel() * up.kv_cache.element_size()},
                  {"lm": name, "variant": "patched", "layers": layers, "slots": pa.capacity, "bytes": pa.nbytes}]
+        sized = pa.windowed  # the same granularity for both LMs
         del up, pa
     total = {v: sum(r["bytes"] for r in rows if r["variant"] == v) for v in ("upstream", "patched")}
     layers = sum(r["layers"] for r in rows if r["variant"] == "upstream")
     per_slot = total["upstream"] // max_length
-    sized = windows_apply(g, max_length)
     note = (f"measured from the cache objects after a {prefill}-token fill and {steps} steps" if sized else
             f"no exact window on {device.type}: the patched cache holds all {max_length} slots, as upstream's")
     return record("kv_memory", env=env_record(device, dtype),
@@ -184,7 +179,7 @@ def cache_growth(preset: str = "full", *, prefill: int = 100, steps: int = 8000,
                   summary={"step_total_s": total, "moves": len(moves), "max_step_ms": worst * 1e3,
                            "bound_held_every_step": bool(bound_ok), "final_capacity": cache.capacity,
                            "upstream_fill_ms": statistics.median(fill) * 1e3,
-                           "right_sized": windows_apply(g, max_length)})
+                           "right_sized": cache.windowed})
 
 
 def peak_rss(preset: str = "small", *, dtype="bfloat16", steps: int = 20, runs: int = 3) -> dict:

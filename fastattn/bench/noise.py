@@ -2,19 +2,19 @@
 
 A shared box lends its cores to other processes. When they take the cores, this process's OpenMP threads are
 descheduled: a step then costs several times its quiet time, far more than the share of CPU it lost. Two host
-counters show it (``resource.getrusage``): the process's CPU time over the sample's wall time falls (about 1.98
-with 2 threads on a quiet 2-core EPYC, measured), and the involuntary context switches jump (about 7 per 200 ms
-chunk there). A third counter sees the neighbours themselves: the machine's busy CPU time (``/proc/stat``) less
-this process's is what other processes ran. It ticks in jiffies (10 ms), so it is read over windows of at least a
-quarter second (consecutive samples pooled): a window where others ran more than ``OTHERS_MAX`` cores on average
-marks every sample in it. Unlike the first two it needs no quiet majority to compare against. None of them needs a
-privilege or a GPU; on CUDA they describe the host that launches the kernels, beside the CUDA events that time
-them.
+counters show it (``resource.getrusage``): the process's CPU time over the sample's wall time falls well below its
+quiet level (close to the thread count while OpenMP threads run), and the involuntary context switches jump
+(``shared/RESEARCH.md`` section 11 has a quiet EPYC's figures). A third counter sees the neighbours themselves: the
+machine's busy CPU time (``/proc/stat``) less this process's is what other processes ran. It ticks in jiffies (10
+ms), so it is read over windows of at least a quarter second (consecutive samples pooled): a window where others
+ran more than ``OTHERS_MAX`` cores on average marks every sample in it. Unlike the first two it needs no quiet
+majority to compare against. None of them needs a privilege or a GPU; on CUDA they describe the host that launches
+the kernels, beside the CUDA events that time them.
 
 :func:`disturbed` flags samples against the quiet level of their own series, so it needs no threshold tuned per
 machine or workload: a sample whose CPU/wall falls below ``cpu_drop`` times the series' upper-quartile CPU/wall, or
-whose involuntary switches exceed ``switch_jump`` times what the series' median rate gives for its length (and
-at least ``min_switches``), was disturbed. The CPU level is the upper quartile, so it stays right even when nearly
+whose involuntary switches exceed ``switch_jump`` times what the series' median rate gives for its length (and at
+least ``min_switches``), was disturbed. The CPU level is the upper quartile, so it stays right even when nearly
 half the samples were disturbed; the neighbours' own CPU (above) needs no quiet majority at all.
 """
 
@@ -22,18 +22,17 @@ from __future__ import annotations
 
 import os
 import resource
-import time
-from typing import Callable, Optional, Sequence
+from typing import Optional, Sequence
 
-__all__ = ["host_counters", "machine_busy_s", "timed", "disturbed", "others_busy", "quiet_share", "CPU_DROP",
+__all__ = ["host_counters", "machine_busy_s", "delta", "disturbed", "others_busy", "quantile", "CPU_DROP",
            "SWITCH_JUMP", "MIN_SWITCHES", "OTHERS_MAX"]
 
 #: a sample below this fraction of its series' quiet CPU/wall was descheduled
 CPU_DROP = 0.6
 #: a sample above this multiple of its series' quiet switch rate (per second) was preempted
 SWITCH_JUMP = 4.0
-#: involuntary switches a sample may take whatever its length (a quiet box preempts a process now and then:
-#: 0-2 per 7 ms chunk of the tiny preset, measured)
+#: involuntary switches a sample may take whatever its length: a quiet box preempts a process now and then
+#: (tests/test_noise.py feeds a quiet stream's pattern and requires no flag)
 MIN_SWITCHES = 3
 #: cores other processes may use on average during a window before its samples count as disturbed
 OTHERS_MAX = 0.3
@@ -68,15 +67,6 @@ def delta(before: tuple, after: tuple) -> dict:
     return {"cpu_s": after[0] - before[0], "switches": after[1] - before[1], "machine_s": machine}
 
 
-def timed(fn: Callable, clock=time.perf_counter) -> tuple:
-    """``(fn(), wall s, counters)`` of one call (counters as :func:`delta`)."""
-    h0 = host_counters()
-    t0 = clock()
-    out = fn()
-    wall = clock() - t0
-    return out, wall, delta(h0, host_counters())
-
-
 def others_busy(wall: Sequence[float], cpu: Sequence[float], machine: Sequence[Optional[float]], *,
                 min_window: float = MIN_WINDOW_S, max_cores: float = OTHERS_MAX) -> list:
     """One bool per sample, samples in time order: did other processes run more than ``max_cores`` cores on
@@ -97,7 +87,8 @@ def others_busy(wall: Sequence[float], cpu: Sequence[float], machine: Sequence[O
     return flags
 
 
-def _quantile(values: Sequence[float], f: float) -> float:
+def quantile(values: Sequence[float], f: float) -> float:
+    """The ``f`` quantile of ``values`` (nearest rank)."""
     s = sorted(values)
     return s[min(len(s) - 1, max(0, round(f * (len(s) - 1))))]
 
@@ -116,7 +107,7 @@ def disturbed(wall: Sequence[float], cpu: Sequence[float], switches: Sequence[in
         return []
     ratio = [c / w if w > 0 else 0.0 for c, w in zip(cpu, wall)]
     rate = [s / w if w > 0 else 0.0 for s, w in zip(switches, wall)]
-    quiet_ratio, quiet_rate = _quantile(ratio, 0.75), _quantile(rate, 0.5)
+    quiet_ratio, quiet_rate = quantile(ratio, 0.75), quantile(rate, 0.5)
     flags = []
     others = others or [False] * len(wall)
     for w, r, n, o in zip(wall, ratio, switches, others):
@@ -125,7 +116,3 @@ def disturbed(wall: Sequence[float], cpu: Sequence[float], switches: Sequence[in
         flags.append(bool(low_cpu or preempted or o))
     return flags
 
-
-def quiet_share(flags: Sequence[bool]) -> float:
-    """The share of samples that were not disturbed (1.0 for none)."""
-    return 1.0 - (sum(flags) / len(flags) if flags else 0.0)

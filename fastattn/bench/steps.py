@@ -126,7 +126,7 @@ def decode_step_sweep(positions: Sequence[int], *, preset: str = "small", layers
     params = {"preset": preset, "layers": cfg.num_hidden_layers, "hidden": cfg.hidden_size,
               "heads": cfg.num_attention_heads, "kv_heads": cfg.num_key_value_heads, "head_dim": D,
               "positions": list(positions), "dtype": dtype_name(dt), "max_length": max_length, "bucket": bucket,
-              "granularity": caches["patched"].bucket if caches["patched"].bucket < max_length else None,
+              "granularity": caches["patched"].granularity,
               "repeats": repeats, "warmup": warmup, "variants": list(fns)}
     return record("decode_step", env=env_record(device, dt), params=params, rows=rows)
 

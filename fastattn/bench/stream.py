@@ -38,22 +38,29 @@ def _one_stream(model, variant: str, text: str, chunks: int, seed: int, inferenc
     try:
         torch.manual_seed(seed)
         gen = model.generate_streaming(text, min_len=chunks, max_len=chunks, inference_timesteps=inference_timesteps)
-        out, rows = [], []
-        sync_device(device)
-        h0 = host_counters()
-        t0 = time.perf_counter()
-        for chunk in gen:
-            sync_device(device)
-            t1 = time.perf_counter()
-            h1 = host_counters()
-            out.append(chunk)
-            rows.append({"ms": (t1 - t0) * 1e3, "position": model.base_lm.kv_cache.current_length - 1,
-                         **delta(h0, h1)})
-            h0 = host_counters()
-            t0 = time.perf_counter()
+        return time_chunks(gen, device, lambda: {"position": model.base_lm.kv_cache.current_length - 1})
     finally:
         if handle is not None:
             handle.revert()
+
+
+def time_chunks(gen, device, after=None) -> tuple:
+    """``(chunks, rows)``: every chunk a generator yields, and per chunk its wall ms (the device synchronised),
+    the host counters (:func:`.noise.delta`), what ``after()`` reads once it is out (position, graph counts, ...)
+    and whether it was ``disturbed``. The counters are read outside the timed stretch."""
+    device = torch.device(device)
+    out, rows = [], []
+    sync_device(device)
+    h0 = host_counters()
+    t0 = time.perf_counter()
+    for chunk in gen:
+        sync_device(device)
+        t1 = time.perf_counter()
+        h1 = host_counters()
+        out.append(chunk)
+        rows.append({"ms": (t1 - t0) * 1e3, **delta(h0, h1), **(after() if after else {})})
+        h0 = host_counters()
+        t0 = time.perf_counter()
     mark_disturbed(rows)
     return out, rows
 
@@ -72,16 +79,6 @@ def sixths(values: Sequence[float]) -> list:
     v = list(values)[1:]
     n = len(v)
     return [statistics.median(v[i * n // 6:(i + 1) * n // 6]) for i in range(6) if v[i * n // 6:(i + 1) * n // 6]]
-
-
-def verdict(sixth_medians: Sequence[float], *, tolerance: float = 0.2) -> str:
-    """One stream's sixths read naively: "decays" when the last sixth is more than ``tolerance`` slower than the
-    first. One run and one burst decide it, so no verdict of the workbook rests on it (see :func:`variant_trend`);
-    it remains for a quick look at a single stream."""
-    first, last = sixth_medians[0], sixth_medians[-1]
-    change = last / first - 1
-    word = "decays" if change > tolerance else "speeds up" if change < -tolerance else "flat"
-    return f"{word} ({change:+.0%} from the first to the last sixth)"
 
 
 def variant_trend(rows: list, variant: str) -> dict:

@@ -10,7 +10,7 @@ from typing import Optional, Sequence
 
 import torch
 
-from .noise import delta, disturbed, host_counters, others_busy
+from .noise import delta, disturbed, host_counters, others_busy, quantile
 
 
 def progress_bar(it, enabled: bool, desc: str):
@@ -92,8 +92,8 @@ def stats_ms(samples: Sequence[float], host: Optional[dict] = None) -> dict:
         flags = disturbed(list(samples), host["cpu_s"], host["switches"], others=host.get("others_busy"))
     quiet = [x for x, f in zip(samples, flags) if not f]
     used = quiet if len(quiet) >= 3 else list(samples)
-    s = sorted(x * 1e3 for x in used)
-    q = lambda f: s[min(len(s) - 1, max(0, round(f * (len(s) - 1))))]
-    return {"median_ms": statistics.median(s), "p10_ms": q(0.1), "p90_ms": q(0.9), "min_ms": s[0], "n": len(s),
+    s = [x * 1e3 for x in used]
+    return {"median_ms": statistics.median(s), "p10_ms": quantile(s, 0.1), "p90_ms": quantile(s, 0.9),
+            "min_ms": min(s), "n": len(s),
             "samples_ms": [x * 1e3 for x in samples],  # in timing order: round i of every variant pairs up
             "disturbed": sum(flags), "disturbed_flags": flags}

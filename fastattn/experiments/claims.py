@@ -17,6 +17,7 @@ from typing import Optional
 
 import torch
 
+from ..bench.decode import patched_is_upstream
 from ..bench.records import find_row
 from ..devices import runtime_dtype
 from .backend_selection import math_fallback_verdict
@@ -165,7 +166,7 @@ def _end_to_end(recs, finds):
     if not w:
         return NOT_RUN, "05_profiling measures it"
     w = w[-1]
-    if w.get("patched_granularity", 0) is None:
+    if patched_is_upstream(w):
         return NOT_RUN, (f"this run's patched decode is upstream's own computation on {_device(w)} (no exact "
                          "window); the slice fix's whole decode was not timed")
     gain = 1 - w["ratio"]

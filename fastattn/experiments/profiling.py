@@ -3,7 +3,7 @@ attention calls, and bf16 vs fp32. Pure functions of records; they measure nothi
 
 from __future__ import annotations
 
-from ..bench.decode import time_shares
+from ..bench.decode import patched_is_upstream, time_shares
 from ..bench.records import find_row
 from ..bench.targets import met_count
 
@@ -147,8 +147,8 @@ def patched_steps_identical(dec: dict) -> bool:
 def amdahl_line(whole: dict) -> str:
     """The whole decode in one sentence: ratio, identity, and Amdahl's bound from the LMs' attention share."""
     share, wall = time_shares(whole)["lm_attention"], whole["median_wall_s"]
-    same = "" if whole.get("patched_granularity", 0) is not None else \
-        " (no exact window on this device: the patched decode is upstream's computation)"
+    same = " (no exact window on this device: the patched decode is upstream's computation)" \
+        if patched_is_upstream(whole) else ""
     return (f"patched / upstream wall: {whole['ratio']:.2f}, output bit-identical: {whole['identical']}{same}. "
             f"Amdahl: upstream {wall['upstream']:.1f} s, of which LM decode attention {share:.0%}; if that "
             f"attention cost nothing: {(1 - share) * wall['upstream']:.1f} s ({1 - share:.2f}x). Patched reaches "
