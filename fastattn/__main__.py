@@ -1,4 +1,4 @@
-"""``python -m fastattn {doctor,bench,workbook,diff,compare,readme,gpu-check} ...``"""
+"""``python -m fastattn {doctor,bench,workbook,budget,diff,compare,readme,gpu-check} ...``"""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ COMMANDS = {
     "doctor": ("doctor", "print the environment that decides which attention kernel runs"),
     "bench": ("bench", "run benchmark sweeps and write records"),
     "workbook": ("workbook", "run the notebooks headless into a new reports/ folder"),
+    "budget": ("budget", "probe this machine and print the workbook's plan (or --calibrate from runs)"),
     "diff": ("upstream", "print (or --write) the upstream-ready diff against the installed voxcpm"),
     "compare": ("report", "a hardware matrix across run folders and committed record folders"),
     "readme": ("readme", "print (or --write) README's findings from the committed reference records"),

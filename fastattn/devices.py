@@ -23,7 +23,7 @@ from typing import Optional
 import torch
 
 __all__ = ["DTYPES", "resolve_device", "runtime_dtype", "cuda_build_without_cuda", "dtype_of", "dtype_name",
-           "package_version", "cpu_name", "git_commit",
+           "package_version", "cpu_name", "cpu_flags", "native_bf16", "git_commit",
            "device_name", "device_key", "env_facts", "quiet_native_stderr"]
 
 DTYPES = {"bfloat16": torch.bfloat16, "float32": torch.float32, "float16": torch.float16}
@@ -120,6 +120,29 @@ def cpu_name() -> str:
     except OSError:
         pass
     return platform.processor() or platform.machine()
+
+
+#: the CPU features that give bf16 arithmetic its own instructions (x86: AVX-512 BF16, AMX; Arm: the BF16 extension)
+BF16_FLAGS = ("avx512_bf16", "amx_bf16", "bf16")
+
+
+def cpu_flags(names=("avx512f", "avx512_bf16", "amx_bf16", "avx2", "bf16")) -> dict:
+    """Which of the CPU features that decide bf16 cost this CPU has (/proc/cpuinfo's ``flags``, or ``Features`` on
+    Arm; empty off Linux)."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            flags = next((line.split(":", 1)[1].split() for line in f if line.split(":")[0].strip() in
+                          ("flags", "Features")), [])
+    except OSError:
+        return {}
+    return {n: n in flags for n in names}
+
+
+def native_bf16(flags: Optional[dict] = None) -> Optional[bool]:
+    """Whether this CPU computes in bf16 natively (any of ``BF16_FLAGS``); None where its flags cannot be read.
+    Without it, torch's bf16 kernels convert to fp32 and back around the arithmetic."""
+    flags = cpu_flags() if flags is None else flags
+    return any(flags.get(n) for n in BF16_FLAGS) if flags else None
 
 
 def git_commit() -> str:

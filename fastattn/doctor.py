@@ -5,12 +5,13 @@ from __future__ import annotations
 import json
 import platform
 import sys
+from pathlib import Path
 from typing import Optional
 
 import torch
 
 from . import compat
-from .devices import cpu_name, cuda_build_without_cuda, git_commit, package_version
+from .devices import cpu_name, cuda_build_without_cuda, git_commit, native_bf16, package_version
 
 __all__ = ["doctor", "format_doctor", "git_commit"]
 
@@ -31,6 +32,8 @@ def doctor(calibrate: bool = True) -> dict:
         "threads": torch.get_num_threads(),
         "interop_threads": torch.get_num_interop_threads(),
         "cpu_capability": getattr(torch.backends.cpu, "get_cpu_capability", lambda: "unknown")(),
+        "cpu_native_bf16": native_bf16(),
+        "fastest_dtype_measured": fastest_dtype_measured(),
         "mkldnn": torch.backends.mkldnn.is_available(),
         "torchaudio_placeholder": compat.shim_engaged() or compat.ensure_torchaudio(),
         "torchaudio_reason": compat.shim_reason(),
@@ -65,6 +68,24 @@ def doctor(calibrate: bool = True) -> dict:
     if calibrate:
         info["exact_granularity"] = _granularities(info["device"])
     return info
+
+
+def fastest_dtype_measured(reports=None) -> Optional[str]:
+    """The dtype the newest run of 05 under ``reports`` (default ``reports/``) measured fastest on this machine,
+    with its ratio and the run's name; None where no run has a whole-decode dtype comparison."""
+    from .bench.records import load_record
+    from .experiments.profiling import dtype_recommendation
+    from .paths import reports_dir
+    found = sorted(Path(reports or reports_dir()).glob("*/05_profiling/records/dtype_decode*.json"))
+    for path in reversed(found):
+        rec = load_record(path)
+        if rec.get("env", {}).get("device_name") != cpu_name() and str(rec.get("env", {}).get("device")) == "cpu":
+            continue  # another machine's run (a copied report)
+        r = dtype_recommendation(rec, rec.get("flags"))
+        cfg = r["dtype"] + (" with the patch" if r["patched"] else "")
+        return (f"{cfg}: {r['ratio']:.2f}x of voxcpm's default step ({r['default']}) in run "
+                f"{path.parents[2].name}" + ("" if r["decided"] else " (no faster configuration)"))
+    return None
 
 
 def priority_names(order) -> list:

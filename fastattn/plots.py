@@ -112,6 +112,29 @@ def breakdown(rec: dict, *, ax=None):
     return fig
 
 
+def dtype_decode(rec: dict, *, ax=None):
+    """Median whole-decode step per dtype and variant (a ``dtype_decode`` record), with its 95% interval as a
+    ratio to voxcpm's default, and the peak memory of each dtype."""
+    from .bench import dtype_table
+    rows = dtype_table(rec)
+    fig, ax = (ax.figure, ax) if ax is not None else plt.subplots(figsize=(7, 3.8))
+    labels = [f"{r['dtype']}\n{r['variant']}" for r in rows]
+    vals = [r["step s"] for r in rows]
+    ax.bar(labels, vals, color=[COLORS[r["variant"]] for r in rows])
+    key = next(k for k in rows[0] if k.startswith("x "))
+    for i, r in enumerate(rows):
+        ci = "" if r["95% low"] is None else f"\n[{r['95% low']:.2f}, {r['95% high']:.2f}]"
+        mem = f"\npeak {r['peak GB']:.1f} GB" if r["peak GB"] and r["variant"] == "upstream" else ""
+        ax.annotate(f"{r[key]:.2f}x{ci}{mem}", (i, vals[i]), ha="center", va="bottom", fontsize=7)
+    ax.set_ylabel("s per decode step (median)")
+    ax.set_ylim(0, max(vals) * 1.45)
+    p = rec["params"]
+    ax.set_title(_title(rec, f"whole decode per dtype: {p['preset']} preset, {p['inference_timesteps']} DiT steps; "
+                             f"ratio to {key[2:]}"), fontsize=9)
+    fig.tight_layout()
+    return fig
+
+
 def memory(kv: dict, *, published: Optional[list] = None, ax=None):
     """KV bytes of one request, upstream vs patched (and the seed's figures when given)."""
     fig, ax = (ax.figure, ax) if ax is not None else plt.subplots(figsize=(6, 3.6))

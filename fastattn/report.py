@@ -131,6 +131,9 @@ def _index_html(run_dir: Path, summary: dict, env: dict, verdicts: list, ledger:
                 f"{'ok' if r['verdict'] == 'holds' else 'bad' if r['verdict'] == 'does not hold' else ''}'>"
                 f"{e(r['verdict'])}</td><td>{e(r['evidence'])}</td></tr>" for r in ledger]
         out.append("</table>")
+    if summary.get("plan"):
+        out.append("<h2>What the time budget scaled</h2><ul>"
+                   + "".join(f"<li>{e(line[2:])}</li>" for line in _plan_md(summary)) + "</ul>")
     out.append("<h2>Notebooks</h2>")
     for nb in summary.get("notebooks", []):
         link = nb.get("html") or nb.get("executed")
@@ -171,6 +174,11 @@ def _summary_md(run_dir: Path, summary: dict, env: dict, verdicts: list, ledger:
         lines.append("")
     if ledger:
         lines += ["### The seeds' claims, judged on this device", ""] + _md_table(ledger) + [""]
+    dtype = next((c for c in ledger if c["source"] == "voxcpm" and "dtype" in c["claim"]), None)
+    if dtype and dtype["verdict"] in ("holds", "does not hold"):
+        lines += ["### Which dtype to run on this machine", "", dtype["evidence"], ""]
+    if summary.get("plan"):
+        lines += ["### What the time budget scaled", ""] + _plan_md(summary) + [""]
     lines += ["### Notebooks", ""]
     for nb in summary.get("notebooks", []):
         link = nb.get("html") or nb.get("executed")
@@ -183,6 +191,17 @@ def _summary_md(run_dir: Path, summary: dict, env: dict, verdicts: list, ledger:
             lines += ["", f"  <details><summary>{len(rest)} more findings</summary>", ""]
             lines += [f"  * {k}: {fmt(v, k)}" for k, v in rest] + ["", "  </details>", ""]
     return "\n".join(lines) + "\n"
+
+
+def _plan_md(summary: dict) -> list:
+    """The runner's plan: what it scaled and why, and each notebook's estimate beside its duration."""
+    plan = summary["plan"]
+    out = [f"* {s['param']} {s['default']} -> {s['value']}: {s['why']}" for s in plan.get("scaled", [])] or \
+        [f"* nothing: every measurement ran at its default within {fmt(plan['budget_s'])} s"]
+    took = {Path(n["name"]).stem: n.get("duration_s") for n in summary.get("notebooks", [])}
+    out += [f"* {stem}: planned about {fmt(est)} s, took {fmt(took.get(stem, float('nan')))} s"
+            for stem, est in plan.get("estimate_s", {}).items()]
+    return out
 
 
 # --------------------------------------------------------------------------- the hardware matrix

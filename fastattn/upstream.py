@@ -16,8 +16,10 @@ Written in upstream's own style, with no dependency on fastattn. It changes two 
   ``.contiguous()`` only on MPS (pytorch#163597), where it is needed.
 
 The decode loops need no change: they already fetch ``get_layer_cache(i)`` each
-step. :func:`upstream_diff` builds the diff from the installed sources (their
-blocks must be the verified 2.0.3 text); :func:`write_upstream_diff` stores it
+step. A second kit, separable from the first, adds a ``VOXCPM_CPU_DTYPE`` override to
+``voxcpm/model/utils.py: pick_runtime_dtype`` in ``VOXCPM_MPS_DTYPE``'s style
+(:data:`KITS`). :func:`upstream_diff` builds a kit's diff from the installed sources
+(their blocks must be the verified 2.0.3 text); :func:`write_upstream_diff` stores it
 under ``data/``.
 """
 
@@ -30,10 +32,44 @@ from pathlib import Path
 from . import compat
 from .paths import data_dir
 
-__all__ = ["upstream_diff", "write_upstream_diff", "DIFF_NAME", "LAYOUTS", "patched_sources", "cache_source",
-           "patched_copy", "decode_with_diff"]
+__all__ = ["upstream_diff", "write_upstream_diff", "DIFF_NAME", "LAYOUTS", "KITS", "patched_sources",
+           "cache_source", "dtype_sources", "patched_copy", "decode_with_diff"]
 
 DIFF_NAME = "voxcpm-2.0.3-right-sized-decode.diff"
+
+# The second, separable kit: ``VOXCPM_CPU_DTYPE``, in the style of ``VOXCPM_MPS_DTYPE`` (model/utils.py). The
+# anchor is the same text in 2.0.3 and on upstream's main (which adds functions above it: the hunk applies with
+# an offset).
+_UTILS_OLD = '''    Users can override with ``VOXCPM_MPS_DTYPE`` (e.g. ``bfloat16``) when
+    they want to test future MPS improvements.
+    """
+    if device != "mps":
+        return configured_dtype
+'''
+
+_UTILS_NEW = '''    Users can override with ``VOXCPM_MPS_DTYPE`` (e.g. ``bfloat16``) when
+    they want to test future MPS improvements.
+
+    On CPU, ``VOXCPM_CPU_DTYPE`` (e.g. ``float32``) overrides the checkpoint's
+    dtype. A CPU without native bfloat16 instructions (no AVX512-BF16 or AMX)
+    runs bfloat16 through conversions to float32 and back, and can be several
+    times slower than float32. float32 doubles the weights' memory and rounds
+    differently from bfloat16, so it is opt-in; unset, nothing changes.
+    """
+    if device == "cpu":
+        override = os.environ.get("VOXCPM_CPU_DTYPE", "").strip().lower()
+        if override:
+            if override not in _VALID_DTYPE_OVERRIDES:
+                raise ValueError(
+                    f"VOXCPM_CPU_DTYPE='{override}' is not one of "
+                    f"{sorted(_VALID_DTYPE_OVERRIDES)}"
+                )
+            return override
+        return configured_dtype
+
+    if device != "mps":
+        return configured_dtype
+'''
 
 _MODEL_OLD = '''        # Use an explicit broadcastable mask shape for SDPA. A 1D mask can
         # trigger a CPU-side dimension bug in some PyTorch versions.
@@ -202,43 +238,63 @@ def patched_sources() -> dict:
     }
 
 
+def dtype_sources() -> dict:
+    """``{relative path: (old text, new text)}`` of the CPU dtype override (``voxcpm/model/utils.py``)."""
+    rel = "model/utils.py"
+    old = _installed(rel).read_text()
+    if old.count(_UTILS_OLD) != 1:
+        raise RuntimeError(f"voxcpm/{rel}: pick_runtime_dtype's MPS branch was not found exactly once; the "
+                           "installed voxcpm is not 2.0.3")
+    return {f"voxcpm/{rel}": (old, old.replace(_UTILS_OLD, _UTILS_NEW))}
+
+
 #: layout -> (diff file under data/, path prefix of the package in the target tree)
 LAYOUTS = {
     "wheel": (DIFF_NAME, ""),                            # site-packages/voxcpm/... (voxcpm 2.0.3 installed)
     "src": ("voxcpm-main-src-right-sized-decode.diff", "src/"),  # upstream main: src/voxcpm/...
 }
 
+#: kit -> (its sources, {layout: diff file under data/}, its upstream test file); each kit applies on its own
+KITS = {
+    "right-sized": (patched_sources, {k: v[0] for k, v in LAYOUTS.items()}, "test_minicpm4_right_sized_cache.py"),
+    "cpu-dtype": (dtype_sources, {"wheel": "voxcpm-2.0.3-cpu-dtype-override.diff",
+                                  "src": "voxcpm-main-src-cpu-dtype-override.diff"}, "test_cpu_dtype_override.py"),
+}
 
-def upstream_diff(layout: str = "wheel") -> str:
-    """The unified diff (``a/`` and ``b/`` prefixes, apply with ``patch -p1``): ``layout="wheel"`` inside
-    site-packages (voxcpm 2.0.3), ``"src"`` at the root of upstream's repository (``src/voxcpm/``; its
-    ``modules/minicpm4`` is unchanged since 2.0.3, so the hunks are the same)."""
+
+def upstream_diff(layout: str = "wheel", kit: str = "right-sized") -> str:
+    """The unified diff of ``kit`` (:data:`KITS`; ``a/`` and ``b/`` prefixes, apply with ``patch -p1``):
+    ``layout="wheel"`` inside site-packages (voxcpm 2.0.3), ``"src"`` at the root of upstream's repository
+    (``src/voxcpm/``; its ``modules/minicpm4`` is unchanged since 2.0.3, and the dtype hunk's context is the same
+    text there)."""
     if layout not in LAYOUTS:
         raise ValueError(f"layout must be one of {sorted(LAYOUTS)}, got {layout!r}")
+    if kit not in KITS:
+        raise ValueError(f"kit must be one of {sorted(KITS)}, got {kit!r}")
     prefix = LAYOUTS[layout][1]
     parts = []
-    for rel, (old, new) in sorted(patched_sources().items(), key=lambda kv: kv[0], reverse=True):
+    for rel, (old, new) in sorted(KITS[kit][0]().items(), key=lambda kv: kv[0], reverse=True):
         parts.extend(difflib.unified_diff(old.splitlines(keepends=True), new.splitlines(keepends=True),
                                           fromfile=f"a/{prefix}{rel}", tofile=f"b/{prefix}{rel}", n=3))
     return "".join(parts)
 
 
-def write_upstream_diff(path: Path | None = None, layout: str = "wheel") -> Path:
-    """Write :func:`upstream_diff` for ``layout`` to ``data/`` (or ``path``) and return the path."""
-    path = Path(path) if path else data_dir() / LAYOUTS[layout][0]
-    path.write_text(upstream_diff(layout))
+def write_upstream_diff(path: Path | None = None, layout: str = "wheel", kit: str = "right-sized") -> Path:
+    """Write :func:`upstream_diff` for ``layout`` and ``kit`` to ``data/`` (or ``path``) and return the path."""
+    path = Path(path) if path else data_dir() / KITS[kit][1][layout]
+    path.write_text(upstream_diff(layout, kit))
     return path
 
 
-def patched_copy(dest) -> Path:
-    """Copy the installed voxcpm package under ``dest`` and apply the wheel diff to it with ``patch -p1``.
+def patched_copy(dest, kit: str = "right-sized") -> Path:
+    """Copy the installed voxcpm package under ``dest`` and apply ``kit``'s wheel diff to it with ``patch -p1``.
     Returns ``dest``: put it first on ``PYTHONPATH`` (in a fresh process) to import the patched package."""
     import shutil
     import subprocess
 
     dest = Path(dest)
     shutil.copytree(_installed(""), dest / "voxcpm", ignore=shutil.ignore_patterns("__pycache__"))
-    r = subprocess.run(["patch", "-p1", "--batch", "-i", str(data_dir() / DIFF_NAME)], cwd=dest,
+    r = subprocess.run(["patch", "-p1", "--batch", "-i", str(data_dir() / KITS[kit][1]["wheel"])], cwd=dest,
                        capture_output=True, text=True)
     if r.returncode:
         raise RuntimeError(f"the upstream diff did not apply to a copy of voxcpm: {r.stdout}{r.stderr}")
@@ -298,13 +354,17 @@ def main(argv=None) -> int:
     import argparse
     ap = argparse.ArgumentParser(prog="python -m fastattn diff", description="The upstream-ready diff.")
     ap.add_argument("--write", action="store_true",
-                    help=f"write both diffs under data/ ({', '.join(f for f, _ in LAYOUTS.values())}), not print")
+                    help="write every kit's diffs under data/ (" + ", ".join(f for _, d, _ in KITS.values()
+                                                                        for f in d.values()) + "), not print")
     ap.add_argument("--layout", choices=sorted(LAYOUTS), default="wheel",
                     help="print the diff for site-packages (wheel) or upstream's repository (src)")
+    ap.add_argument("--kit", choices=sorted(KITS), default="right-sized",
+                    help="the right-sized decode (default) or the separable VOXCPM_CPU_DTYPE override")
     args = ap.parse_args(argv)
     if args.write:
-        for layout in LAYOUTS:
-            print(write_upstream_diff(layout=layout))
+        for kit in KITS:
+            for layout in LAYOUTS:
+                print(write_upstream_diff(layout=layout, kit=kit))
     else:
-        print(upstream_diff(args.layout), end="")
+        print(upstream_diff(args.layout, args.kit), end="")
     return 0

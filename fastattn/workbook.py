@@ -24,10 +24,12 @@ from pathlib import Path
 from typing import Optional, Sequence
 
 from . import models as _models
+from .budget import BUDGET_S
 from .devices import DTYPES
 from .paths import atomic_write_text, notebooks_dir, reports_dir
 
-__all__ = ["check_params", "resolve_device", "provenance", "save_figure", "save", "table", "findings", "run_workbook",
+__all__ = ["check_params", "resolve_device", "time_left", "provenance", "save_figure", "save", "table", "findings",
+           "run_workbook",
            "notebooks", "PRESETS", "DTYPE_NAMES"]
 
 PRESETS = _models.PRESETS
@@ -45,7 +47,8 @@ def check_params(**params) -> dict:
     """Validate a notebook's parameters; raise ValueError naming the parameter. Returns them resolved.
 
     Knows: device, dtype, preset, capacity, positions, repeats, seed, out_dir,
-    interactive, checkpoint_path, steps. Others pass through unchecked.
+    interactive, checkpoint_path, steps, chunks, budget_s (its clock starts here: :func:`time_left`). Others
+    pass through unchecked.
     """
     p = dict(params)
     if "device" in p:
@@ -60,6 +63,11 @@ def check_params(**params) -> dict:
     for name in ("capacity", "repeats", "steps", "chunks"):
         if name in p and (isinstance(p[name], bool) or not isinstance(p[name], int) or p[name] < 1):
             raise ValueError(f"parameter {name}={p[name]!r}: expected a positive int")
+    if "budget_s" in p:
+        b = p["budget_s"]
+        if isinstance(b, bool) or not isinstance(b, (int, float)) or b < 0:
+            raise ValueError(f"parameter budget_s={b!r}: expected seconds >= 0 (0: no limit)")
+        p["started_monotonic"] = time.monotonic()  # time_left counts from here
     if "seed" in p and (isinstance(p["seed"], bool) or not isinstance(p["seed"], int)):
         raise ValueError(f"parameter seed={p['seed']!r}: expected an int")
     if "interactive" in p and not isinstance(p["interactive"], bool):
@@ -83,6 +91,14 @@ def check_params(**params) -> dict:
         out.mkdir(parents=True, exist_ok=True)
         p["out_dir"] = str(out)
     return p
+
+
+def time_left(params: dict, reserve_s: float = 15.0) -> Optional[float]:
+    """Seconds a notebook's last sized measurement may take: its ``budget_s`` less the time since
+    :func:`check_params` and ``reserve_s`` for the cells after it; None where there is no budget (0)."""
+    if not params.get("budget_s"):
+        return None
+    return max(0.0, params["budget_s"] - (time.monotonic() - params["started_monotonic"]) - reserve_s)
 
 
 def provenance(params: dict, *, random_weights: Optional[bool] = None) -> None:
@@ -214,6 +230,25 @@ def _html(executed: Path, run_dir: Optional[Path] = None, params: Optional[dict]
     return atomic_write_text(executed.with_suffix(".html"), _relative_paths(body, run_dir or executed.parent))
 
 
+def _findings_up_front(executed: Path, nb_out: Path) -> None:
+    """Put the run's key findings on the executed notebook's first screen: a markdown cell after the title, written
+    from the notebook's own ``findings.json`` (the closing cell prints them all). Nothing where it wrote none."""
+    import nbformat
+
+    from .report import fmt
+    fj, kf = nb_out / "findings.json", nb_out / "key_findings.json"
+    if not fj.exists():
+        return
+    items = json.loads(fj.read_text())
+    key = json.loads(kf.read_text()) if kf.exists() else list(items)[:4]
+    nb = nbformat.read(str(executed), as_version=4)
+    lines = ["**What this run found on this machine** (key findings from this run's own values; the last cell "
+             "lists them all):", ""] + [f"* {k}: **{fmt(items[k], k)}**" for k in key if k in items]
+    cell = nbformat.v4.new_markdown_cell("\n".join(lines), metadata={"tags": ["fastattn-findings"]})
+    nb.cells.insert(1, cell)
+    nbformat.write(nb, str(executed))
+
+
 def _relative_paths(text: str, run_dir: Path) -> str:
     """Machine paths out of a text: the run folder becomes ``.``, the checkout ``<fastattn>``, the venv
     ``<python>``, the home folder ``~``."""
@@ -226,8 +261,14 @@ def _relative_paths(text: str, run_dir: Path) -> str:
 
 
 def run_workbook(params: Optional[dict] = None, *, only: Optional[list] = None, keep_going: bool = False,
-                 out: Optional[Path] = None, timeout: int = 1800, log=print) -> tuple[Path, dict]:
-    """Run the notebooks; return (run folder, summary). A failure stops the run unless ``keep_going``."""
+                 out: Optional[Path] = None, timeout: int = 1800, log=print,
+                 budget_s: Optional[float] = BUDGET_S) -> tuple[Path, dict]:
+    """Run the notebooks; return (run folder, summary). A failure stops the run unless ``keep_going``.
+
+    With ``budget_s`` (seconds of notebooks; None or 0: the notebooks' own defaults) the machine is probed first
+    and the sized measurements are fitted to it (:mod:`fastattn.budget`); parameters in ``params`` are never
+    changed. The plan, what it scaled and why, and each notebook's estimate beside its duration go into the summary.
+    """
     params = dict(params or {})
     nbs = notebooks()
     if only:
@@ -242,13 +283,14 @@ def run_workbook(params: Optional[dict] = None, *, only: Optional[list] = None, 
     from .doctor import doctor
     from .report import write_report
 
+    plan = _plan(params, nbs, device, budget_s, log) if budget_s else None
     run_dir = _new_run_dir(device, out)
     spec_root = Path(tempfile.mkdtemp(prefix="fastattn-kernel-"))
     kernel = _kernelspec(spec_root)
     saved_path = os.environ.get("JUPYTER_PATH")
     os.environ["JUPYTER_PATH"] = os.pathsep.join(p for p in (str(spec_root), saved_path) if p)
     try:
-        summary = _run_all(nbs, params, run_dir, device, kernel, keep_going, timeout, log)
+        summary = _run_all(nbs, params, run_dir, device, kernel, keep_going, timeout, log, plan)
     finally:
         if saved_path is None:
             os.environ.pop("JUPYTER_PATH", None)
@@ -285,23 +327,51 @@ def _validate_run(params: dict, nbs: list) -> None:
                     raise ValueError(f"{stem}: {exc}") from None
 
 
-def _run_all(nbs, params, run_dir: Path, device: str, kernel: str, keep_going: bool, timeout: int, log) -> dict:
+def _plan(params: dict, nbs: list, device: str, budget_s: float, log) -> dict:
+    """Probe this machine and fit the sized measurements to ``budget_s``; print the plan."""
+    from . import budget
+    log("[fastattn] measuring this machine first (a few small-preset chunks per dtype) ...")
+    probe = budget.probe(device)
+    plan = budget.plan(probe, [nb.stem for nb in nbs], given=params, budget_s=budget_s)
+    plan["probe"] = probe
+    for line in budget.plan_lines(plan):
+        log(f"[fastattn] {line}")
+    return plan
+
+
+def _planned(plan: Optional[dict], params: dict, declared: dict, elapsed_s: float, stem: str = "05_profiling") -> dict:
+    """The plan's parameters for one notebook (those it declares and the user did not give), and for a notebook that
+    sizes itself (``budget_s``: 05) the time actually left."""
+    if not plan:
+        return {}
+    from .budget import notebook_budget
+    out = {k: v for k, v in plan["params"].items() if k in declared and k not in params}
+    if "budget_s" in declared and "steps" not in params and "budget_s" not in params:
+        out["budget_s"] = round(notebook_budget(plan, elapsed_s, stem), 1)
+    return out
+
+
+def _run_all(nbs, params, run_dir: Path, device: str, kernel: str, keep_going: bool, timeout: int, log,
+             plan: Optional[dict] = None) -> dict:
     import papermill as pm
     from papermill.exceptions import PapermillExecutionError
 
     summary = {"run": run_dir.name, "parameters": params, "device": device, "started_utc":
-               datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"), "notebooks": []}
-    failed = False
+               datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"), "notebooks": [], "plan": plan}
+    failed, elapsed = False, 0.0
     for nb in nbs:
         declared = pm.inspect_notebook(str(nb))
         nb_params = {k: v for k, v in params.items() if k in declared}
+        nb_params.update(_planned(plan, params, declared, elapsed, nb.stem))
         nb_out = run_dir / nb.stem
         nb_out.mkdir()
         if "out_dir" in declared:
             nb_params["out_dir"] = str(nb_out)
         executed = run_dir / nb.name
         entry = {"name": nb.name, "executed": executed.name, "html": None, "parameters": nb_params}
-        log(f"[fastattn] running {nb.name} ...")
+        left = f" (plan: about {plan['estimate_s'].get(nb.stem, 0):.0f} s; {plan['budget_s'] - elapsed:.0f} s of " \
+            f"the budget left)" if plan else ""
+        log(f"[fastattn] running {nb.name}{left} ...")
         t0 = time.perf_counter()
         try:
             pm.execute_notebook(str(nb), str(executed), parameters=nb_params, kernel_name=kernel,
@@ -317,8 +387,10 @@ def _run_all(nbs, params, run_dir: Path, device: str, kernel: str, keep_going: b
             entry["error"] = f"{nb.name}: {type(exc).__name__}: {exc}"
             failed = True
         entry["duration_s"] = time.perf_counter() - t0
+        elapsed += entry["duration_s"]
         if executed.exists():
             try:
+                _findings_up_front(executed, nb_out)
                 entry["html"] = _html(executed, run_dir, nb_params).name
             except Exception as exc:  # keep the executed notebook; a run whose report failed is not "ok"
                 entry["html_error"] = f"{type(exc).__name__}: {exc}"
@@ -389,13 +461,19 @@ def main(argv=None) -> int:
     ap.add_argument("--keep-going", action="store_true", help="continue after a failing notebook")
     ap.add_argument("--out", help="parent folder of the run folder (default: reports/)")
     ap.add_argument("--timeout", type=int, default=1800, help="per-cell timeout in seconds")
+    ap.add_argument("--budget", type=float, default=BUDGET_S, metavar="SECONDS",
+                    help=f"seconds of notebooks to fit the sized measurements to after probing this machine "
+                         f"(default {BUDGET_S:.0f}; 0: the notebooks' own defaults, unscaled); -p values are never "
+                         "changed")
     args = ap.parse_args(argv)
     try:
         params = _params_file(args.params) if args.params else {}
         params.update({k: _parse_value(v) for k, v in args.param})
         out = _out_dir(args.out) if args.out else None
+        if args.budget < 0:
+            raise ValueError(f"--budget {args.budget:g}: expected seconds >= 0 (0: no sizing)")
         run_dir, summary = run_workbook(params, only=args.only, keep_going=args.keep_going, out=out,
-                                        timeout=args.timeout)
+                                        timeout=args.timeout, budget_s=args.budget or None)
     except (ValueError, OSError) as exc:
         print(f"[fastattn] error: {exc}", file=sys.stderr)
         return 2

@@ -324,13 +324,16 @@ UPSTREAM_TESTS = ROOT / "data" / "upstream-tests"
 RUN_UPSTREAM_TESTS = (
     "import os, sys; import fastattn.compat as c; c.ensure_torchaudio(); import pytest, voxcpm; "
     "assert voxcpm.__file__.startswith(sys.argv[1]), voxcpm.__file__; "
-    "sys.exit(pytest.main([sys.argv[2], '-q', '-p', 'no:cacheprovider', '--rootdir', sys.argv[2], '-c', os.devnull]))"
+    "sys.exit(pytest.main([sys.argv[2], '-q', '-p', 'no:cacheprovider', '--rootdir', os.path.dirname(sys.argv[2]), "
+    "'-c', os.devnull]))"
 )
 
 
-def _run_upstream_tests(pkg_root):
+def _run_upstream_tests(pkg_root, kit="right-sized"):
+    from fastattn.upstream import KITS
     env = {**os.environ, "PYTHONPATH": str(pkg_root)}
-    return subprocess.run([sys.executable, "-c", RUN_UPSTREAM_TESTS, str(pkg_root), str(UPSTREAM_TESTS)],
+    test_file = UPSTREAM_TESTS / KITS[kit][2]
+    return subprocess.run([sys.executable, "-c", RUN_UPSTREAM_TESTS, str(pkg_root), str(test_file)],
                           capture_output=True, text=True, env=env, timeout=600)
 
 
@@ -355,12 +358,45 @@ def test_upstream_tests_pass_on_the_diff_and_fail_on_2_0_3(tmp_path):
     assert "fastattn" not in "".join(p.read_text() for p in UPSTREAM_TESTS.glob("*.py"))
     patched = _run_upstream_tests(patched_copy(tmp_path / "patched"))
     assert patched.returncode == 0, patched.stdout[-3000:] + patched.stderr[-2000:]
-    n_tests = sum(p.read_text().count("\ndef test_") for p in UPSTREAM_TESTS.glob("test_*.py"))
+    n_tests = (UPSTREAM_TESTS / "test_minicpm4_right_sized_cache.py").read_text().count("\ndef test_")
     assert f"{n_tests} passed" in patched.stdout
     shutil.copytree(Path(voxcpm.__file__).parent, tmp_path / "orig" / "voxcpm",
                     ignore=shutil.ignore_patterns("__pycache__"))
     original = _run_upstream_tests(tmp_path / "orig")
     assert original.returncode == 1 and " failed" in original.stdout, original.stdout[-3000:]
+
+
+def test_cpu_dtype_kit_passes_patched_fails_unpatched_and_stands_alone(tmp_path):
+    """The separable VOXCPM_CPU_DTYPE kit: its upstream-style tests pass on 2.0.3 with only its diff applied and
+    fail on unmodified 2.0.3; the diff touches model/utils.py alone and is what ``fastattn diff`` writes."""
+    import shutil
+
+    import voxcpm
+
+    from fastattn.upstream import KITS, patched_copy, upstream_diff
+    for layout, name in KITS["cpu-dtype"][1].items():
+        assert (ROOT / "data" / name).read_text() == upstream_diff(layout, "cpu-dtype"), "rerun fastattn diff --write"
+    assert {line.split()[1] for line in upstream_diff("wheel", "cpu-dtype").splitlines()
+            if line.startswith("--- ")} == {"a/voxcpm/model/utils.py"}
+    patched = _run_upstream_tests(patched_copy(tmp_path / "patched", kit="cpu-dtype"), "cpu-dtype")
+    assert patched.returncode == 0 and " passed" in patched.stdout, patched.stdout[-3000:] + patched.stderr[-2000:]
+    shutil.copytree(Path(voxcpm.__file__).parent, tmp_path / "orig" / "voxcpm",
+                    ignore=shutil.ignore_patterns("__pycache__"))
+    original = _run_upstream_tests(tmp_path / "orig", "cpu-dtype")
+    assert original.returncode == 1 and " failed" in original.stdout, original.stdout[-3000:]
+
+
+def test_cpu_dtype_override_reaches_the_model(tmp_path):
+    """With the kit applied, VOXCPM_CPU_DTYPE=float32 makes a bf16-configured VoxCPM2Model run in float32."""
+    from fastattn.upstream import patched_copy
+    root = patched_copy(tmp_path / "pkg", kit="cpu-dtype")
+    script = ("import sys, torch; from fastattn.models import build_voxcpm2; import voxcpm; "
+              "assert voxcpm.__file__.startswith(sys.argv[1]); m = build_voxcpm2('tiny', dtype='bfloat16'); "
+              "print(m.config.dtype, next(m.base_lm.parameters()).dtype)")
+    env = {**os.environ, "PYTHONPATH": str(root), "VOXCPM_CPU_DTYPE": "float32"}
+    r = subprocess.run([sys.executable, "-c", script, str(root)], capture_output=True, text=True, env=env, timeout=300)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert r.stdout.split()[-1] == "torch.float32", r.stdout
 
 
 @pytest.mark.slow

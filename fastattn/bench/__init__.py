@@ -11,7 +11,7 @@ with the workbook's targets and says pass or fail with the measured figure.
 
 Layout: ``timing`` (interleaving, statistics), ``floor`` (bandwidth, live bytes),
 ``attention`` (one call per mode, fast's choice), ``steps`` (one decode step,
-eager and compiled), ``decode`` (a whole generate, split by component),
+eager and compiled), ``decode`` (a whole generate, split by component, and per dtype),
 ``memory`` (KV bytes, allocations, fill and growth, peak RSS), ``stream`` (time per streamed chunk),
 ``records``,
 ``targets``, ``cli``.
@@ -22,9 +22,9 @@ from importlib import import_module
 #: public name -> the submodule that owns it (imported on first use: ``fastattn.fast`` uses the timer without
 #: importing every instrument, and the instruments import the core)
 _OWNERS = {
-    "attention": ("attention_sweep", "cpu_flags", "dtype_costs", "fast_choices"),
+    "attention": ("attention_sweep", "dtype_costs", "fast_choices"),
     "cli": ("main", "reference_run"),
-    "decode": ("whole_decode",),
+    "decode": ("dtype_decode", "dtype_table", "whole_decode"),
     "floor": ("bandwidth", "bandwidth_line", "floor_ms", "live_kv_bytes", "llc_bytes"),
     "memory": ("cache_growth", "fill_cost", "kv_memory", "peak_rss", "step_allocations"),
     "records": ("env_record", "load_record", "record", "save_record"),
@@ -35,7 +35,8 @@ _OWNERS = {
     "timing": ("time_interleaved",),
 }
 _LAZY = {name: mod for mod, names in _OWNERS.items() for name in names} | {"DTYPES": "..devices",
-                                                                         "resolve_device": "..devices"}
+                                                                         "resolve_device": "..devices",
+                                                                         "cpu_flags": "..devices"}
 
 __all__ = sorted(_LAZY)
 

@@ -8,7 +8,7 @@ import torch
 
 from ..attention import attention_step
 from ..core import causal_mask, f64_attention, sdpa
-from ..devices import dtype_name, resolve_device
+from ..devices import cpu_flags, dtype_name, resolve_device
 from ..devices import dtype_of as _dtype
 from ..modes import MODES, REGISTRY
 from .floor import bandwidth, floor_binds, floor_ms, live_kv_bytes
@@ -129,16 +129,6 @@ def _granularity_of(q, k, bucket):
     from ..exactness import exact_granularity
     return bucket if bucket is not None else exact_granularity(
         q.device, q.dtype, hq=q.shape[1], hkv=k.shape[1], head_dim=q.shape[3], capacity=k.shape[2], lq=q.shape[2])
-
-
-def cpu_flags(names=("avx512f", "avx512_bf16", "amx_bf16", "avx2")) -> dict:
-    """Which of the CPU features that decide bf16 cost this CPU has (/proc/cpuinfo; empty off Linux)."""
-    try:
-        with open("/proc/cpuinfo") as f:
-            flags = next((line.split(":", 1)[1].split() for line in f if line.startswith("flags")), [])
-    except OSError:
-        return {}
-    return {n: n in flags for n in names}
 
 
 def dtype_costs(device="cpu", *, length: int = 4096, capacity: int = 8192, hq: int = 16, hkv: int = 2,

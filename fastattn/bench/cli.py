@@ -7,7 +7,7 @@ from pathlib import Path
 
 from ..devices import resolve_device
 from .attention import attention_sweep, dtype_costs
-from .decode import whole_decode
+from .decode import dtype_decode, whole_decode
 from .floor import bandwidth
 from .memory import cache_growth, fill_cost, kv_memory, peak_rss, step_allocations
 from .records import env_record, record, save_record
@@ -57,6 +57,8 @@ def reference_run(out, *, device="cpu", positions=(0, 16, 256, 512, 1024, 2048, 
                                                    repeats=repeats), out, f"compiled_step_{compiled_preset}"))
     whole = whole_decode(whole_preset, steps=12, dtype="bfloat16", device=device, inference_timesteps=10, repeats=3)
     written.append(save_record(whole, out, f"whole_decode_{whole_preset}"))
+    dd = dtype_decode(whole_preset, steps=12, device=device)
+    written.append(save_record(dd, out, f"dtype_decode_{whole_preset}"))
     targets = check_targets({"attention_fp32": att["float32"], "attention_bf16": att["bfloat16"],
                              "attention_fp32_cold": cold["float32"],
                              "decode_bf16": dec["bfloat16"], "decode_fp32": dec["float32"], "kv": kv,
@@ -96,8 +98,8 @@ def _check_args(args):
 def main(argv=None) -> int:
     import argparse
     ap = argparse.ArgumentParser(prog="python -m fastattn bench", description=__doc__.split("\n\n")[0])
-    ap.add_argument("what", choices=["attention", "decode-step", "decode", "compiled", "memory", "bandwidth", "all",
-                                     "reference"],
+    ap.add_argument("what", choices=["attention", "decode-step", "decode", "dtype", "compiled", "memory", "bandwidth",
+                                     "all", "reference"],
                     help="'reference' runs the committed reference set (full preset decode included: ~10 GB peak)")
     ap.add_argument("--device", default="auto")
     ap.add_argument("--dtype", default=None, help="float32 | bfloat16 (default: both for sweeps, bf16 for decode)")
@@ -134,6 +136,11 @@ def main(argv=None) -> int:
     if args.what in ("decode", "all"):
         written.append(save_record(whole_decode(args.preset or "tiny", steps=args.steps, dtype=args.dtype or "bfloat16",
                                                 device=str(device)), out))
+    if args.what in ("dtype", "all"):  # the whole decode in voxcpm's dtype and float32, upstream and patched
+        from ..experiments.profiling import whole_dtypes
+        written.append(save_record(dtype_decode(args.preset or "tiny", dtypes=whole_dtypes(device, "bfloat16"),
+                                                steps=args.steps, device=device), out,
+                                   f"dtype_decode_{args.preset or 'tiny'}"))
     if args.what in ("compiled", "all"):
         written.append(save_record(compiled_step_sweep(args.positions, preset=args.preset or "tiny",
                                                        dtype=args.dtype or "float32", device=device,

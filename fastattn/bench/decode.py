@@ -3,14 +3,17 @@
 from __future__ import annotations
 
 import functools
+import gc
 import statistics
 import time
 from contextlib import contextmanager
-from typing import Callable
+from pathlib import Path
+from typing import Callable, Optional
 
 import torch
 
 from ..devices import resolve_device
+from .noise import delta, disturbed, host_counters, others_busy
 from .records import env_record, record
 from .timing import progress_bar, sync_device
 
@@ -21,6 +24,35 @@ class _Timers:
     def __init__(self, device):
         self.cuda = torch.device(device).type == "cuda"
         self.samples: dict = {}
+        self.marks: list = []  # one per base-LM decode step, at its start: the loop's period is a step
+        self.hosts: list = []  # the host counters at each mark (:func:`.noise.host_counters`)
+
+    def mark(self, fn: Callable) -> Callable:
+        def marked(*a, **k):
+            if self.cuda:
+                e = torch.cuda.Event(enable_timing=True)
+                e.record()
+                self.marks.append(e)
+            else:
+                self.marks.append(time.perf_counter())
+            self.hosts.append(host_counters())
+            return fn(*a, **k)
+        return marked
+
+    def step_disturbed(self) -> list:
+        """Per step of :meth:`step_s`: whether other processes or preemption disturbed it (:mod:`.noise`)."""
+        wall = self.step_s()
+        d = [delta(a, b) for a, b in zip(self.hosts, self.hosts[1:])]
+        cpu, machine = [x["cpu_s"] for x in d], [x["machine_s"] for x in d]
+        return disturbed(wall, cpu, [x["switches"] for x in d], others=others_busy(wall, cpu, machine))
+
+    def step_s(self) -> list:
+        """Seconds of each whole decode step but the last (from one base-LM step's start to the next)."""
+        m = self.marks
+        if self.cuda:
+            torch.cuda.synchronize()
+            return [a.elapsed_time(b) / 1e3 for a, b in zip(m, m[1:])]
+        return [b - a for a, b in zip(m, m[1:])]
 
     def wrap(self, name: str, fn: Callable) -> Callable:
         def timed(*a, **k):
@@ -54,7 +86,8 @@ def _instrumented(model, timers: _Timers):
         saved.append((obj, attr, obj.__dict__.get(attr)))
         setattr(obj, attr, timers.wrap(name, getattr(obj, attr)))
 
-    put(model.base_lm, "forward_step", "base_lm")
+    saved.append((model.base_lm, "forward_step", model.base_lm.__dict__.get("forward_step")))
+    model.base_lm.forward_step = timers.mark(timers.wrap("base_lm", model.base_lm.forward_step))
     put(model.residual_lm, "forward_step", "residual_lm")
     put(model.feat_decoder, "forward", "local_dit")
     put(model.feat_encoder, "forward", "local_encoder")
@@ -122,7 +155,9 @@ def whole_decode(preset: str = "tiny", *, steps: int = 12, dtype="bfloat16", dev
                     handle.revert()
             parts = timers.totals_s()
             comp = {k: parts.get(k, 0.0) for k in ("base_lm", "residual_lm", "local_dit", "local_encoder")}
-            runs.append({"variant": variant, "repeat": r, "wall_s": wall, **{f"{k}_s": v for k, v in comp.items()},
+            runs.append({"variant": variant, "repeat": r, "wall_s": wall, "step_seconds": timers.step_s(),
+                         "step_disturbed": timers.step_disturbed(),
+                         **{f"{k}_s": v for k, v in comp.items()},
                          "lm_attention_s": parts.get("lm_attention", 0.0),
                          "rest_s": wall - sum(comp.values()), "kv_bytes": kv, "final_length": n_steps})
             wav.setdefault(variant, out)
@@ -149,3 +184,131 @@ def time_shares(whole: dict, variant: str = "upstream") -> dict:
     keys = [k[:-2] for k in rows[0] if k.endswith("_s") and k != "wall_s"]
     return {k: statistics.median(r[f"{k}_s"] for r in rows) / wall for k in keys}
 
+
+
+def _peak_reset(device) -> bool:
+    """Start a peak-memory window: CUDA's allocator peak, or the process's peak RSS (``/proc/self/clear_refs``,
+    Linux). False where the CPU peak cannot be reset (then the peak read covers the process's whole life)."""
+    if torch.device(device).type == "cuda":
+        torch.cuda.reset_peak_memory_stats()
+        return True
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+        return True
+    except OSError:
+        return False
+
+
+def _release_memory() -> None:
+    """Give a deleted model's memory back (garbage collection, glibc's ``malloc_trim``, CUDA's cache), so the next
+    dtype's peak does not start from the last one's retention."""
+    gc.collect()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+    try:
+        import ctypes
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):
+        pass
+
+
+def _peak_read(device) -> Optional[int]:
+    """Bytes: CUDA's allocator peak since the reset, or the process's peak RSS (VmHWM) where Linux reports it."""
+    if torch.device(device).type == "cuda":
+        return int(torch.cuda.max_memory_allocated())
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return None
+
+
+def steps_for(step_s: float, budget_s: float, *, steps: int, minimum: int = 3, repeats: int = 2) -> int:
+    """Decode steps per ``generate`` that fit ``budget_s`` for two variants x ``repeats`` (each run also pays about a
+    step of prefill): ``steps`` where it fits, never below ``minimum``."""
+    fit = int(budget_s / (2 * repeats * step_s)) - 1
+    return max(minimum, min(steps, fit))
+
+
+def dtype_decode(preset: str = "full", *, dtypes=("bfloat16", "float32"), steps: int = 12, device="cpu",
+                 seed: int = 0, inference_timesteps: int = 10, repeats: int = 2, budget_s: Optional[float] = None,
+                 min_steps: int = 3, progress: bool = False) -> dict:
+    """The whole decode (:func:`whole_decode`, upstream vs patched) once per dtype, each model built in turn.
+
+    ``budget_s`` (None: no limit) is shared by the dtypes left: each dtype's steps come from a 1-step warm-up
+    ``generate`` of its own model (:func:`steps_for`; never below ``min_steps``), so a machine that is slow in one
+    dtype gets fewer steps there and the record says so (``sizing``). Per dtype: ``build_s``, ``weights_bytes``, the
+    peak memory over its decodes, the model resident (``peak_bytes``; CUDA's allocator, else the process's peak RSS:
+    the build's own fp32 transient is left out) and the
+    :func:`whole_decode` record. ``step_s`` is each dtype's median upstream step; :func:`dtype_table` compares them.
+    """
+    from ..models import build_voxcpm2, count_parameters, silence_progress
+    device = resolve_device(device)
+    out, sizing, spent, measured = {}, {}, 0.0, 0.0
+    for i, dtype in enumerate(dtypes):
+        t0 = time.perf_counter()
+        model = build_voxcpm2(preset, seed=seed, device=str(device), dtype=dtype)
+        build_s = time.perf_counter() - t0
+        silence_progress()
+        reset = _peak_reset(device)  # the run's peak, not the build's (voxcpm builds in fp32, then casts)
+        n = steps
+        if budget_s is not None:
+            t1 = time.perf_counter()  # one step and its prefill: an upper bound of a step
+            model.generate("Warm up.", min_len=1, max_len=1, inference_timesteps=inference_timesteps)
+            warm_step = time.perf_counter() - t1
+            left = (budget_s - spent - build_s) / (len(dtypes) - i)
+            n = steps_for(warm_step, left, steps=steps, minimum=min_steps, repeats=repeats)
+            sizing[dtype] = {"warm_step_s": warm_step, "budget_s": left, "steps": n}
+        rec = whole_decode(preset, steps=n, dtype=dtype, device=device, seed=seed, repeats=repeats, model=model,
+                           inference_timesteps=inference_timesteps, progress=progress)
+        measured += sum(r["wall_s"] for r in rec["rows"])
+        out[dtype] = {"build_s": build_s, "weights_bytes": sum(p.numel() * p.element_size() for p in
+                                                               model.parameters()),
+                      "parameters": count_parameters(model), "peak_bytes": _peak_read(device),
+                      "peak_since": "this dtype's decodes" if reset else "the process's start", "decode": rec}
+        del model
+        _release_memory()
+        spent += time.perf_counter() - t0
+    step_s = {d: statistics.median(_steps({"dtypes": out}, d, "upstream")[0]) for d in out}
+    params = {"preset": preset, "dtypes": list(dtypes), "steps": steps, "min_steps": min_steps,
+              "inference_timesteps": inference_timesteps, "repeats": repeats, "budget_s": budget_s}
+    from ..devices import cpu_flags
+    return record("dtype_decode", env=env_record(device, dtypes[0]), params=params, rows=[], dtypes=out,
+                  flags=cpu_flags() if device.type == "cpu" else {},
+                  sizing=sizing, step_s=step_s, measured_s=measured,
+                  build_s=statistics.mean(o["build_s"] for o in out.values()), spent_s=spent)
+
+
+def _steps(rec: dict, dtype: str, variant: str) -> tuple:
+    """(quiet step seconds, disturbed count) of one dtype and variant; every step where none was quiet."""
+    pairs = [(s, f) for r in rec["dtypes"][dtype]["decode"]["rows"] if r["variant"] == variant
+             for s, f in zip(r["step_seconds"], r["step_disturbed"])]
+    quiet = [s for s, f in pairs if not f]
+    return quiet or [s for s, _ in pairs], len(pairs) - len(quiet)
+
+
+def dtype_table(rec: dict) -> list:
+    """One row per dtype and variant of a :func:`dtype_decode` record: median step s with its bootstrap 95%
+    interval (n quiet steps over both repeats; ``disturbed`` steps left out), the ratio to voxcpm's default
+    (the first dtype, upstream) with its interval, steps per generate, peak memory, and whether the patched
+    output equals upstream's in that dtype."""
+    from .stats import ratio_ci
+    base_dtype = rec["params"]["dtypes"][0]
+    base = _steps(rec, base_dtype, "upstream")[0]
+    out = []
+    for dtype, o in rec["dtypes"].items():
+        for variant in ("upstream", "patched"):
+            s, n_disturbed = _steps(rec, dtype, variant)
+            ci = ratio_ci(s, base, paired=False)
+            out.append({"dtype": dtype, "variant": variant, "step s": statistics.median(s), "n": len(s),
+                        "disturbed": n_disturbed,
+                        f"x {base_dtype} upstream": statistics.median(s) / statistics.median(base),
+                        "95% low": ci[0] if ci else None, "95% high": ci[1] if ci else None,
+                        "steps": o["decode"]["params"]["steps"],
+                        "peak GB": o["peak_bytes"] / 1e9 if o["peak_bytes"] else None,
+                        "weights GB": o["weights_bytes"] / 1e9,
+                        "patched equals upstream": o["decode"]["identical"] if variant == "patched" else None})
+    return out

@@ -27,10 +27,11 @@ def _bootstrap(data: tuple, statistic, *, paired: bool, seed: int) -> Optional[t
     return None if math.isnan(lo) or math.isnan(hi) else (lo, hi)
 
 
-def ratio_ci(num: Sequence[float], den: Sequence[float], *, seed: int = 0) -> Optional[tuple]:
-    """95% bootstrap interval of ``median(num) / median(den)``; paired when both have the same length
-    (interleaved rounds), independent otherwise. ``None`` below 3 samples."""
-    paired = len(num) == len(den)
+def ratio_ci(num: Sequence[float], den: Sequence[float], *, seed: int = 0,
+             paired: Optional[bool] = None) -> Optional[tuple]:
+    """95% bootstrap interval of ``median(num) / median(den)``; ``paired`` (default: when both have the same
+    length, as interleaved rounds do) resamples rounds, else each side apart. ``None`` below 3 samples."""
+    paired = len(num) == len(den) if paired is None else paired
     return _bootstrap((num, den), lambda a, b: statistics.median(a) / statistics.median(b), paired=paired, seed=seed)
 
 

@@ -273,6 +273,16 @@ def _zero_fill_cost(recs, finds):
             f"for a {w[-1]['params']['steps']}-step request here (their 0.1-0.2 s counts 1.8 GB incl. import scratch)")
 
 
+def _default_dtype(recs, finds):
+    from .profiling import dtype_recommendation
+    d = recs.get("dtype_decode")
+    if not d:
+        return NOT_RUN, "05_profiling measures it (bench.dtype_decode)"
+    flags = d[-1].get("flags")
+    r = dtype_recommendation(d[-1], flags)
+    return (FAILS if r["decided"] and r["dtype"] != r["default"] else HOLDS), r["line"]
+
+
 CLAIMS = [
     ("seed 000", "Streaming slows from ~0.3 s to 1-2 s per chunk after 400+ chunks (#293)", _symptom),
     ("seed 000", "Every step builds a bool mask over all max_length (8192) slots", _mask_alloc),
@@ -292,6 +302,7 @@ CLAIMS = [
     ("seed 003", "KV allocation ~605 MB -> ~20-38 MB per request (fp32)", _kv_sizes),
     ("seed 003", "Output is bit-identical before and after the fix", _bit_identical),
     ("seed 003", "On CPU the zero-fill is only ~0.1-0.2 s of a ~50 s request", _zero_fill_cost),
+    ("voxcpm", "Its default dtype (the checkpoint's bf16 on CPU and CUDA) is the fastest to run here", _default_dtype),
 ]
 
 

@@ -3,12 +3,15 @@ attention calls, and bf16 vs fp32. Pure functions of records; they measure nothi
 
 from __future__ import annotations
 
-from ..bench.decode import patched_is_upstream, time_shares
+from typing import Optional
+
+from ..bench.decode import dtype_table, patched_is_upstream, time_shares
 from ..bench.records import find_row
 from ..bench.targets import met_count
 
 __all__ = ["headline", "headline_key", "floor_reading", "warm_vs_cold", "step_vs_call", "dtype_reading", "fast_table",
-           "fast_chose", "patched_steps_identical", "amdahl_line", "memory_summary", "growth_table"]
+           "fast_chose", "patched_steps_identical", "amdahl_line", "memory_summary", "growth_table", "whole_dtypes",
+           "dtype_recommendation", "dtype_findings", "sizing_line"]
 
 
 def warm_vs_cold(warm: dict, cold: dict) -> list[dict]:
@@ -179,3 +182,94 @@ def growth_table(growth: dict) -> list[dict]:
                     "final capacity": s["final_capacity"], "right-sized here": s.get("right_sized", True),
                     "upstream zero-fill per request ms": s["upstream_fill_ms"]})
     return out
+
+
+def whole_dtypes(device, dtype: str) -> tuple:
+    """The dtypes 05 decodes the whole model in: voxcpm's own on the device first (the default every ratio is
+    against), then float32 and ``dtype``; float16 too on CUDA (CPUs have no fast fp16 GEMM)."""
+    import torch
+
+    from ..devices import runtime_dtype
+    extra = ("float32", dtype) + (("float16",) if torch.device(device).type == "cuda" else ())
+    return tuple(dict.fromkeys((runtime_dtype(device),) + extra))
+
+
+def dtype_recommendation(rec: dict, flags: Optional[dict] = None) -> dict:
+    """Which dtype (and patch) this machine should run, from a ``dtype_decode`` record, with its price.
+
+    The default is voxcpm's own (the record's first dtype, upstream). Another configuration is recommended only
+    where its step is faster with the whole 95% interval below 1; a change of dtype changes the output's
+    rounding, so it is an opt-in, never a default, and ``line`` says so. ``flags``: the CPU's features
+    (:func:`fastattn.devices.cpu_flags`), named where they explain the result.
+    """
+    from ..devices import native_bf16
+    rows = dtype_table(rec)
+    default = rows[0]
+    best = min(rows, key=lambda r: r["step s"])
+    ci = (best["95% low"], best["95% high"]) if best["95% low"] is not None else None
+    decided = best is not default and ci is not None and ci[1] < 1
+    pick = best if decided else default
+    mem = {r["dtype"]: r["peak GB"] for r in rows if r["variant"] == "upstream"}
+    weights = {r["dtype"]: r["weights GB"] for r in rows if r["variant"] == "upstream"}
+    native = native_bf16(flags) if flags else None
+    out = {"dtype": pick["dtype"], "patched": pick["variant"] == "patched", "ratio": pick[default_key(rows)],
+           "ci": ci if decided else None, "decided": decided, "default": default["dtype"], "native_bf16": native,
+           "peak_gb": mem, "weights_gb": weights, "changes_results": pick["dtype"] != default["dtype"],
+           "others": {x["dtype"]: x[default_key(rows)] for x in rows if x["variant"] == "upstream"}}
+    out["line"] = _recommendation_line(out, best, rows)
+    return out
+
+
+def _ci_text(row: dict) -> str:
+    return "n/a" if row["95% low"] is None else f"{row['95% low']:.2f}-{row['95% high']:.2f}"
+
+
+def default_key(rows: list) -> str:
+    """The ratio column of :func:`fastattn.bench.dtype_table`'s rows (``x <default dtype> upstream``)."""
+    return next(k for k in rows[0] if k.startswith("x "))
+
+
+def _recommendation_line(r: dict, best: dict, rows: list) -> str:
+    why = {True: "this CPU has native bf16", False: "this CPU has no native bf16 (no avx512_bf16, amx_bf16 or "
+           "Arm bf16): torch's bf16 kernels convert to fp32 and back", None: ""}[r["native_bf16"]]
+    why = f" ({why})" if why else ""
+    cfg = f"{r['dtype']}{' with the patch' if r['patched'] else ''}"
+    if not r["decided"]:
+        alt = f"{best['dtype']}{' patched' if best['variant'] == 'patched' else ''}"
+        return (f"Keep voxcpm's default ({r['default']}){why}: no other configuration's decode step is faster with its "
+                f"whole 95% interval below 1 (the fastest, {alt}, {best[default_key(rows)]:.2f}x, "
+                f"interval {_ci_text(best)}).")
+    price = ""
+    if r["changes_results"]:
+        price = (f" Price: weights {r['weights_gb'][r['default']]:.1f} -> {r['weights_gb'][r['dtype']]:.1f} GB"
+                 + (f", peak {r['peak_gb'][r['default']]:.1f} -> {r['peak_gb'][r['dtype']]:.1f} GB"
+                    if r["peak_gb"].get(r["dtype"]) and r["peak_gb"].get(r["default"]) else "")
+                 + f"; {r['dtype']} rounds differently from {r['default']}, so the audio changes: an opt-in "
+                 f"(VOXCPM_CPU_DTYPE={r['dtype']} with the proposed upstream override), never a silent default.")
+    others = ", ".join(f"{d} {x:.2f}x" for d, x in r["others"].items() if d != r["default"])
+    return (f"Run {cfg}{why}: its decode step takes {r['ratio']:.2f}x of voxcpm's default ({r['default']}, "
+            f"upstream), 95% interval {r['ci'][0]:.2f}-{r['ci'][1]:.2f} (upstream in {others}).{price}")
+
+
+def dtype_findings(r: dict) -> dict:
+    """05's findings from :func:`dtype_recommendation`: the dtype to run, its ratio and interval, its memory."""
+    cfg = r["dtype"] + (" + patch" if r["patched"] else "")
+    ci = f" [{r['ci'][0]:.2f}, {r['ci'][1]:.2f}]" if r["ci"] else ""
+    gb = lambda d: ", ".join(f"{k} {v:.1f}" for k, v in d.items() if v)  # noqa: E731
+    return {"fastest configuration here (opt-in where its dtype is not voxcpm's default)": cfg,
+            f"its decode step / voxcpm's default ({r['default']}, upstream), 95% interval": f"{r['ratio']:.2f}{ci}",
+            "upstream decode step per dtype / default": ", ".join(f"{k} {v:.2f}x" for k, v in r["others"].items()),
+            "weights GB per dtype": gb(r["weights_gb"]), "peak GB per dtype, decoding": gb(r["peak_gb"]) or "n/a",
+            "native bf16 on this CPU": r["native_bf16"]}
+
+
+def sizing_line(rec: dict) -> str:
+    """What the time budget did to a ``dtype_decode`` record's steps, per dtype (or that it set none)."""
+    if not rec["sizing"]:
+        return f"whole decodes: {rec['params']['steps']} steps per generate in every dtype (no time budget given)"
+    parts = [f"{d}: {s['steps']} steps (warm-up step {s['warm_step_s']:.2f} s, {s['budget_s']:.0f} s for it)"
+             for d, s in rec["sizing"].items()]
+    scaled = [d for d, s in rec["sizing"].items() if s["steps"] < rec["params"]["steps"]]
+    why = (f"; scaled down from {rec['params']['steps']} to fit the runner's {rec['params']['budget_s']:.0f} s "
+           f"(n of every median below says so)" if scaled else "")
+    return "whole decodes sized to the time left: " + "; ".join(parts) + why

@@ -1,0 +1,259 @@
+"""Sizing the default workbook to this machine: a probe, a plan, and what was scaled and why.
+
+The workbook promises its five notebooks in ``BUDGET_S`` seconds on a 2-core x86-64 CPU, with or without native
+bf16. Most of its time goes to two measurements whose size is a choice: 01's stream (``chunks`` per stream) and
+05's whole decodes of the full model (``steps`` per ``generate``, in two dtypes). Everything else is fixed work.
+
+* :func:`probe` times a few streamed chunks of the ``small`` preset in each dtype on this machine (seconds).
+* :func:`plan` turns a probe into parameters: the defaults where they fit, else the sized measurements (01's
+  stream, 05's whole decodes and 05's sweep repeats) scaled by one factor down to their minimums, each change with
+  its reason. The fixed work and the full model's step are
+  estimated from the calibration (``data/budget-calibration.json``: a run on a reference machine, written by
+  ``python -m fastattn budget --calibrate RUN``), scaled by this machine's probe against the reference's.
+* :func:`notebook_budget` is what 05 may take once the notebooks before it have run: the runner passes it as
+  05's ``budget_s``; 05 runs its whole decodes last and gives them what is left
+  (:func:`fastattn.workbook.time_left`), and :func:`fastattn.bench.dtype_decode` sizes their steps from its own
+  warm-up step (a full model costs 20 s or more to build, so it is not probed up front).
+
+A parameter the user gives (``-p``) is never changed. The plan is pure: tests feed it CPU- and GPU-shaped probes.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import statistics
+import time
+from pathlib import Path
+from typing import Optional
+
+from .paths import atomic_write_text, data_dir
+
+__all__ = ["BUDGET_S", "SCALABLE", "probe", "calibration", "plan", "notebook_budget", "calibrate", "plan_lines",
+           "stream_seconds", "whole_seconds"]
+
+BUDGET_S = 600.0
+#: the share of the budget the plan fills: the estimates are estimates (05 then sizes its last part to the time left)
+FILL = 0.9
+#: the sized parameters: notebook, default, minimum (a trend needs six sixths of 10 chunks and two repeats; a
+#: dtype ratio two steps a run; a sweep's interval 5 repeats)
+SCALABLE = {"chunks": ("01_root_cause", 480, 60), "steps": ("05_profiling", 12, 3), "repeats": ("05_profiling", 9, 5)}
+#: streams in 01 (two variants, two repeats) and whole decodes in 05 (two dtypes x two variants x two repeats)
+STREAMS, DECODES = 4, 8
+DTYPES = ("bfloat16", "float32")
+
+
+def probe(device="cpu", *, chunks: int = 5, dtypes=DTYPES) -> dict:
+    """Per dtype, the median wall ms of a ``small``-preset streamed chunk (the first, with the prefill, left out;
+    ``inference_timesteps=2`` as 01's stream) and the build seconds. A few seconds on a 2-core CPU."""
+    from .bench.stream import text_for
+    from .bench.timing import sync_device
+    from .devices import resolve_device
+    from .models import build_voxcpm2, silence_progress
+    device = resolve_device(device)
+    rows = []
+    for dtype in dtypes:
+        t0 = time.perf_counter()
+        model = build_voxcpm2("small", device=str(device), dtype=dtype)
+        build_s = time.perf_counter() - t0
+        silence_progress()
+        gen = model.generate_streaming(text_for(chunks), min_len=chunks, max_len=chunks, inference_timesteps=2)
+        times, t = [], time.perf_counter()
+        for _ in gen:
+            sync_device(device)
+            times.append((time.perf_counter() - t) * 1e3)
+            t = time.perf_counter()
+        rows.append({"dtype": dtype, "chunk_ms": statistics.median(times[1:]), "n": len(times) - 1,
+                     "build_s": build_s})
+        del model
+    return {"kind": "budget_probe", "device": str(device), "rows": rows}
+
+
+def calibration(path: Optional[Path] = None) -> dict:
+    """The committed calibration: the reference machine's probe, fixed seconds per notebook and full/small ratios."""
+    return json.loads(Path(path or data_dir() / "budget-calibration.json").read_text())
+
+
+def _speed(probe_rec: dict, cal: dict) -> dict:
+    """This machine's time over the reference's, per dtype (> 1: slower), from the two probes."""
+    here = {r["dtype"]: r["chunk_ms"] for r in probe_rec["rows"]}
+    ref = {r["dtype"]: r["chunk_ms"] for r in cal["probe"]["rows"]}
+    return {d: here[d] / ref[d] for d in here if d in ref}
+
+
+def stream_seconds(chunks: int, chunk_ms: float) -> float:
+    """01's stream: ``STREAMS`` streams of ``chunks`` chunks at ``chunk_ms`` each."""
+    return STREAMS * chunks * chunk_ms / 1e3
+
+
+def whole_seconds(steps: int, step_s: dict, build_s: float = 0.0) -> float:
+    """05's whole decodes: per dtype, a build (``build_s``), a 1-step warm-up (about 2 steps with its prefill) and
+    two variants x two repeats of ``steps`` steps (+1 for the prefill)."""
+    return sum(DECODES / len(step_s) * (steps + 1) * s + 2 * s + build_s for s in step_s.values())
+
+
+def _estimates(probe_rec: dict, cal: dict) -> dict:
+    """Seconds of fixed work per notebook, a stream chunk and a full step per dtype, the full builds: here."""
+    speed = _speed(probe_rec, cal)
+    mean = math.sqrt(speed.get("bfloat16", 1.0) * speed.get("float32", 1.0))
+    chunk = {r["dtype"]: r["chunk_ms"] for r in probe_rec["rows"]}
+    return {"speed": speed, "fixed_s": {nb: s * mean for nb, s in cal["fixed_s"].items()},
+            "sweep_s": cal["sweep_s"] * mean,
+            "chunk_ms": chunk["bfloat16"] if "bfloat16" in chunk else next(iter(chunk.values())),
+            "full_step_s": {d: chunk[d] / 1e3 * cal["full_over_small"][d] for d in DTYPES if d in chunk},
+            "full_build_s": cal["full_build_s"] * mean}
+
+
+def plan(probe_rec: dict, notebooks, *, given: Optional[dict] = None, budget_s: float = BUDGET_S,
+         cal: Optional[dict] = None) -> dict:
+    """The parameters that fit ``budget_s`` on the probed machine, for the selected ``notebooks`` (stems).
+
+    Returns ``{"budget_s", "params": {name: value}, "scaled": [{"param", "default", "value", "why"}],
+    "estimate_s": {stem: s}, "total_s", "speed", "sizes", "whole_s"}``. ``given`` holds the user's parameters:
+    never changed, and counted at their value.
+    """
+    given = dict(given or {})
+    cal = cal or calibration()
+    est = _estimates(probe_rec, cal)
+    stems = [Path(n).stem for n in notebooks]
+    fixed = sum(est["fixed_s"].get(s, 0.0) for s in stems)
+    sizes = {name: given.get(name, d) for name, (nb, d, _) in SCALABLE.items() if nb in stems}
+    cost = _cost_fn(est)
+    free = {n for n in sizes if n not in given}
+    room = FILL * budget_s - fixed - sum(cost(n, sizes[n]) for n in sizes if n not in free)
+    factor, pinned = _fit(free, sizes, cost, room)
+    scaled = []
+    for n in sorted(free):
+        value = SCALABLE[n][2] if n in pinned else _largest(n, sizes[n], factor * cost(n, sizes[n]), cost)
+        if value != sizes[n]:
+            scaled.append({"param": n, "default": sizes[n], "value": value, "why": _why(n, est, budget_s, factor)})
+        sizes[n] = value
+    per_nb = {s: est["fixed_s"].get(s, 0.0) for s in stems}
+    for n, v in sizes.items():
+        per_nb[SCALABLE[n][0]] += cost(n, v)
+    return {"budget_s": budget_s, "params": {s["param"]: s["value"] for s in scaled}, "scaled": scaled,
+            "estimate_s": per_nb, "total_s": sum(per_nb.values()), "speed": est["speed"], "sizes": sizes,
+            "whole_s": cost("steps", sizes["steps"]) if "steps" in sizes else 0.0}
+
+
+def _fit(free: set, sizes: dict, cost, room: float) -> tuple:
+    """The share ``factor`` of its default cost each free measurement gets so that all fit ``room``, and those pinned
+    at their minimum (whose minimum costs more than their share): water-filling."""
+    pinned: set = set()
+    while True:
+        left = free - pinned
+        r = room - sum(cost(n, SCALABLE[n][2]) for n in pinned)
+        want = sum(cost(n, sizes[n]) for n in left)
+        factor = min(1.0, max(r, 0.0) / want) if want else 1.0
+        low = {n for n in left if cost(n, SCALABLE[n][2]) > factor * cost(n, sizes[n])}
+        if not low:
+            return factor, pinned
+        pinned |= low
+
+
+def _largest(name: str, default: int, share: float, cost) -> int:
+    """The largest size from the minimum to ``default`` whose cost fits ``share``."""
+    fits = [v for v in range(SCALABLE[name][2], default + 1) if cost(name, v) <= share * (1 + 1e-9)]
+    return max(fits) if fits else SCALABLE[name][2]
+
+
+def _cost_fn(est: dict):
+    def cost(name: str, value: int) -> float:
+        if name == "chunks":
+            return stream_seconds(value, est["chunk_ms"])
+        if name == "repeats":  # 05's sweeps, linear in their repeats
+            return est["sweep_s"] * value / SCALABLE["repeats"][1]
+        return whole_seconds(value, est["full_step_s"], est["full_build_s"])
+    return cost
+
+
+def _why(name: str, est: dict, budget_s: float, factor: float) -> str:
+    speed = ", ".join(f"{d} {s:.2f}x" for d, s in est["speed"].items())
+    what = {"chunks": "01's stream", "steps": "05's whole decodes", "repeats": "05's sweeps"}[name]
+    return (f"{what} at the default would not fit {budget_s:.0f} s here (this machine's speed against the "
+            f"calibration: {speed}); scaled by {factor:.2f}, not below the minimum {SCALABLE[name][2]}")
+
+
+def plan_lines(p: dict) -> list:
+    """The plan as the runner prints it, one line per notebook and per scaled parameter."""
+    sizes = p["sizes"]
+    out = [f"plan: about {p['total_s']:.0f} s of notebooks against a {p['budget_s']:.0f} s budget"]
+    for stem, s in p["estimate_s"].items():
+        extra = {"01_root_cause": f": streams {sizes['chunks']} chunks" if "chunks" in sizes else "",
+                 "05_profiling": (f": sweeps of {sizes['repeats']} repeats" if "repeats" in sizes else "")
+                 + (f", whole decodes of {sizes['steps']} steps" if "steps" in sizes else "")}
+        out.append(f"  {stem}{extra.get(stem, '')}, about {s:.0f} s")
+    out += [f"  scaled {s['param']} {s['default']} -> {s['value']}: {s['why']}" for s in p["scaled"]]
+    return out
+
+
+def notebook_budget(p: dict, elapsed_s: float, stem: str = "05_profiling") -> float:
+    """Seconds the notebook ``stem`` may take once ``elapsed_s`` of notebooks have run: the budget's fill left
+    (never below its fixed work and a third of what the plan gave its sized measurement). 05 passes what is
+    left of it, when its whole decodes start, to :func:`fastattn.bench.dtype_decode`."""
+    fixed = p["estimate_s"].get(stem, 0.0) - p.get("whole_s", 0.0)
+    return max(fixed + p.get("whole_s", 0.0) / 3, FILL * p["budget_s"] - elapsed_s)
+
+
+def calibrate(run_dirs, probe_rec: dict, path: Optional[Path] = None) -> dict:
+    """Write the calibration from finished runs at the defaults (``--budget 0``; one run of 01-05, or several that
+    cover them, the later one winning) and this machine's probe: a notebook's fixed seconds are its duration less
+    the sized measurement's own measured time."""
+    runs = [Path(r) for r in ([run_dirs] if isinstance(run_dirs, (str, Path)) else run_dirs)]
+    where, dur = {}, {}
+    for run in runs:
+        for nb in json.loads((run / "summary.json").read_text())["notebooks"]:
+            if nb.get("status") == "ok":
+                stem = Path(nb["name"]).stem
+                where[stem], dur[stem] = run, nb["duration_s"]
+    missing = [s for s, _, _ in SCALABLE.values() if s not in where]
+    if missing:
+        raise ValueError(f"calibrate: no finished run of {', '.join(missing)} among {[str(r) for r in runs]}")
+    stream = _record(where["01_root_cause"] / "01_root_cause" / "records", "stream_profile")
+    whole = _record(where["05_profiling"] / "05_profiling" / "records", "dtype_decode")
+    chunk = {r["dtype"]: r["chunk_ms"] for r in probe_rec["rows"]}
+    sweep_s = _sweep_seconds(where["05_profiling"] / "05_profiling.ipynb")
+    fixed = dict(dur)
+    fixed["01_root_cause"] -= sum(r["ms"] for r in stream["rows"]) / 1e3
+    fixed["05_profiling"] -= whole["spent_s"] + sweep_s
+    cal = {"source": sorted({where[s].name for s in dur}), "probe": probe_rec, "fixed_s": fixed, "sweep_s": sweep_s,
+           "full_build_s": whole["build_s"],
+           "full_over_small": {d: whole["step_s"][d] / (chunk[d] / 1e3) for d in whole["step_s"] if d in chunk}}
+    atomic_write_text(Path(path or data_dir() / "budget-calibration.json"), json.dumps(cal, indent=1) + "\n")
+    return cal
+
+
+def _sweep_seconds(executed: Path) -> float:
+    """Seconds of an executed 05's cells that take its ``repeats`` (papermill's per-cell durations): its sweeps."""
+    cells = json.loads(executed.read_text())["cells"]
+    return sum(c.get("metadata", {}).get("papermill", {}).get("duration") or 0.0 for c in cells
+               if c["cell_type"] == "code" and 'P["repeats"]' in "".join(c["source"]))
+
+
+def _record(folder: Path, kind: str) -> dict:
+    for f in sorted(folder.glob("*.json")):
+        rec = json.loads(f.read_text())
+        if rec.get("kind") == kind:
+            return rec
+    raise ValueError(f"{folder}: no {kind} record (calibrate from a default run of 01 and 05)")
+
+
+def main(argv=None) -> int:
+    import argparse
+    ap = argparse.ArgumentParser(prog="python -m fastattn budget",
+                                 description="Probe this machine and print the workbook's plan, or calibrate.")
+    ap.add_argument("--budget", type=float, default=BUDGET_S, help="seconds of notebooks (default %(default)s)")
+    ap.add_argument("--device", default="cpu")
+    ap.add_argument("--calibrate", nargs="+", metavar="RUN",
+                    help="write data/budget-calibration.json from default (--budget 0) runs covering 01-05")
+    args = ap.parse_args(argv)
+    probe_rec = probe(args.device)
+    if args.calibrate:
+        cal = calibrate(args.calibrate, probe_rec)
+        print(json.dumps({k: cal[k] for k in ("source", "fixed_s", "sweep_s", "full_build_s", "full_over_small")},
+                         indent=1))
+        return 0
+    from .paths import notebooks_dir
+    stems = sorted(p.stem for p in notebooks_dir().glob("[0-9][0-9]_*.ipynb"))
+    print("\n".join(plan_lines(plan(probe_rec, stems, budget_s=args.budget))))
+    return 0
