@@ -196,26 +196,27 @@ def notebook_budget(p: dict, elapsed_s: float, stem: str = "05_profiling") -> fl
 
 
 def calibrate(run_dirs, probe_rec: dict, path: Optional[Path] = None) -> dict:
-    """Write the calibration from finished runs at the defaults (``--budget 0``; one run of 01-05, or several that
-    cover them, the later one winning) and this machine's probe: a notebook's fixed seconds are its duration less
-    the sized measurement's own measured time."""
+    """Write the calibration from finished runs (one run of 01-05, or several that cover them, the later one
+    winning; budgeted or not) and this machine's probe: a notebook's fixed seconds are its duration less the sized
+    measurements' own measured time (05's sweeps scaled to the default repeats)."""
     runs = [Path(r) for r in ([run_dirs] if isinstance(run_dirs, (str, Path)) else run_dirs)]
-    where, dur = {}, {}
+    where, dur, used = {}, {}, {}
     for run in runs:
         for nb in json.loads((run / "summary.json").read_text())["notebooks"]:
             if nb.get("status") == "ok":
                 stem = Path(nb["name"]).stem
-                where[stem], dur[stem] = run, nb["duration_s"]
+                where[stem], dur[stem], used[stem] = run, nb["duration_s"], nb.get("parameters", {})
     missing = [s for s, _, _ in SCALABLE.values() if s not in where]
     if missing:
         raise ValueError(f"calibrate: no finished run of {', '.join(missing)} among {[str(r) for r in runs]}")
     stream = _record(where["01_root_cause"] / "01_root_cause" / "records", "stream_profile")
     whole = _record(where["05_profiling"] / "05_profiling" / "records", "dtype_decode")
     chunk = {r["dtype"]: r["chunk_ms"] for r in probe_rec["rows"]}
-    sweep_s = _sweep_seconds(where["05_profiling"] / "05_profiling.ipynb")
+    ran = used["05_profiling"].get("repeats", SCALABLE["repeats"][1])  # a budgeted run: scaled to the default
+    sweep_s = _sweep_seconds(where["05_profiling"] / "05_profiling.ipynb") * SCALABLE["repeats"][1] / ran
     fixed = dict(dur)
     fixed["01_root_cause"] -= sum(r["ms"] for r in stream["rows"]) / 1e3
-    fixed["05_profiling"] -= whole["spent_s"] + sweep_s
+    fixed["05_profiling"] -= whole["spent_s"] + sweep_s * ran / SCALABLE["repeats"][1]
     cal = {"source": sorted({where[s].name for s in dur}), "probe": probe_rec, "fixed_s": fixed, "sweep_s": sweep_s,
            "full_build_s": whole["build_s"],
            "full_over_small": {d: whole["step_s"][d] / (chunk[d] / 1e3) for d in whole["step_s"] if d in chunk}}

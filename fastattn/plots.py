@@ -264,6 +264,41 @@ def stream(rec: dict, *, ax=None, window: int = 25):
                                         f"(repeat 0, rolling median of {window})"))
 
 
+def stream_components(rec: dict, *, variant: str = "upstream", ax=None, window: int = 25):
+    """A ``stream_profile(components=True)`` record: each component's ms per chunk along the stream (rolling median
+    of repeat 0's quiet chunks), labelled with its trend verdict."""
+    import statistics
+    fig, ax = (ax.figure, ax) if ax is not None else plt.subplots(figsize=(7, 4))
+    rows = [r for r in rec["rows"] if r["variant"] == variant and r["repeat"] == 0 and r["chunk"] > 0
+            and not r["disturbed"]]
+    cmap = plt.get_cmap("tab10")
+    for i, c in enumerate(("base_lm", "residual_lm", "dit", "encoder", "vae", "other")):
+        x, y = [r["chunk"] for r in rows], [r["components"][c] for r in rows]
+        roll = [statistics.median(y[max(0, j - window // 2):j + window // 2 + 1]) for j in range(len(y))]
+        ax.plot(x, roll, lw=1.6, color=cmap(i), label=f"{c}: {rec['trend'][variant][c]['verdict']}")
+    p = rec["params"]
+    ax.set_xlabel("chunk")
+    ax.set_ylabel("ms per chunk")
+    ax.set_ylim(bottom=0)
+    return _finish(fig, ax, _title(rec, f"where a chunk's time goes: {variant}, {p['preset']} preset, {p['dtype']} "
+                                        f"(repeat 0, quiet chunks, rolling median of {window})"))
+
+
+def consumers(rec: dict, *, ax=None):
+    """A ``consumer_matrix`` record: each pattern's ms for the newest chunk against the chunk index, with #293's
+    shape (0.3 s at the start, 1-2 s after 400 chunks) as a band."""
+    fig, ax = (ax.figure, ax) if ax is not None else plt.subplots(figsize=(7, 4))
+    for name in rec["summary"]:
+        rows = [r for r in rec["rows"] if r["pattern"] == name]
+        ax.plot([r["chunk"] for r in rows], [max(r["ms"], 1e-4) for r in rows], marker="o", ms=3, label=name)
+    ax.axhspan(1000, 2000, color="0.85", zorder=0, label="#293: 1-2 s per chunk after 400+")
+    ax.set_yscale("log")
+    ax.set_xlabel("chunk index (clip length = index x one chunk)")
+    ax.set_ylabel("ms the consumer spends on that chunk")
+    return _finish(fig, ax, _title(rec, f"the caller's side: reprocessing the whole clip every chunk "
+                                        f"({rec['params']['chunk_samples']} samples per chunk)"))
+
+
 def targets_table(targets: list) -> str:
     """HTML table of judged targets: measured, its 95% interval and n, goal, met, whether the interval
     decides (lies wholly on one side of the goal), note."""

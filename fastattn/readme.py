@@ -1,7 +1,10 @@
-"""README's findings, written from the committed reference records (never typed by hand).
+"""README's findings table, headline figure and ``docs/results.md``, written from the committed reference records
+(never typed by hand).
 
-``python -m fastattn readme`` prints the block; ``--write`` replaces it in README.md between the markers
-``<!-- findings:begin -->`` and ``<!-- findings:end -->``; a test fails when README and records disagree.
+``python -m fastattn readme`` prints README's block; ``--write`` replaces it in README.md between the markers
+``<!-- findings:begin -->`` and ``<!-- findings:end -->``, the same block of ``docs/results.md`` (every finding
+in prose, and the two CPUs side by side) and the headline figure ``data/results/headline.png``. Tests fail when
+any of them and the records disagree.
 """
 
 from __future__ import annotations
@@ -176,13 +179,105 @@ def reference_findings(ref: Path, other: Optional[Path] = None) -> str:
     return "\n".join(lines) + "\n"
 
 
+def findings_table(ref: Path) -> str:
+    """README's findings: one row per question, its measured answer on the reference machine (records only)."""
+    from .bench.targets import met_count
+    rec = lambda n: load_record(ref / f"{n}.json")  # noqa: E731
+    tr = rec("targets")
+    env, t = tr["env"], {x["id"]: x for x in tr["rows"]}
+    stream, whole, kv, matrix = (rec(n) for n in ("stream_profile_full", "whole_decode_full", "kv_memory_full",
+                                                  "backend_matrix"))
+    mdt = runtime_dtype(env.get("device", "cpu"))
+    masked = find_row(matrix["rows"], case="upstream: bool mask over full cache + GQA", dtype=mdt, head_dim=128)
+    chosen = sorted({r["chosen"] for r in rec("exactness_calibration")["rows"]}, key=str)
+    sp, wp = stream["params"], whole["params"]
+    rows = [
+        ("Does upstream's per-chunk cost grow along a stream (#293)?",
+         f"{stream['verdict']['upstream']} over {sp['chunks']} chunks ({sp['preset']} model, {sp['dtype']})"
+         + ("" if "trend" in stream else "; this record predates the trend verdict over repeats: one run's sixths")),
+        (f"Which kernel runs upstream's masked {mdt} decode call?", f"`{masked['kernel']}`, over all {masked['keys']} "
+         "slots"),
+        ("Is the default fix bit-identical to upstream?",
+         f"yes, by construction: windows of {', '.join(map(str, chosen))} keys (the CPU kernel's block)"
+         if any(c is not None for c in chosen) else "yes: no window is exact here, so it keeps upstream's call"),
+        ("One attention call at position 256, fp32: `exact` / upstream", _ci(t["exact_p256"])),
+        ("A real-width decode step at position 256, bf16: patched / upstream", _ci(t["decode_bf16"])),
+        (f"The whole {wp['preset']} model, {wp['dtype']}, {wp['steps']} steps: patched / upstream",
+         f"{whole['median_wall_s']['upstream']:.1f} s -> {whole['median_wall_s']['patched']:.1f} s, {_ci(t['whole'])}"
+         f", {'bit-identical' if whole['identical'] else 'NOT identical'}"),
+        (f"KV of a {kv['params']['prefill'] + kv['params']['steps']}-token request",
+         f"{kv['upstream_bytes'] / 1e6:.0f} MB -> {kv['patched_bytes'] / 1e6:.0f} MB"),
+    ]
+    if (ref / "dtype_decode_full.json").exists():
+        from .experiments.profiling import dtype_recommendation
+        dd = rec("dtype_decode_full")
+        r = dtype_recommendation(dd, dd.get("flags"))
+        others = ", ".join(f"{d} {x:.2f}x" for d, x in r["others"].items() if d != r["default"])
+        rows.append(("Which dtype should this CPU run?", f"{r['dtype']}{' with the fix' if r['patched'] else ''} "
+                     f"({r['ratio']:.2f}x of voxcpm's default step; upstream in {others})"))
+    rows.append(("Targets met", f"{met_count(tr['rows'])} (`targets.json` says why each miss)"))
+    machine = f"{env['threads']}-core {env['device_name']} ({env['cpu_capability']}, torch {env['torch']})"
+    head = [f"Measured on a {machine}: the committed reference run `data/results/{ref.name}/`. Every figure, its "
+            "interval and n, in prose: [docs/results.md](docs/results.md).", "",
+            "| question | measured |", "|---|---|"]
+    return "\n".join(head + [f"| {q} | {a} |" for q, a in rows]) + "\n"
+
+
+HEADLINE = "headline.png"
+DTYPE_BEGIN, DTYPE_END = "<!-- dtype:begin -->", "<!-- dtype:end -->"
+
+
+def dtype_machines(results: Path) -> str:
+    """``upstream-PR.md``'s table: per machine folder under ``results`` with a whole-decode dtype comparison
+    (``dtype_decode_full.json``), its CPU, native bf16, each dtype's median step against voxcpm's default and the
+    weights' memory."""
+    from .bench.decode import dtype_table
+    from .devices import native_bf16
+    out = ["| machine | native bf16 | decode step, voxcpm's default | float32 / default (95% CI) | "
+           "float32 + fix / default (95% CI) | weights GB |", "|---|---|---|---|---|---|"]
+    for path in sorted(results.glob("*/dtype_decode_full.json")):
+        rec = load_record(path)
+        rows = {(r["dtype"], r["variant"]): r for r in dtype_table(rec)}
+        key = next(k for k in next(iter(rows.values())) if k.startswith("x "))
+        base = rows[(rec["params"]["dtypes"][0], "upstream")]
+        ci = lambda r, key=key: f"{r[key]:.2f}x ([{r['95% low']:.2f}, {r['95% high']:.2f}], n={r['n']})"  # noqa: E731
+        out.append(f"| `{path.parent.name}`: {rec['env'].get('device_name', '')} | "
+                   f"{'yes' if native_bf16(rec.get('flags') or {}) else 'no'} | {base['dtype']} {base['step s']:.2f} s"
+                   f" | {ci(rows[('float32', 'upstream')])} | {ci(rows[('float32', 'patched')])} | "
+                   + ", ".join(f"{d} {r['weights GB']:.1f}" for (d, v), r in rows.items() if v == "upstream") + " |")
+    return "\n".join(out) + "\n"
+
+
+def headline_figure(ref: Path, path: Path) -> Path:
+    """README's figure: a real-width decode step's cost against position in bf16, upstream flat, the fix growing
+    with the position (the reference run's ``decode_step_bfloat16``), drawn by :func:`fastattn.plots.decode_step`."""
+    import matplotlib
+    matplotlib.use("Agg")
+    from .plots import decode_step
+    fig = decode_step(load_record(ref / "decode_step_bfloat16.json"))
+    fig.savefig(path, dpi=90, bbox_inches="tight", metadata={"Software": None})
+    import matplotlib.pyplot as plt
+    plt.close(fig)
+    return path
+
+
 def _readme() -> Path:
     return Path(repo_root()) / "README.md"
 
 
-def current_block() -> str:
-    text = _readme().read_text()
-    return text[text.index(BEGIN) + len(BEGIN):text.index(END)].strip("\n") + "\n"
+def _results_md() -> Path:
+    return Path(repo_root()) / "docs" / "results.md"
+
+
+def current_block(path: Optional[Path] = None, begin: str = BEGIN, end: str = END) -> str:
+    text = (path or _readme()).read_text()
+    return text[text.index(begin) + len(begin):text.index(end)].strip("\n") + "\n"
+
+
+def _replace_block(path: Path, block: str, begin: str = BEGIN, end: str = END) -> None:
+    text = path.read_text()
+    head, tail = text[:text.index(begin) + len(begin)], text[text.index(end):]
+    path.write_text(head + "\n" + block + tail)
 
 
 def main(argv=None) -> int:
@@ -191,11 +286,12 @@ def main(argv=None) -> int:
     ap.add_argument("--write", action="store_true", help="replace the block in README.md")
     args = ap.parse_args(argv)
     results = Path(data_dir()) / "results"
-    block = reference_findings(results / REFERENCE, results / OTHER)
+    block = findings_table(results / REFERENCE)
     if not args.write:
         print(block, end="")
         return 0
-    text = _readme().read_text()
-    head, tail = text[:text.index(BEGIN) + len(BEGIN)], text[text.index(END):]
-    _readme().write_text(head + "\n" + block + tail)
+    _replace_block(_readme(), block)
+    _replace_block(_results_md(), reference_findings(results / REFERENCE, results / OTHER))
+    headline_figure(results / REFERENCE, results / HEADLINE)
+    _replace_block(Path(data_dir()) / "upstream-PR.md", dtype_machines(results), DTYPE_BEGIN, DTYPE_END)
     return 0

@@ -177,6 +177,9 @@ def _summary_md(run_dir: Path, summary: dict, env: dict, verdicts: list, ledger:
     dtype = next((c for c in ledger if c["source"] == "voxcpm" and "dtype" in c["claim"]), None)
     if dtype and dtype["verdict"] in ("holds", "does not hold"):
         lines += ["### Which dtype to run on this machine", "", dtype["evidence"], ""]
+    reply = reply_for_293(run_dir)
+    if reply:
+        lines += ["### A reply for OpenBMB/VoxCPM #293 (from this run's 01)", "", reply, ""]
     if summary.get("plan"):
         lines += ["### What the time budget scaled", ""] + _plan_md(summary) + [""]
     lines += ["### Notebooks", ""]
@@ -191,6 +194,17 @@ def _summary_md(run_dir: Path, summary: dict, env: dict, verdicts: list, ledger:
             lines += ["", f"  <details><summary>{len(rest)} more findings</summary>", ""]
             lines += [f"  * {k}: {fmt(v, k)}" for k, v in rest] + ["", "  </details>", ""]
     return "\n".join(lines) + "\n"
+
+
+def reply_for_293(run_dir: Path) -> Optional[str]:
+    """The #293 reply from a run's 01 records (a stream with per-component trends, the consumer matrix), or None."""
+    from .experiments.root_cause import diagnosis, reply_293
+    recs = [_load(p) for p in sorted(Path(run_dir).glob("01_root_cause/records/*.json"))]
+    stream = next((r for r in recs if r and r.get("kind") == "stream_profile" and "trend" in r), None)
+    if stream is None:
+        return None
+    cons = next((r for r in recs if r and r.get("kind") == "consumer_matrix"), None)
+    return reply_293(diagnosis(stream, cons, stream.get("env", {}).get("device", "cpu")))
 
 
 def _plan_md(summary: dict) -> list:

@@ -233,13 +233,27 @@ def test_readme_figures_are_the_reference_records():
     """The figures README quotes are the committed reference run's, written by ``python -m fastattn readme``
     from the records (never typed), and the records say what README claims."""
     from fastattn import readme
-    assert readme.current_block() == readme.reference_findings(REF, REF.parent / readme.OTHER), \
+    assert readme.current_block() == readme.findings_table(REF), \
         "README's findings are stale: run python -m fastattn readme --write"
+    results = REF.parents[2] / "docs" / "results.md"
+    assert readme.current_block(results) == readme.reference_findings(REF, REF.parent / readme.OTHER), \
+        "docs/results.md is stale: run python -m fastattn readme --write"
+    pr = REF.parents[1] / "upstream-PR.md"
+    assert readme.current_block(pr, readme.DTYPE_BEGIN, readme.DTYPE_END) == readme.dtype_machines(REF.parent), \
+        "upstream-PR.md's dtype table is stale: run python -m fastattn readme --write"
     rec = lambda n: bench.load_record(REF / f"{n}.json")  # noqa: E731
     assert rec("whole_decode_full")["identical"] and rec("stream_profile_full")["identical"]["exact"]
     ladder = rec("exactness_calibration")["rows"]
     assert {r["chosen"] for r in ladder} == {512}
     assert rec("targets")["env"]["git_commit"]  # README names the commit the records were made at
+
+
+def test_readme_headline_figure_is_drawn_from_the_reference_records(tmp_path):
+    """data/results/headline.png is what plots.decode_step draws from the reference run's bf16 step sweep now."""
+    from fastattn import readme
+    fresh = readme.headline_figure(REF, tmp_path / "headline.png")
+    assert fresh.read_bytes() == (REF.parent / readme.HEADLINE).read_bytes(), \
+        "data/results/headline.png is stale: run python -m fastattn readme --write"
 
 
 def _row_ms(rows, variant, position=256):

@@ -78,6 +78,40 @@ def test_readme_opens_with_the_two_commands():
     assert cmds == ["make workbook", "make test"]
 
 
+#: every command README shows -> the test that runs it (or "CI": .ci/run)
+README_COMMANDS = {
+    "make workbook": "test_readme_make_targets_resolve (make -n) and tests/test_workbook.py (the runner)",
+    "make test": "CI",
+    "make lab": "test_readme_make_targets_resolve (make -n)",
+    "python -m fastattn gpu-check --quick": "tests/test_gpucheck.py (--device cpu --quick)",
+    "python -m fastattn workbook -p device cuda": "tests/test_workbook.py (refused without CUDA, naming it)",
+    "make torch-matrix TORCH=2.11.0 PY=3.12": "test_readme_make_targets_resolve (make -n)",
+}
+
+
+def _readme_commands() -> list:
+    blocks = re.findall(r"```(?:bash|sh)?\n(.*?)```", (ROOT / "README.md").read_text(), flags=re.S)
+    return [ln.split("#")[0].strip() for b in blocks for ln in b.splitlines() if ln.split("#")[0].strip()]
+
+
+def test_every_readme_command_is_run_somewhere():
+    assert set(_readme_commands()) == set(README_COMMANDS), "a README command without a test that runs it"
+
+
+def test_readme_make_targets_resolve():
+    for cmd in _readme_commands():
+        if cmd.startswith("make "):
+            r = subprocess.run(["make", "-n", *cmd.split()[1:]], cwd=ROOT, capture_output=True, text=True)
+            assert r.returncode == 0 and r.stdout.strip(), (cmd, r.stderr)
+
+
+def test_readme_links_resolve_and_it_reads_in_two_minutes():
+    text = (ROOT / "README.md").read_text()
+    assert len(text.splitlines()) <= 120
+    for target in re.findall(r"\]\(([^)#]+)\)", text):
+        assert (ROOT / target).exists(), target
+
+
 def test_ci_runs_make_test():
     text = (ROOT / ".ci/run").read_text()
     assert "make test" in text and "set -e" in text

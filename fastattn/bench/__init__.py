@@ -12,7 +12,8 @@ with the workbook's targets and says pass or fail with the measured figure.
 Layout: ``timing`` (interleaving, statistics), ``floor`` (bandwidth, live bytes),
 ``attention`` (one call per mode, fast's choice), ``steps`` (one decode step,
 eager and compiled), ``decode`` (a whole generate, split by component, and per dtype),
-``memory`` (KV bytes, allocations, fill and growth, peak RSS), ``stream`` (time per streamed chunk),
+``memory`` (KV bytes, allocations, fill and growth, peak RSS), ``stream`` (time per streamed chunk, per component),
+``consumers`` (what a caller that reprocesses the whole clip pays as it grows),
 ``records``,
 ``targets``, ``cli``.
 """
@@ -24,13 +25,14 @@ from importlib import import_module
 _OWNERS = {
     "attention": ("attention_sweep", "dtype_costs", "fast_choices"),
     "cli": ("main", "reference_run"),
+    "consumers": ("consumer_matrix", "consumer_table", "stream_audio"),
     "decode": ("dtype_decode", "dtype_table", "whole_decode"),
     "floor": ("bandwidth", "bandwidth_line", "floor_ms", "live_kv_bytes", "llc_bytes"),
     "memory": ("cache_growth", "fill_cost", "kv_memory", "peak_rss", "step_allocations"),
     "records": ("env_record", "load_record", "record", "save_record"),
     "stats": ("ratio_ci", "scaled_ci"),
     "steps": ("compiled_step_sweep", "decode_step_sweep"),
-    "stream": ("stream_profile", "stream_table"),
+    "stream": ("COMPONENTS", "component_table", "stream_profile", "stream_table"),
     "targets": ("GOALS", "check_targets", "target_goals"),
     "timing": ("time_interleaved",),
 }

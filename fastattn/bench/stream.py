@@ -11,17 +11,24 @@ from __future__ import annotations
 
 import statistics
 import time
+from contextlib import nullcontext
 from typing import Sequence
 
 import torch
 
 from ..devices import resolve_device
+from .decode import Timers, instrumented, timer_overhead_us
 from .noise import delta, disturbed, host_counters, others_busy
 from .records import env_record, record
 from .timing import progress_bar, sync_device
 from .trend import describe, trend
 
 VARIANTS = ("upstream", "exact", "fast")
+#: what a chunk's time is split into (ms): the two LM steps, the local DiT (the CFM solve), the local feature encoder,
+#: the streaming VAE decode, and the rest of the chunk (projections, stop head, the generator's own work)
+COMPONENTS = ("base_lm", "residual_lm", "dit", "encoder", "vae", "other")
+_TIMED = {"base_lm": "base_lm", "residual_lm": "residual_lm", "dit": "local_dit", "encoder": "local_encoder",
+          "vae": "vae"}
 SENTENCE = "The quick brown fox jumps over the lazy dog near the quiet river bank. "
 
 
@@ -30,18 +37,33 @@ def text_for(chunks: int) -> str:
     return SENTENCE * max(1, -(-(chunks // 5 + 10) // len(SENTENCE)))
 
 
-def _one_stream(model, variant: str, text: str, chunks: int, seed: int, inference_timesteps: int, device):
-    """One stream: its chunks, and per chunk the wall ms, position, process CPU s and involuntary switches."""
+def _one_stream(model, variant: str, text: str, chunks: int, seed: int, inference_timesteps: int, device,
+                components: bool = False):
+    """One stream: its chunks, and per chunk the wall ms, position, process CPU s and involuntary switches (and with
+    ``components`` the ms of each of :data:`COMPONENTS`)."""
     from ..patch import patch_voxcpm
 
     handle = patch_voxcpm(model, mode=variant) if variant != "upstream" else None
+    timers = Timers(device) if components else None
+
+    def after():
+        out = {"position": model.base_lm.kv_cache.current_length - 1}
+        if timers:
+            t = timers.totals_s()
+            out["components"] = {c: t.get(name, 0.0) * 1e3 for c, name in _TIMED.items()}
+        return out
     try:
-        torch.manual_seed(seed)
-        gen = model.generate_streaming(text, min_len=chunks, max_len=chunks, inference_timesteps=inference_timesteps)
-        return time_chunks(gen, device, lambda: {"position": model.base_lm.kv_cache.current_length - 1})
+        with instrumented(model, timers, attention=False, vae=True) if timers else nullcontext():
+            torch.manual_seed(seed)
+            gen = model.generate_streaming(text, min_len=chunks, max_len=chunks,
+                                           inference_timesteps=inference_timesteps)
+            out, rows = time_chunks(gen, device, after)
     finally:
         if handle is not None:
             handle.revert()
+    for r in rows if components else ():
+        r["components"]["other"] = r["ms"] - sum(r["components"].values())
+    return out, rows
 
 
 def time_chunks(gen, device, after=None) -> tuple:
@@ -81,16 +103,25 @@ def sixths(values: Sequence[float]) -> list:
     return [statistics.median(v[i * n // 6:(i + 1) * n // 6]) for i in range(6) if v[i * n // 6:(i + 1) * n // 6]]
 
 
-def variant_trend(rows: list, variant: str) -> dict:
-    """The trend (:func:`.trend.trend`) of one variant's per-chunk ms over its repeats, disturbed chunks out."""
+def variant_trend(rows: list, variant: str, component: str = "") -> dict:
+    """The trend (:func:`.trend.trend`) of one variant's per-chunk ms over its repeats, disturbed chunks out: of the
+    whole chunk, or of one of :data:`COMPONENTS`."""
     reps = sorted({r["repeat"] for r in rows if r["variant"] == variant})
-    return trend([[(r["chunk"], r["ms"], r["disturbed"]) for r in rows if r["variant"] == variant and r["repeat"] == k]
+    ms = (lambda r: r["components"][component]) if component else (lambda r: r["ms"])  # noqa: E731
+    return trend([[(r["chunk"], ms(r), r["disturbed"]) for r in rows if r["variant"] == variant and r["repeat"] == k]
                   for k in reps])
+
+
+def _component_trends(rows: list, variant: str) -> dict:
+    """``{component: {"slope_ms_per_100", "ci", "verdict", "why", "change", "change_ci", "level_ms"}}``."""
+    keep = ("slope_ms_per_100", "ci", "verdict", "why", "change", "change_ci", "level_ms")
+    return {c: {k: v for k, v in variant_trend(rows, variant, c).items() if k in keep} for c in COMPONENTS}
 
 
 def stream_profile(preset: str, chunks: int, *, dtype="bfloat16", device="cpu",
                    modes: Sequence[str] = VARIANTS, seed: int = 0, inference_timesteps: int = 2,
-                   progress: bool = True, repeats: int = 2, model=None, retries: int = 1) -> dict:
+                   progress: bool = True, repeats: int = 2, model=None, retries: int = 1,
+                   components: bool = False) -> dict:
     """Every chunk of a ``generate_streaming`` run timed per variant (the same text, seed and length;
     variants alternate, their order rotated each repeat, ``repeats`` times each), with whether each variant's
     stream equals upstream's.
@@ -102,6 +133,11 @@ def stream_profile(preset: str, chunks: int, *, dtype="bfloat16", device="cpu",
     {variant: [median ms of quiet chunks]}, "trend": {variant: trend dict}, "verdict": {variant: one line}}``.
     Verdicts come from :func:`variant_trend` (a robust slope with a bootstrap interval over the repeats, quiet
     chunks only), never from one run's sixths. The first chunk carries the prefill and is left out.
+
+    With ``components`` each row also carries ``components``: ms per :data:`COMPONENTS` (they add up to the chunk's
+    ms; ``other`` is the remainder, and the timers add about 2 us per component call, ``timer_overhead_us``), and
+    ``trend[variant][component]`` is that component's trend (slope in ms per 100 chunks, its 95% interval, verdict),
+    beside the whole chunk's trend fields.
     """
     from ..models import build_voxcpm2, silence_progress
 
@@ -119,7 +155,7 @@ def stream_profile(preset: str, chunks: int, *, dtype="bfloat16", device="cpu",
     rows, streams, done = [], {}, {v: 0 for v in modes}
 
     def run(variant):
-        out, chunk_rows = _one_stream(model, variant, text, chunks, seed, inference_timesteps, device)
+        out, chunk_rows = _one_stream(model, variant, text, chunks, seed, inference_timesteps, device, components)
         streams.setdefault(variant, out)
         rows.extend({"variant": variant, "repeat": done[variant], "chunk": i, **r} for i, r in enumerate(chunk_rows))
         done[variant] += 1
@@ -138,13 +174,18 @@ def stream_profile(preset: str, chunks: int, *, dtype="bfloat16", device="cpu",
     quiet = {v: [_chunk_median([x for x in rows if x["variant"] == v and x["chunk"] == i]) for i in range(chunks)]
              for v in modes}
     trends = {v: variant_trend(rows, v) for v in modes}
+    if components:
+        for v in modes:
+            trends[v].update(_component_trends(rows, v))
     params = {"preset": preset, "chunks": chunks, "dtype": dtype, "modes": list(modes), "seed": seed,
+              "components": components,
               "inference_timesteps": inference_timesteps, "repeats": repeats, "retries": retries,
               "repeats_run": dict(done), "text_chars": len(text),
               "weights": getattr(model, "fastattn_info", {}).get("weights", "random")}
     return record("stream_profile", env=env_record(device, dtype), params=params, rows=rows, identical=identical,
                   sixths={v: sixths(quiet[v]) for v in modes}, trend=trends,
                   verdict={v: describe(t) for v, t in trends.items()},
+                  timer_overhead_us=timer_overhead_us() if components else None,
                   disturbed={v: sum(x["disturbed"] for x in rows if x["variant"] == v) for v in modes})
 
 
@@ -165,4 +206,19 @@ def stream_table(rec: dict) -> list:
                     "last sixth ms": six[-1] if six else None, "trend": rec["verdict"][v],
                     "disturbed chunks": ", ".join(f"{a}-{b}" for a, b in t["disturbed_chunks"]) or "none",
                     "stream equals upstream's": rec["identical"][v]})
+    return out
+
+
+def component_table(rec: dict) -> list:
+    """One row per variant and component of a ``stream_profile(components=True)`` record: its median ms per chunk,
+    its slope in ms per 100 chunks with the 95% interval, and its verdict."""
+    out = []
+    for v, t in rec["trend"].items():
+        for c in COMPONENTS:
+            ct = t.get(c)
+            if ct:
+                ci = ct["ci"]
+                out.append({"variant": v, "component": c, "median ms": ct["level_ms"],
+                            "slope ms / 100 chunks": ct["slope_ms_per_100"],
+                            "95% CI": f"[{ci[0]:+.2f}, {ci[1]:+.2f}]" if ci else "n/a", "verdict": ct["verdict"]})
     return out

@@ -1,0 +1,162 @@
+"""The caller's side of a stream: what a consumer that reprocesses the whole clip every chunk costs as it grows.
+
+OpenBMB/VoxCPM #293 reports chunks slowing from ~0.3 s to 1-2 s after 400+ chunks. Nothing inside one
+``generate_streaming`` call grows with the chunk index (01 measures it per component), but a caller can: one that
+re-encodes, resamples or re-sends the whole clip each chunk pays for every sample so far. :func:`consumer_matrix`
+times each pattern on a clip of ``k`` chunks for several ``k`` (so a 600-chunk clip costs one call, not 600) and
+fits its cost per accumulated sample; a pattern whose extra cost reaches about a second by chunk 400 reproduces the
+reported shape. Patterns: appending (then one concatenation at the end), concatenating every chunk, WAV + base64 of
+the whole clip, resampling the whole clip (librosa), and each lossy codec libsndfile offers here (MP3, OGG).
+"""
+
+from __future__ import annotations
+
+import base64
+import io
+import statistics
+import time
+from typing import Optional, Sequence
+
+import numpy as np
+
+from .records import env_record, record
+from .trend import resistant_slope
+
+CHUNK_SAMPLES = 7680  # one VoxCPM2 chunk: a 4-frame patch, 160 ms at 48 kHz
+SAMPLE_RATE = 48000
+AT = (1, 25, 50, 100, 200, 400, 600)
+
+
+def _wav_b64(clip: np.ndarray, sr: int) -> bytes:
+    import wave
+    buf = io.BytesIO()
+    with wave.open(buf, "wb") as w:
+        w.setnchannels(1)
+        w.setsampwidth(2)
+        w.setframerate(sr)
+        w.writeframes((np.clip(clip, -1, 1) * 32767).astype("<i2").tobytes())
+    return base64.b64encode(buf.getvalue())
+
+
+def _codec(fmt: str, subtype: Optional[str]):
+    """Encode a whole clip in chunk-sized blocks (libsndfile 1.2's Vorbis encoder crashes the process on one
+    write of a few million samples; an encoder fed block by block is what a streaming caller runs anyway)."""
+    def encode(clip, sr):
+        import soundfile as sf
+        buf = io.BytesIO()
+        with sf.SoundFile(buf, "w", sr, 1, format=fmt, subtype=subtype) as f:
+            for i in range(0, len(clip), CHUNK_SAMPLES):
+                f.write(clip[i:i + CHUNK_SAMPLES])
+        return buf.getvalue()
+    return encode
+
+
+def patterns() -> tuple:
+    """``({name: fn(prev, clip, chunk, sr)}, {name: why skipped})``: each pattern's work when ``chunk`` arrives
+    (``prev``: the clip before it, ``clip``: with it)."""
+    import librosa
+    out = {
+        "append, concatenate once": None,  # timed apart: an append per chunk, one concatenation at the end
+        "concatenate every chunk": lambda prev, clip, chunk, sr: np.concatenate([prev, chunk]),
+        "WAV + base64 of the whole clip": lambda prev, clip, chunk, sr: _wav_b64(clip, sr),
+        "resample the whole clip to 16 kHz (librosa)": lambda prev, clip, chunk, sr: librosa.resample(
+            clip, orig_sr=sr, target_sr=16000),
+    }
+    skipped = {}
+    try:
+        import soundfile as sf
+        have = sf.available_formats()
+        for name, fmt, sub in (("MP3", "MP3", "MPEG_LAYER_III"), ("OGG Vorbis", "OGG", "VORBIS")):
+            if fmt in have:
+                enc = _codec(fmt, sub)
+                out[f"encode the whole clip to {name} (libsndfile)"] = \
+                    lambda prev, clip, chunk, sr, enc=enc: enc(clip, sr)
+            else:
+                skipped[f"encode to {name}"] = f"this libsndfile has no {fmt} writer"
+    except (ImportError, OSError) as exc:
+        skipped["lossy codecs"] = f"soundfile unavailable ({exc})"
+    return out, skipped
+
+
+def stream_audio(preset: str = "small", chunks: int = 30, *, device="cpu", dtype="bfloat16", seed: int = 0) -> list:
+    """The chunks (1-D float32 numpy arrays) of one ``generate_streaming`` run of a freshly built model: real audio
+    for :func:`consumer_matrix` (random weights: noise-like, but the shapes and dtypes voxcpm yields)."""
+    import torch
+
+    from ..models import build_voxcpm2, silence_progress
+    from .stream import text_for
+    model = build_voxcpm2(preset, seed=seed, device=str(device), dtype=dtype)
+    silence_progress()
+    torch.manual_seed(seed)
+    gen = model.generate_streaming(text_for(chunks), min_len=chunks, max_len=chunks, inference_timesteps=2)
+    return [c.float().reshape(-1).numpy() for c in gen]
+
+
+def _time(fn, repeats: int) -> float:
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times) * 1e3
+
+
+def consumer_matrix(chunks: Optional[Sequence] = None, *, at: Sequence[int] = AT, sr: int = SAMPLE_RATE,
+                    chunk_samples: int = CHUNK_SAMPLES, repeats: int = 3, seed: int = 0) -> dict:
+    """Each consumer pattern's ms for the chunk that makes the clip ``k`` chunks long, for ``k`` in ``at``.
+
+    ``chunks``: real chunks of a stream (1-D float arrays, e.g. a ``small``-preset stream's); the clip of ``k``
+    chunks repeats them cyclically, so lengths beyond the real stream keep real audio. None: synthetic noise
+    chunks of ``chunk_samples``. Rows ``{pattern, chunk, samples, ms}``; ``summary`` per pattern: ``us_per_ksample``
+    (a resistant slope of ms against accumulated samples), ``ms_at_400``, the chunk index at which the pattern alone
+    would cost a second (``chunk_at_1s``, None if not within 100,000 chunks), and ``reproduces_293`` (it adds 0.7 s or
+    more by chunk 400, starting under 0.1 s: the reported shape)."""
+    rng = np.random.default_rng(seed)
+    base = [np.asarray(c, dtype=np.float32).reshape(-1) for c in chunks] if chunks is not None else \
+        [(0.1 * rng.standard_normal(chunk_samples)).astype(np.float32)]
+    fns, skipped = patterns()
+    rows = []
+    for k in at:
+        parts = [base[i % len(base)] for i in range(k)]
+        prev, chunk = np.concatenate(parts[:-1] or [np.zeros(0, np.float32)]), parts[-1]
+        clip = np.concatenate([prev, chunk])
+        for name, fn in fns.items():
+            ms = _pattern_ms(fn, prev, clip, chunk, parts, sr, repeats)
+            rows.append({"pattern": name, "chunk": k, "samples": len(clip), "ms": ms})
+    summary = {name: _fit([r for r in rows if r["pattern"] == name], chunk_samples) for name in fns}
+    params = {"at": list(at), "sr": sr, "chunk_samples": chunk_samples, "repeats": repeats,
+              "real_chunks": None if chunks is None else len(base)}
+    return record("consumer_matrix", env=env_record("cpu"), params=params, rows=rows, summary=summary,
+                  skipped=skipped)
+
+
+def _pattern_ms(fn, prev, clip, chunk, parts: list, sr: int, repeats: int) -> float:
+    """One pattern's ms for the newest chunk; appending (``fn`` None) is O(1), and its one concatenation at the end
+    is spread over the chunks."""
+    if fn is None:
+        return _time(lambda: parts.append(chunk) or parts.pop(), repeats) + \
+            _time(lambda: np.concatenate(parts), repeats) / len(parts)
+    return _time(lambda: fn(prev, clip, chunk, sr), repeats)
+
+
+def _fit(rows: list, chunk_samples: int) -> dict:
+    x, y = [r["samples"] for r in rows], [r["ms"] for r in rows]
+    slope = resistant_slope(x, y) if len(rows) >= 6 else float(np.polyfit(x, y, 1)[0])  # ms per sample
+    slope = slope or 0.0
+    first = rows[0]["ms"]
+    at400 = next((r["ms"] for r in rows if r["chunk"] == 400), None)
+    per_chunk = slope * chunk_samples
+    chunk_1s = int((1000 - first) / per_chunk) + 1 if per_chunk > 0 and (1000 - first) / per_chunk < 1e5 else None
+    return {"us_per_ksample": slope * 1e6, "ms_first": first, "ms_at_400": at400, "chunk_at_1s": chunk_1s,
+            "reproduces_293": bool(at400 is not None and first < 100 and at400 - first >= 700)}
+
+
+def consumer_table(rec: dict) -> list:
+    """One row per pattern: its cost per 1k accumulated samples, ms at the first and the 400th chunk, when it would
+    alone cost a second per chunk, and whether it reproduces #293's shape."""
+    return [{"pattern": p, "us per 1k samples so far": s["us_per_ksample"], "ms, first chunk": s["ms_first"],
+             "ms at chunk 400": s["ms_at_400"], "1 s per chunk at chunk": s["chunk_at_1s"] or "never (<1e5)",
+             "reproduces 0.3 -> 1-2 s at 400": s["reproduces_293"]} for p, s in rec["summary"].items()] + \
+        [{"pattern": f"{p}: skipped", "us per 1k samples so far": None, "ms, first chunk": None,
+          "ms at chunk 400": None, "1 s per chunk at chunk": why, "reproduces 0.3 -> 1-2 s at 400": None}
+         for p, why in rec["skipped"].items()]
