@@ -43,9 +43,10 @@ STREAMS, DECODES = 4, 8
 DTYPES = ("bfloat16", "float32")
 
 
-def probe(device="cpu", *, chunks: int = 5, dtypes=DTYPES) -> dict:
-    """Per dtype, the median wall ms of a ``small``-preset streamed chunk (the first, with the prefill, left out;
-    ``inference_timesteps=2`` as 01's stream) and the build seconds. A few seconds on a 2-core CPU."""
+def probe(device="cpu", *, chunks: int = 10, dtypes=DTYPES) -> dict:
+    """Per dtype, the median wall ms of a ``small``-preset streamed chunk (the first two, the prefill's and the
+    warm-up's, left out; ``inference_timesteps=2`` as 01's stream) and the build seconds. A few seconds on a 2-core
+    CPU."""
     from .bench.stream import text_for
     from .bench.timing import sync_device
     from .devices import resolve_device
@@ -63,7 +64,7 @@ def probe(device="cpu", *, chunks: int = 5, dtypes=DTYPES) -> dict:
             sync_device(device)
             times.append((time.perf_counter() - t) * 1e3)
             t = time.perf_counter()
-        rows.append({"dtype": dtype, "chunk_ms": statistics.median(times[1:]), "n": len(times) - 1,
+        rows.append({"dtype": dtype, "chunk_ms": statistics.median(times[2:]), "n": len(times) - 2,
                      "build_s": build_s})
         del model
     return {"kind": "budget_probe", "device": str(device), "rows": rows}

@@ -204,7 +204,8 @@ def reply_for_293(run_dir: Path) -> Optional[str]:
     if stream is None:
         return None
     cons = next((r for r in recs if r and r.get("kind") == "consumer_matrix"), None)
-    return reply_293(diagnosis(stream, cons, stream.get("env", {}).get("device", "cpu")))
+    prompts = next((r for r in recs if r and r.get("kind") == "prompt_growth"), None)
+    return reply_293(diagnosis(stream, cons, stream.get("env", {}).get("device", "cpu"), prompts))
 
 
 def _plan_md(summary: dict) -> list:

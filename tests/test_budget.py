@@ -208,3 +208,15 @@ def test_the_ledger_judges_the_default_dtype(tmp_path):
     (tmp_path / "05_profiling" / "records" / "dtype_decode.json").write_text(json.dumps(rec))
     row = next(r for r in claims_ledger(tmp_path) if r["source"] == "voxcpm")
     assert row["verdict"] == "does not hold" and "float32" in row["evidence"]
+
+
+def test_the_dtype_target_is_judged_only_without_native_bf16():
+    from fastattn.bench.targets import check_targets
+    slow = _dtype_rec({"bfloat16": 9.5, "float32": 3.0}, {})
+    slow["flags"] = NO_BF16_FLAGS
+    row = next(t for t in check_targets({"dtypes": slow}) if t["id"] == "dtype_opt_in")
+    assert row["passed"] is True and row["measured"] < 0.35 and row["ci_high"] is not None and row["n"] == 22
+    native = _dtype_rec({"bfloat16": 1.5, "float32": 2.25}, {})
+    native["flags"] = {"avx512_bf16": True}
+    row = next(t for t in check_targets({"dtypes": native}) if t["id"] == "dtype_opt_in")
+    assert row["passed"] is None and row["note"].startswith("not applicable here")

@@ -101,3 +101,19 @@ def test_nothing_is_claimed_from_an_inconclusive_stream():
     assert {r["reading"] for r in dx if r["hypothesis"].startswith(("The full-cache", "A part"))} == {NEEDS}
     cuda = diagnosis(_stream({c: "flat" for c in COMPONENTS}), None, "cuda:0")
     assert any("gpu-check's stream_under_optimize" in r["measured here"] for r in cuda)
+
+
+def test_prompt_growth_grows_the_prefix_until_the_cache_is_full():
+    from fastattn.bench.prompts import WAYS, prompt_growth, prompt_table
+    rec = prompt_growth("tiny", calls=30, ways=WAYS[1:], max_length=256, steps=4)
+    for mode in ("upstream", "exact"):
+        for way in WAYS[1:]:
+            ok = [r for r in rec["rows"] if r["mode"] == mode and r["way"] == way and r["error"] is None]
+            assert [r["prefix"] for r in ok] == sorted({r["prefix"] for r in ok}), "the prefix grows every call"
+            assert rec["full_at"][mode][way] == len(ok) < 30
+    errors = {r["mode"]: r["error"] for r in rec["rows"] if r["error"]}
+    assert errors["exact"] == "KV cache is full", "the patched cache names the limit"
+    assert len(prompt_table(rec)) == 4
+    row = next(r for r in diagnosis(_stream({c: "flat" for c in COMPONENTS}), None, "cpu", rec)
+               if r["hypothesis"].startswith("A prompt that grows"))
+    assert row["reading"] in (REPRODUCES, RULES_OUT) and "cache full at call" in row["measured here"]

@@ -13,7 +13,8 @@ Layout: ``timing`` (interleaving, statistics), ``floor`` (bandwidth, live bytes)
 ``attention`` (one call per mode, fast's choice), ``steps`` (one decode step,
 eager and compiled), ``decode`` (a whole generate, split by component, and per dtype),
 ``memory`` (KV bytes, allocations, fill and growth, peak RSS), ``stream`` (time per streamed chunk, per component),
-``consumers`` (what a caller that reprocesses the whole clip pays as it grows),
+``consumers`` (what a caller that reprocesses the whole clip pays as it grows), ``prompts`` (calls whose prompt
+grows),
 ``records``,
 ``targets``, ``cli``.
 """
@@ -29,6 +30,7 @@ _OWNERS = {
     "decode": ("dtype_decode", "dtype_table", "whole_decode"),
     "floor": ("bandwidth", "bandwidth_line", "floor_ms", "live_kv_bytes", "llc_bytes"),
     "memory": ("cache_growth", "fill_cost", "kv_memory", "peak_rss", "step_allocations"),
+    "prompts": ("prompt_growth", "prompt_table"),
     "records": ("env_record", "load_record", "record", "save_record"),
     "stats": ("ratio_ci", "scaled_ci"),
     "steps": ("compiled_step_sweep", "decode_step_sweep"),

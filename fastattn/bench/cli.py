@@ -62,7 +62,7 @@ def reference_run(out, *, device="cpu", positions=(0, 16, 256, 512, 1024, 2048, 
     targets = check_targets({"attention_fp32": att["float32"], "attention_bf16": att["bfloat16"],
                              "attention_fp32_cold": cold["float32"],
                              "decode_bf16": dec["bfloat16"], "decode_fp32": dec["float32"], "kv": kv,
-                             "growth": growth, "whole": whole})
+                             "growth": growth, "whole": whole, "dtypes": dd})
     written.append(save_record(record("targets", env=env_record(device), params={}, rows=targets), out, "targets"))
     return written
 

@@ -30,6 +30,8 @@ GOALS = {
     "decode_fp32": ("one decode step at p=256 (hidden 2048, fp32): patched / upstream time", 0.85),
     "kv_bytes": ("KV bytes of a 300-token request, both LMs, measured caches: patched / upstream", 0.10),
     "whole": ("whole decode (full preset, bf16): patched / upstream wall time", 0.50),
+    "dtype_opt_in": ("on a CPU without native bf16: fp32 with the fix / voxcpm's default (bf16, upstream), "
+                     "decode step", 0.35),
 }
 
 
@@ -75,7 +77,8 @@ def check_targets(records: dict) -> list[dict]:
     ``records`` maps names to records: ``attention_fp32`` / ``attention_bf16`` (attention sweeps, capacity
     8192), ``attention_fp32_cold`` (the same sweep with K/V rotated over caches larger than the last-level
     cache: where the DRAM floor binds), ``decode_bf16`` / ``decode_fp32`` (decode-step sweeps), ``kv``
-    (kv_memory), ``growth`` (cache_growth), ``whole`` (whole_decode). Missing records are skipped.
+    (kv_memory), ``growth`` (cache_growth), ``whole`` (whole_decode), ``dtypes`` (dtype_decode). Missing records
+    are skipped.
     """
     out = []
     add_goal = lambda gid: f"<= {GOALS[gid][1]:g}" if gid in GOALS else "True"  # noqa: E731
@@ -110,7 +113,26 @@ def check_targets(records: dict) -> list[dict]:
             add_ratio(gid, f"decode step p=256 ({rec['params']['dtype']}, hidden {rec['params']['hidden']}): "
                       "patched / upstream", pa, up)
     _whole_targets(records.get("whole"), add)
+    _dtype_target(records.get("dtypes"), add, not_applicable)
     return out
+
+
+def _dtype_target(rec, add, not_applicable):
+    """fp32 with the fix against voxcpm's default, judged only on a CPU without native bf16 (elsewhere bf16 is the
+    fast one and the bound does not apply)."""
+    if not rec:
+        return
+    from ..devices import native_bf16
+    from .decode import dtype_table
+    target = GOALS["dtype_opt_in"][0]
+    if str(rec.get("env", {}).get("device", "cpu")) != "cpu" or native_bf16(rec.get("flags") or {}) is not False:
+        not_applicable("dtype_opt_in", target, "this CPU has native bf16 (or this is not a CPU run)")
+        return
+    row = next((r for r in dtype_table(rec) if r["dtype"] == "float32" and r["variant"] == "patched"), None)
+    if row:
+        key = next(k for k in row if k.startswith("x "))
+        add("dtype_opt_in", target, row[key], f"{row['n']} quiet steps, {row['disturbed']} disturbed left out",
+            (row["95% low"], row["95% high"]) if row["95% low"] is not None else None, row["n"])
 
 
 def _attention_targets(records, add, add_ratio):

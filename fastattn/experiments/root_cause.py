@@ -27,7 +27,8 @@ def _trend_line(t: dict) -> str:
             f"on {t['level_ms']:.1f} ms" if ci else f"{t['verdict']} ({t.get('why', '')})")
 
 
-def diagnosis(stream: dict, consumers: Optional[dict] = None, device: str = "cpu") -> list:
+def diagnosis(stream: dict, consumers: Optional[dict] = None, device: str = "cpu",
+              prompts: Optional[dict] = None) -> list:
     """Ranked rows ``{hypothesis, measured here, reading}``: what reproduces the shape first, what rules out last."""
     up = stream["trend"]["upstream"]
     comps = [c for c in ("base_lm", "residual_lm", "dit", "encoder", "vae", "other") if c in up]
@@ -54,10 +55,30 @@ def diagnosis(stream: dict, consumers: Optional[dict] = None, device: str = "cpu
          if not gpu else "see gpu-check's stream_under_optimize record", "reading": NEEDS},
         {"hypothesis": "Memory pressure on a small GPU (8 GB)", "measured here": "not reproducible on this device",
          "reading": NEEDS},
-        {"hypothesis": "A prompt that grows from call to call (merge_prompt_cache, output fed back)",
-         "measured here": "calls with a growing prompt are not measured in this run", "reading": NOT_MEASURED},
+        _prompt_row(prompts),
     ]
     return sorted(rows, key=lambda r: RANK[r["reading"]])
+
+
+def _prompt_row(prompts: Optional[dict]) -> dict:
+    """Calls whose prompt grows: the time to each call's first step grows with the prefix (prefill, re-encoding);
+    it reproduces the shape where some way's last call waits 3x its first call or more."""
+    hyp = "A prompt that grows from call to call (merge_prompt_cache, output fed back as the prompt wav)"
+    if not prompts:
+        return {"hypothesis": hyp, "measured here": "calls with a growing prompt were not measured in this run",
+                "reading": NOT_MEASURED}
+    parts, hit = [], False
+    for way in prompts["params"]["ways"]:
+        ok = [r for r in prompts["rows"] if r["mode"] == "upstream" and r["way"] == way and r["error"] is None]
+        if len(ok) < 2:
+            continue
+        grow = ok[-1]["first_ms"] / ok[0]["first_ms"]
+        hit |= grow >= 3
+        full = prompts["full_at"]["upstream"][way]
+        parts.append(f"{way}: prefix {ok[0]['prefix']} -> {ok[-1]['prefix']}, first step {ok[0]['first_ms']:.0f} -> "
+                     f"{ok[-1]['first_ms']:.0f} ms ({grow:.1f}x)" + (f", cache full at call {full}" if full else ""))
+    return {"hypothesis": hyp, "measured here": "upstream, " + "; ".join(parts), "reading": REPRODUCES if hit
+            else RULES_OUT}
 
 
 def _consumer_row(consumers: Optional[dict]) -> dict:
