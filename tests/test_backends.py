@@ -153,7 +153,7 @@ def test_claims_ledger_verdicts_come_from_measurements(tmp_path):
     from fastattn import bench
     from fastattn.experiments.claims import FAILS, HOLDS, NOT_HERE, NOT_RUN, claims_ledger
     ledger = claims_ledger(None)
-    assert len(ledger) == 18 and {r["verdict"] for r in ledger} <= {HOLDS, FAILS, NOT_HERE, NOT_RUN}
+    assert len(ledger) == 19 and {r["verdict"] for r in ledger} <= {HOLDS, FAILS, NOT_HERE, NOT_RUN}
     by = {r["claim"]: r for r in ledger}
     assert by[".contiguous() on the layer caches is a no-op (no copy)"]["verdict"] == HOLDS
     assert by["sdpa_kernel switches SDPA's kernel for all threads (process-wide)"]["verdict"] == HOLDS
