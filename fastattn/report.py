@@ -44,6 +44,11 @@ def fmt(value, key: str = "") -> str:
     return short(str(value))
 
 
+def md_text(text: str) -> str:
+    """Text for a markdown line: a ``#`` never starts a heading (``#293`` stays an issue number)."""
+    return str(text).replace("#", "\\#")
+
+
 def short(text: str, limit: int = 160) -> str:
     """Long texts (a compiler error in a finding) cut to ``limit`` characters; the record keeps the whole."""
     text = " ".join(text.split())
@@ -189,10 +194,10 @@ def _summary_md(run_dir: Path, summary: dict, env: dict, verdicts: list, ledger:
         if nb.get("error"):
             lines.append(f"  * error: {short(nb['error'], 300)}")
         key, rest = _split_findings(nb)
-        lines += [f"  * {k}: {fmt(v, k)}" for k, v in key]
+        lines += [f"  * {md_text(k)}: {fmt(v, k)}" for k, v in key]
         if rest:
             lines += ["", f"  <details><summary>{len(rest)} more findings</summary>", ""]
-            lines += [f"  * {k}: {fmt(v, k)}" for k, v in rest] + ["", "  </details>", ""]
+            lines += [f"  * {md_text(k)}: {fmt(v, k)}" for k, v in rest] + ["", "  </details>", ""]
     return "\n".join(lines) + "\n"
 
 

@@ -235,7 +235,7 @@ def _findings_up_front(executed: Path, nb_out: Path) -> None:
     from the notebook's own ``findings.json`` (the closing cell prints them all). Nothing where it wrote none."""
     import nbformat
 
-    from .report import fmt
+    from .report import fmt, md_text
     fj, kf = nb_out / "findings.json", nb_out / "key_findings.json"
     if not fj.exists():
         return
@@ -243,7 +243,7 @@ def _findings_up_front(executed: Path, nb_out: Path) -> None:
     key = json.loads(kf.read_text()) if kf.exists() else list(items)[:4]
     nb = nbformat.read(str(executed), as_version=4)
     lines = ["**What this run found on this machine** (key findings from this run's own values; the last cell "
-             "lists them all):", ""] + [f"* {k}: **{fmt(items[k], k)}**" for k in key if k in items]
+             "lists them all):", ""] + [f"* {md_text(k)}: **{md_text(fmt(items[k], k))}**" for k in key if k in items]
     cell = nbformat.v4.new_markdown_cell("\n".join(lines), metadata={"tags": ["fastattn-findings"]})
     nb.cells.insert(1, cell)
     nbformat.write(nb, str(executed))
