@@ -240,16 +240,20 @@ def fast_choice_table(rec: dict) -> str:
     return f"<table><tr>{head}</tr>{body}</table>"
 
 
+def _rolling_median(y: list, window: int) -> list:
+    import statistics
+    return [statistics.median(y[max(0, i - window // 2):i + window // 2 + 1]) for i in range(len(y))]
+
+
 def stream(rec: dict, *, ax=None, window: int = 25):
     """ms per streamed chunk vs chunk index for each variant: every chunk faint, a rolling median bold."""
-    import statistics
     fig, ax = (ax.figure, ax) if ax is not None else plt.subplots(figsize=(7, 4))
     for v in rec["params"]["modes"]:
         rows = [r for r in rec["rows"] if r["variant"] == v and r["repeat"] == 0 and r["chunk"] > 0]
         x, y = [r["chunk"] for r in rows], [r["ms"] for r in rows]
         color = COLORS.get(v, COLORS.get("patched") if v == "exact" else None)
         ax.plot(x, y, lw=0.5, alpha=0.35, color=color)
-        roll = [statistics.median(y[max(0, i - window // 2):i + window // 2 + 1]) for i in range(len(y))]
+        roll = _rolling_median(y, window)
         word = rec.get("trend", {}).get(v, {}).get("verdict") or rec["verdict"][v].split(" (")[0]
         ax.plot(x, roll, lw=2, color=color, label=f"{v}: {word}")
         bad = [r for r in rec["rows"] if r["variant"] == v and r.get("disturbed") and r["chunk"] > 0]
@@ -267,14 +271,14 @@ def stream(rec: dict, *, ax=None, window: int = 25):
 def stream_components(rec: dict, *, variant: str = "upstream", ax=None, window: int = 25):
     """A ``stream_profile(components=True)`` record: each component's ms per chunk along the stream (rolling median
     of repeat 0's quiet chunks), labelled with its trend verdict."""
-    import statistics
     fig, ax = (ax.figure, ax) if ax is not None else plt.subplots(figsize=(7, 4))
     rows = [r for r in rec["rows"] if r["variant"] == variant and r["repeat"] == 0 and r["chunk"] > 0
             and not r["disturbed"]]
     cmap = plt.get_cmap("tab10")
-    for i, c in enumerate(("base_lm", "residual_lm", "dit", "encoder", "vae", "other")):
+    from .bench.stream import COMPONENTS
+    for i, c in enumerate(COMPONENTS):
         x, y = [r["chunk"] for r in rows], [r["components"][c] for r in rows]
-        roll = [statistics.median(y[max(0, j - window // 2):j + window // 2 + 1]) for j in range(len(y))]
+        roll = _rolling_median(y, window)
         ax.plot(x, roll, lw=1.6, color=cmap(i), label=f"{c}: {rec['trend'][variant][c]['verdict']}")
     p = rec["params"]
     ax.set_xlabel("chunk")

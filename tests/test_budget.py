@@ -220,3 +220,14 @@ def test_the_dtype_target_is_judged_only_without_native_bf16():
     native["flags"] = {"avx512_bf16": True}
     row = next(t for t in check_targets({"dtypes": native}) if t["id"] == "dtype_opt_in")
     assert row["passed"] is None and row["note"].startswith("not applicable here")
+
+
+def test_the_dtype_figure_draws_every_configuration():
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from fastattn import plots
+    fig = plots.dtype_decode(_dtype_rec({"bfloat16": 9.5, "float32": 3.7}, {"bfloat16": 6e9, "float32": 11e9}))
+    assert len(fig.axes[0].patches) == 4
+    plt.close(fig)

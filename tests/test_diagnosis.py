@@ -117,3 +117,15 @@ def test_prompt_growth_grows_the_prefix_until_the_cache_is_full():
     row = next(r for r in diagnosis(_stream({c: "flat" for c in COMPONENTS}), None, "cpu", rec)
                if r["hypothesis"].startswith("A prompt that grows"))
     assert row["reading"] in (REPRODUCES, RULES_OUT) and "cache full at call" in row["measured here"]
+
+
+def test_the_diagnosis_figures_draw(planted):
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from fastattn import plots
+    for fig in (plots.stream_components(planted), plots.stream(planted),
+                plots.consumers(consumer_matrix(at=(1, 2, 3), repeats=1))):
+        assert fig.axes[0].get_lines()
+        plt.close(fig)

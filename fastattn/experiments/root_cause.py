@@ -34,10 +34,7 @@ def diagnosis(stream: dict, consumers: Optional[dict] = None, device: str = "cpu
     comps = [c for c in ("base_lm", "residual_lm", "dit", "encoder", "vae", "other") if c in up]
     grows = [c for c in comps if up[c]["verdict"] == "grows"]
     unsure = [c for c in comps if up[c]["verdict"] == "inconclusive"]
-    rows = [{"hypothesis": "The full-cache attention (every step reads 8192 slots)",
-             "measured here": f"upstream's whole chunk: {stream['verdict']['upstream']}",
-             "reading": RULES_OUT if up["verdict"] in ("flat", "shrinks") else
-             (REPRODUCES if up["verdict"] == "grows" else NEEDS)}]
+    rows = [_attention_row(stream, up, comps)]
     if comps:
         detail = "; ".join(f"{c}: {_trend_line(up[c])}" for c in comps)
         rows.append({"hypothesis": "A part of the generator grows with the chunk index (LMs, DiT, encoder, VAE, "
@@ -58,6 +55,22 @@ def diagnosis(stream: dict, consumers: Optional[dict] = None, device: str = "cpu
         _prompt_row(prompts),
     ]
     return sorted(rows, key=lambda r: RANK[r["reading"]])
+
+
+def _attention_row(stream: dict, up: dict, comps: list) -> dict:
+    """The full-cache attention lives in the LM steps: where they were timed apart, their trends decide (a chunk
+    that grows because its DiT grows says nothing about attention); else the whole chunk's trend."""
+    hyp = "The full-cache attention (every step reads 8192 slots)"
+    lms = [up[c] for c in ("base_lm", "residual_lm") if c in up]
+    if comps and lms:
+        words = {t["verdict"] for t in lms}
+        reading = REPRODUCES if "grows" in words else (RULES_OUT if words <= {"flat", "shrinks"} else NEEDS)
+        return {"hypothesis": hyp, "measured here": "the LM steps (where attention runs): " + "; ".join(
+            f"{c}: {_trend_line(up[c])}" for c in ("base_lm", "residual_lm") if c in up), "reading": reading}
+    reading = RULES_OUT if up["verdict"] in ("flat", "shrinks") else (REPRODUCES if up["verdict"] == "grows"
+                                                                     else NEEDS)
+    return {"hypothesis": hyp, "measured here": f"upstream's whole chunk: {stream['verdict']['upstream']}",
+            "reading": reading}
 
 
 def _prompt_row(prompts: Optional[dict]) -> dict:
