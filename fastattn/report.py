@@ -210,7 +210,8 @@ def reply_for_293(run_dir: Path) -> Optional[str]:
         return None
     cons = next((r for r in recs if r and r.get("kind") == "consumer_matrix"), None)
     prompts = next((r for r in recs if r and r.get("kind") == "prompt_growth"), None)
-    return reply_293(diagnosis(stream, cons, stream.get("env", {}).get("device", "cpu"), prompts))
+    beside = next((r for r in recs if r and r.get("kind") == "consumer_contention"), None)
+    return reply_293(diagnosis(stream, cons, stream.get("env", {}).get("device", "cpu"), prompts, beside))
 
 
 def _plan_md(summary: dict) -> list:

@@ -26,7 +26,7 @@ from importlib import import_module
 _OWNERS = {
     "attention": ("attention_sweep", "dtype_costs", "fast_choices"),
     "cli": ("main", "reference_run"),
-    "consumers": ("consumer_matrix", "consumer_table", "stream_audio"),
+    "consumers": ("consumer_contention", "consumer_matrix", "consumer_table", "stream_audio"),
     "decode": ("dtype_decode", "dtype_table", "whole_decode"),
     "floor": ("bandwidth", "bandwidth_line", "floor_ms", "live_kv_bytes", "llc_bytes"),
     "memory": ("cache_growth", "fill_cost", "kv_memory", "peak_rss", "step_allocations"),

@@ -84,7 +84,7 @@ def _check_args(args):
     if args.preset is not None and args.preset not in PRESETS:
         raise ValueError(f"--preset must be one of {', '.join(PRESETS)}, got {args.preset!r}")
     for name in ("capacity", "steps", "repeats"):
-        if getattr(args, name) < 1:
+        if getattr(args, name) is not None and getattr(args, name) < 1:
             raise ValueError(f"--{name} must be a positive int, got {getattr(args, name)}")
     bad = [p for p in args.positions if not 0 <= p < args.capacity]
     if bad or not args.positions:
@@ -98,15 +98,15 @@ def _check_args(args):
 def main(argv=None) -> int:
     import argparse
     ap = argparse.ArgumentParser(prog="python -m fastattn bench", description=__doc__.split("\n\n")[0])
-    ap.add_argument("what", choices=["attention", "decode-step", "decode", "dtype", "compiled", "memory", "bandwidth",
-                                     "all", "reference"],
+    ap.add_argument("what", choices=["attention", "decode-step", "decode", "dtype", "compiled", "compile-counts",
+                                     "memory", "bandwidth", "all", "reference"],
                     help="'reference' runs the committed reference set (full preset decode included: ~10 GB peak)")
     ap.add_argument("--device", default="auto")
     ap.add_argument("--dtype", default=None, help="float32 | bfloat16 (default: both for sweeps, bf16 for decode)")
     ap.add_argument("--positions", type=_ints, default=[0, 16, 256, 512, 1024, 2048, 4096, 8000])
     ap.add_argument("--capacity", type=int, default=8192)
     ap.add_argument("--preset", default=None, help="model preset (decode-step: small; decode: tiny)")
-    ap.add_argument("--steps", type=int, default=12)
+    ap.add_argument("--steps", type=int, default=None, help="decode steps (decode, dtype: 12; compile-counts: 500)")
     ap.add_argument("--repeats", type=int, default=7)
     ap.add_argument("--out", default=None, help="output folder (default: reports/bench-<UTC time>)")
     args = ap.parse_args(argv)
@@ -134,13 +134,18 @@ def main(argv=None) -> int:
             written.append(save_record(decode_step_sweep(args.positions, preset=args.preset or "small", dtype=dt,
                                                          device=device, repeats=args.repeats), out))
     if args.what in ("decode", "all"):
-        written.append(save_record(whole_decode(args.preset or "tiny", steps=args.steps, dtype=args.dtype or "bfloat16",
+        written.append(save_record(whole_decode(args.preset or "tiny", steps=args.steps or 12,
+                                                dtype=args.dtype or "bfloat16",
                                                 device=str(device)), out))
     if args.what in ("dtype", "all"):  # the whole decode in voxcpm's dtype and float32, upstream and patched
         from ..experiments.profiling import whole_dtypes
         written.append(save_record(dtype_decode(args.preset or "tiny", dtypes=whole_dtypes(device, "bfloat16"),
-                                                steps=args.steps, device=device), out,
+                                                steps=args.steps or 12, device=device), out,
                                    f"dtype_decode_{args.preset or 'tiny'}"))
+    if args.what == "compile-counts":  # #293's recompile hypothesis on CPU: about a minute, mostly compiling
+        from .steps import compile_counts
+        written.append(save_record(compile_counts(args.steps or 500, preset=args.preset or "tiny",
+                                                  device=device), out, "compile_counts"))
     if args.what in ("compiled", "all"):
         written.append(save_record(compiled_step_sweep(args.positions, preset=args.preset or "tiny",
                                                        dtype=args.dtype or "float32", device=device,

@@ -13,7 +13,9 @@ from __future__ import annotations
 
 import base64
 import io
+import queue
 import statistics
+import threading
 import time
 from typing import Optional, Sequence
 
@@ -160,3 +162,64 @@ def consumer_table(rec: dict) -> list:
         [{"pattern": f"{p}: skipped", "us per 1k samples so far": None, "ms, first chunk": None,
           "ms at chunk 400": None, "1 s per chunk at chunk": why, "reproduces 0.3 -> 1-2 s at 400": None}
          for p, why in rec["skipped"].items()]
+
+
+MP3 = "encode the whole clip to MP3 (libsndfile)"
+
+
+def consumer_contention(preset: str = "small", chunks: int = 60, *, pattern: str = MP3, repeats: int = 2,
+                        device="cpu", dtype="bfloat16", seed: int = 0) -> dict:
+    """The generator's ms per chunk alone and with a consumer thread beside it that runs ``pattern`` on the growing
+    clip as each chunk arrives (the two runs alternate, ``repeats`` times each). Where the pattern is not available
+    here, the first available whole-clip pattern runs instead (``params.pattern`` says which). Rows ``{repeat,
+    beside, chunk, ms}``; ``consumer_ms``: the consumer's own ms per chunk; ``ratio``: beside / alone (median
+    generator chunk, the first chunk with its prefill left out) with a bootstrap 95% interval."""
+    import torch
+
+    from ..models import build_voxcpm2, silence_progress
+    from .stats import ratio_ci
+    from .stream import text_for
+    fns, _ = patterns()
+    if pattern not in fns or fns[pattern] is None:
+        pattern = next(n for n, f in fns.items() if f is not None and "whole clip" in n)
+    model = build_voxcpm2(preset, seed=seed, device=str(device), dtype=dtype)
+    silence_progress()
+    rows, consumer_ms = [], []
+    for r in range(repeats):
+        for beside in ((False, True) if r % 2 == 0 else (True, False)):
+            torch.manual_seed(seed)
+            gen = model.generate_streaming(text_for(chunks), min_len=chunks, max_len=chunks, inference_timesteps=2)
+            rows += [{"repeat": r, "beside": beside, "chunk": i, "ms": ms} for i, ms in
+                     enumerate(_timed_beside(gen, fns[pattern] if beside else None, model.sample_rate, consumer_ms))]
+    alone, with_ = ([x["ms"] for x in rows if x["beside"] is b and x["chunk"] > 0] for b in (False, True))
+    ci = ratio_ci(with_, alone, paired=False)
+    params = {"preset": preset, "chunks": chunks, "pattern": pattern, "repeats": repeats, "dtype": dtype}
+    return record("consumer_contention", env=env_record(device, dtype), params=params, rows=rows,
+                  consumer_ms=consumer_ms, ratio=statistics.median(with_) / statistics.median(alone),
+                  ci=list(ci) if ci else None)
+
+
+def _timed_beside(gen, fn, sr: int, consumer_ms: list) -> list:
+    """ms of every chunk ``gen`` yields; with ``fn``, a thread runs it on the growing clip as chunks arrive."""
+    q: queue.Queue = queue.Queue()
+
+    def consume():
+        clip = np.zeros(0, np.float32)
+        while (chunk := q.get()) is not None:
+            prev, clip = clip, np.concatenate([clip, chunk])
+            t0 = time.perf_counter()
+            fn(prev, clip, chunk, sr)
+            consumer_ms.append((time.perf_counter() - t0) * 1e3)
+    thread = threading.Thread(target=consume, daemon=True) if fn else None
+    if thread:
+        thread.start()
+    out, t0 = [], time.perf_counter()
+    for chunk in gen:
+        out.append((time.perf_counter() - t0) * 1e3)
+        if thread:
+            q.put(chunk.float().reshape(-1).numpy())
+        t0 = time.perf_counter()
+    if thread:
+        q.put(None)
+        thread.join()
+    return out

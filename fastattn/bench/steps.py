@@ -184,3 +184,56 @@ def compiled_step_sweep(positions: Sequence[int], *, preset: str = "tiny", layer
     params = {"preset": preset, "layers": cfg.num_hidden_layers, "hidden": cfg.hidden_size, "dtype": dtype_name(dt),
               "backend": backend, "mode": mode, "positions": list(positions), "bucket": bucket, "repeats": repeats}
     return record("compiled_step", env=env_record(device, dt), params=params, rows=rows, graphs=graph_counts())
+
+
+def _sliced_step(length):
+    """``MiniCPMModel.forward_step`` attending over each layer's cache sliced to ``length(self, position_id)`` keys
+    (upstream's layers, their mask all true over the slice): the published fix's structure."""
+    def forward_step(self, inputs_embeds, position_id):
+        position_emb = self.rope_emb(position_id)
+        h, n = inputs_embeds, length(self, position_id)
+        for i, layer in enumerate(self.layers):
+            k, v = self.kv_cache.get_layer_cache(i)
+            h = layer.forward_step(h, position_emb, position_id, (k[:, :, :n], v[:, :, :n]))
+        return self.norm(h)
+    return forward_step
+
+
+def compile_counts(steps: int = 500, *, preset: str = "tiny", start: int = 16, device="cpu", dtype="float32",
+                   seed: int = 0) -> dict:
+    """Dynamo's counters over ``steps`` consecutive decode steps of a compiled ``MiniCPMModel.forward_step`` (a
+    user's ``torch.compile``, without ``fullgraph``) on upstream's cache: upstream's step; the slice fix with the
+    length a tensor (``position_id + 1``: data-dependent, a graph break); the slice fix with the length a Python
+    int (the cache's host-side length: dynamo specialises on it). Rows ``{variant, unique_graphs, graph_breaks,
+    break_reasons, steps}``: graphs that grow with the steps are recompiles, the CPU counterpart of one CUDA graph
+    recorded per chunk."""
+    from torch._dynamo.utils import counters
+
+    from ..graphs import graph_counts, reset_graph_counts
+    from ..patch import original_functions, swapped
+
+    device, dt = resolve_device(device), _dtype(dtype)
+    lm, cfg, D, caches = lm_and_caches(preset, None, dt, device, start + steps + 1, None, seed)
+    g = torch.Generator().manual_seed(seed + 1)
+    x = torch.randn(1, cfg.hidden_size, generator=g).to(device=device, dtype=dt)
+    up = original_functions()
+    variants = {"upstream": up["MiniCPMModel.forward_step"],
+                "slice fix, length a tensor": _sliced_step(lambda self, pos: pos[0] + 1),
+                "slice fix, length a Python int": _sliced_step(lambda self, pos: self.kv_cache.current_length)}
+    rows = []
+    for name, fn in variants.items():
+        torch._dynamo.reset()
+        reset_graph_counts()
+        start_request({"upstream": caches["upstream"]}, random_prefill(cfg, D, start, g, device, dt), start)
+        lm.kv_cache = caches["upstream"]
+        with swapped(up), torch.inference_mode(), quiet_native_stderr():
+            step = torch.compile(fn.__get__(lm))
+            for i in range(steps):
+                step(x, torch.tensor([start + i], device=device))
+                lm.kv_cache.step()
+        c = graph_counts()
+        rows.append({"variant": name, "unique_graphs": c["unique_graphs"], "graph_breaks": c["graph_breaks"],
+                     "break_reasons": sorted(counters["graph_break"])[:3], "steps": steps})
+    torch._dynamo.reset()
+    return record("compile_counts", env=env_record(device, dt), rows=rows,
+                  params={"preset": preset, "steps": steps, "start": start, "dtype": dtype})

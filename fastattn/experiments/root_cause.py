@@ -28,7 +28,8 @@ def _trend_line(t: dict) -> str:
 
 
 def diagnosis(stream: dict, consumers: Optional[dict] = None, device: str = "cpu",
-              prompts: Optional[dict] = None) -> list:
+              prompts: Optional[dict] = None, contention: Optional[dict] = None,
+              compiles: Optional[dict] = None) -> list:
     """Ranked rows ``{hypothesis, measured here, reading}``: what reproduces the shape first, what rules out last."""
     up = stream["trend"]["upstream"]
     comps = [c for c in ("base_lm", "residual_lm", "dit", "encoder", "vae", "other") if c in up]
@@ -44,17 +45,26 @@ def diagnosis(stream: dict, consumers: Optional[dict] = None, device: str = "cpu
         rows.append({"hypothesis": "A part of the generator grows with the chunk index",
                      "measured here": "components were not timed (stream_profile(components=True))",
                      "reading": NOT_MEASURED})
-    rows.append(_consumer_row(consumers))
+    rows.append(_consumer_row(consumers, contention))
     gpu = str(device).startswith("cuda")
     rows += [
         {"hypothesis": "CUDA graphs recorded per new shape under optimize() (#209/#269)",
-         "measured here": "a GPU-only path: `python -m fastattn gpu-check` streams 600 chunks under optimize()"
-         if not gpu else "see gpu-check's stream_under_optimize record", "reading": NEEDS},
+         "measured here": ("a GPU-only path: `python -m fastattn gpu-check` streams 600 chunks under optimize()"
+                           if not gpu else "see gpu-check's stream_under_optimize record") + _compile_line(compiles),
+         "reading": NEEDS},
         {"hypothesis": "Memory pressure on a small GPU (8 GB)", "measured here": "not reproducible on this device",
          "reading": NEEDS},
         _prompt_row(prompts),
     ]
     return sorted(rows, key=lambda r: RANK[r["reading"]])
+
+
+def _compile_line(c: Optional[dict]) -> str:
+    """The CPU counterpart (``bench.compile_counts``): graphs dynamo compiled per variant over the same steps."""
+    if not c:
+        return "; on CPU, `python -m fastattn bench compile-counts` counts recompiles per step"
+    return f"; on CPU over {c['params']['steps']} steps, graphs compiled: " + ", ".join(
+        f"{r['variant']} {r['unique_graphs']}" for r in c["rows"])
 
 
 def _attention_row(stream: dict, up: dict, comps: list) -> dict:
@@ -94,18 +104,27 @@ def _prompt_row(prompts: Optional[dict]) -> dict:
             else RULES_OUT}
 
 
-def _consumer_row(consumers: Optional[dict]) -> dict:
+def _contention_line(c: Optional[dict]) -> str:
+    if not c:
+        return ""
+    ci = f" (95% CI [{c['ci'][0]:.2f}, {c['ci'][1]:.2f}])" if c.get("ci") else ""
+    return (f"; run in a thread beside the generator ({c['params']['pattern']}, {c['params']['chunks']} chunks), "
+            f"the generator's own chunks took {c['ratio']:.2f}x{ci}")
+
+
+def _consumer_row(consumers: Optional[dict], contention: Optional[dict] = None) -> dict:
     hyp = "The caller reprocesses the whole clip every chunk (encode, resample, re-send)"
     if not consumers:
         return {"hypothesis": hyp, "measured here": "the consumer matrix was not run", "reading": NOT_MEASURED}
+    beside = _contention_line(contention)
     hits = [(p, s) for p, s in consumers["summary"].items() if s["reproduces_293"]]
     cheapest = min(consumers["summary"].items(), key=lambda kv: kv[1]["us_per_ksample"])
     if hits:
         what = "; ".join(f"{p}: {s['ms_first']:.1f} ms at chunk 1, {s['ms_at_400']:.0f} ms at chunk 400 "
                          f"({s['us_per_ksample']:.1f} us per 1k samples so far)" for p, s in hits)
-        return {"hypothesis": hyp, "measured here": what, "reading": REPRODUCES}
+        return {"hypothesis": hyp, "measured here": what + beside, "reading": REPRODUCES}
     return {"hypothesis": hyp, "measured here": f"no pattern reaches +0.7 s by chunk 400 here (cheapest: "
-            f"{cheapest[0]}, {cheapest[1]['us_per_ksample']:.2f} us per 1k samples)", "reading": RULES_OUT}
+            f"{cheapest[0]}, {cheapest[1]['us_per_ksample']:.2f} us per 1k samples){beside}", "reading": RULES_OUT}
 
 
 def reply_293(rows: list) -> str:
