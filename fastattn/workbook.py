@@ -67,7 +67,7 @@ def check_params(**params) -> dict:
         b = p["budget_s"]
         if isinstance(b, bool) or not isinstance(b, (int, float)) or b < 0:
             raise ValueError(f"parameter budget_s={b!r}: expected seconds >= 0 (0: no limit)")
-        p["started_monotonic"] = time.monotonic()  # time_left counts from here
+        p["_started"] = time.monotonic()  # time_left counts from here
     if "seed" in p and (isinstance(p["seed"], bool) or not isinstance(p["seed"], int)):
         raise ValueError(f"parameter seed={p['seed']!r}: expected an int")
     if "interactive" in p and not isinstance(p["interactive"], bool):
@@ -98,7 +98,7 @@ def time_left(params: dict, reserve_s: float = 15.0) -> Optional[float]:
     :func:`check_params` and ``reserve_s`` for the cells after it; None where there is no budget (0)."""
     if not params.get("budget_s"):
         return None
-    return max(0.0, params["budget_s"] - (time.monotonic() - params["started_monotonic"]) - reserve_s)
+    return max(0.0, params["budget_s"] - (time.monotonic() - params["_started"]) - reserve_s)
 
 
 def provenance(params: dict, *, random_weights: Optional[bool] = None) -> None:
@@ -115,7 +115,8 @@ def provenance(params: dict, *, random_weights: Optional[bool] = None) -> None:
     print(f"  {'run at (UTC)':<22} {datetime.now(timezone.utc):%Y-%m-%d %H:%M:%S}")
     print("Parameters")
     for k, v in params.items():
-        print(f"  {k:<22} {v!r}")
+        if not k.startswith("_"):  # the runner's own bookkeeping (the budget's clock)
+            print(f"  {k:<22} {v!r}")
     if random_weights:
         print("Weights: random (built from data/voxcpm2_architecture.json with a seed). Timings are real; "
               "any audio is noise.")

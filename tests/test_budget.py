@@ -109,7 +109,7 @@ def test_time_left_counts_from_check_params():
     assert time_left(check_params(budget_s=0.0)) is None
     P = check_params(budget_s=100.0)
     assert 84 < time_left(P) <= 85.0
-    P["started_monotonic"] = time.monotonic() - 200
+    P["_started"] = time.monotonic() - 200
     assert time_left(P) == 0.0
 
 
