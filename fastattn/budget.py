@@ -13,7 +13,7 @@ bf16. Most of its time goes to two measurements whose size is a choice: 01's str
 * :func:`notebook_budget` is what 05 may take once the notebooks before it have run: the runner passes it as
   05's ``budget_s``; 05 runs its whole decodes last and gives them what is left
   (:func:`fastattn.workbook.time_left`), and :func:`fastattn.bench.dtype_decode` sizes their steps from its own
-  warm-up step (a full model costs 20 s or more to build, so it is not probed up front).
+  warm-up step (building the full model alone costs more than the whole probe, so it is not probed up front).
 
 A parameter the user gives (``-p``) is never changed. The plan is pure: tests feed it CPU- and GPU-shaped probes.
 """

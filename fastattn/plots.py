@@ -240,6 +240,14 @@ def fast_choice_table(rec: dict) -> str:
     return f"<table><tr>{head}</tr>{body}</table>"
 
 
+def _finish_chunks(fig, ax, title: str):
+    """A per-chunk figure's axes (chunk index, ms per chunk from zero), then :func:`_finish`."""
+    ax.set_xlabel("chunk (one decode step each)")
+    ax.set_ylabel("ms per chunk")
+    ax.set_ylim(bottom=0)
+    return _finish(fig, ax, title)
+
+
 def _rolling_median(y: list, window: int) -> list:
     import statistics
     return [statistics.median(y[max(0, i - window // 2):i + window // 2 + 1]) for i in range(len(y))]
@@ -261,11 +269,8 @@ def stream(rec: dict, *, ax=None, window: int = 25):
             ax.scatter([r["chunk"] for r in bad], [r["ms"] for r in bad], marker="x", s=12, color=color,
                        label=f"{v}: {len(bad)} disturbed chunks (all repeats)")
     p = rec["params"]
-    ax.set_xlabel("chunk (one decode step each)")
-    ax.set_ylabel("ms per chunk")
-    ax.set_ylim(bottom=0)
-    return _finish(fig, ax, _title(rec, f"generate_streaming, {p['preset']} preset, {p['dtype']}, {p['chunks']} chunks "
-                                        f"(repeat 0, rolling median of {window})"))
+    return _finish_chunks(fig, ax, _title(rec, f"generate_streaming, {p['preset']} preset, {p['dtype']}, "
+                                               f"{p['chunks']} chunks (repeat 0, rolling median of {window})"))
 
 
 def stream_components(rec: dict, *, variant: str = "upstream", ax=None, window: int = 25):
@@ -281,11 +286,8 @@ def stream_components(rec: dict, *, variant: str = "upstream", ax=None, window: 
         roll = _rolling_median(y, window)
         ax.plot(x, roll, lw=1.6, color=cmap(i), label=f"{c}: {rec['trend'][variant][c]['verdict']}")
     p = rec["params"]
-    ax.set_xlabel("chunk")
-    ax.set_ylabel("ms per chunk")
-    ax.set_ylim(bottom=0)
-    return _finish(fig, ax, _title(rec, f"where a chunk's time goes: {variant}, {p['preset']} preset, {p['dtype']} "
-                                        f"(repeat 0, quiet chunks, rolling median of {window})"))
+    return _finish_chunks(fig, ax, _title(rec, f"where a chunk's time goes: {variant}, {p['preset']} preset, "
+                                               f"{p['dtype']} (repeat 0, quiet chunks, rolling median of {window})"))
 
 
 def consumers(rec: dict, *, ax=None):

@@ -242,7 +242,8 @@ def dtype_machines(results: Path) -> str:
         base = rows[(rec["params"]["dtypes"][0], "upstream")]
         ci = lambda r, key=key: f"{r[key]:.2f}x ([{r['95% low']:.2f}, {r['95% high']:.2f}], n={r['n']})"  # noqa: E731
         out.append(f"| `{path.parent.name}`: {rec['env'].get('device_name', '')} | "
-                   f"{'yes' if native_bf16(rec.get('flags') or {}) else 'no'} | {base['dtype']} {base['step s']:.2f} s"
+                   f"{ {True: 'yes', False: 'no', None: 'n/a'}[native_bf16(rec.get('flags') or {})]} | "
+                   f"{base['dtype']} {base['step s']:.2f} s"
                    f" | {ci(rows[('float32', 'upstream')])} | {ci(rows[('float32', 'patched')])} | "
                    + ", ".join(f"{d} {r['weights GB']:.1f}" for (d, v), r in rows.items() if v == "upstream") + " |")
     return "\n".join(out) + "\n"

@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Optional, Sequence
 
 from . import models as _models
-from .budget import BUDGET_S
+from .budget import BUDGET_S, SCALABLE, notebook_budget
 from .devices import DTYPES
 from .paths import atomic_write_text, notebooks_dir, reports_dir
 
@@ -341,12 +341,12 @@ def _plan(params: dict, nbs: list, device: str, budget_s: float, log) -> dict:
 
 
 def _planned(plan: Optional[dict], params: dict, declared: dict, elapsed_s: float, stem: str = "05_profiling") -> dict:
-    """The plan's parameters for one notebook (those it declares and the user did not give), and for a notebook that
-    sizes itself (``budget_s``: 05) the time actually left."""
+    """The plan's parameters for the notebook ``stem`` (those it sized for that notebook, never another's of the same
+    name: 01's ``repeats`` is not 05's; never one the user gave), and for a notebook that sizes itself (``budget_s``:
+    05) the time actually left."""
     if not plan:
         return {}
-    from .budget import notebook_budget
-    out = {k: v for k, v in plan["params"].items() if k in declared and k not in params}
+    out = {k: v for k, v in plan["params"].items() if SCALABLE[k][0] == stem and k in declared and k not in params}
     if "budget_s" in declared and "steps" not in params and "budget_s" not in params:
         out["budget_s"] = round(notebook_budget(plan, elapsed_s, stem), 1)
     return out

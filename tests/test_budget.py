@@ -231,3 +231,39 @@ def test_the_dtype_figure_draws_every_configuration():
     fig = plots.dtype_decode(_dtype_rec({"bfloat16": 9.5, "float32": 3.7}, {"bfloat16": 6e9, "float32": 11e9}))
     assert len(fig.axes[0].patches) == 4
     plt.close(fig)
+
+
+def test_05s_repeats_never_reach_01():
+    p = budget.plan(NO_BF16, NOTEBOOKS)
+    assert "repeats" in p["params"]
+    assert "repeats" not in _planned(p, {}, {"chunks": {}, "repeats": {}}, 0.0, "01_root_cause")
+    assert _planned(p, {}, {"repeats": {}, "steps": {}}, 0.0, "05_profiling")["repeats"] == p["params"]["repeats"]
+
+
+def test_step_timers_on_cuda_read_events(monkeypatch):
+    """The CUDA branch of the step marks and component timers, fed fake events on CPU: elapsed times between
+    consecutive marks, after one synchronisation."""
+    from fastattn.bench import decode
+
+    class Event:
+        clock = [0.0]
+
+        def __init__(self, enable_timing=True):
+            self.t = None
+
+        def record(self):
+            Event.clock[0] += 5.0
+            self.t = Event.clock[0]
+
+        def elapsed_time(self, other):
+            return other.t - self.t
+
+    monkeypatch.setattr(decode.torch.cuda, "Event", Event)
+    monkeypatch.setattr(decode.torch.cuda, "synchronize", lambda: None)
+    timers = decode.Timers("cuda")
+    step = timers.mark(timers.wrap("base_lm", lambda: None))
+    for _ in range(4):
+        step()
+    assert timers.step_s() == [0.015, 0.015, 0.015]  # mark, start, end: 15 ms apart in the fake clock
+    assert timers.totals_s() == {"base_lm": 0.02} and timers.totals_s() == {}
+    assert len(timers.step_disturbed()) == 3

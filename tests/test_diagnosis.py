@@ -153,3 +153,12 @@ def test_compile_counts_show_a_specialised_length_recompiling():
     row = next(r for r in diagnosis(_stream({c: "flat" for c in COMPONENTS}), compiles=rec)
                if r["hypothesis"].startswith("CUDA graphs"))
     assert "graphs compiled: upstream 1" in row["measured here"]
+
+
+def test_a_failing_consumer_thread_is_an_error_not_a_silent_gap():
+    from fastattn.bench.consumers import _timed_beside
+
+    def broken(prev, clip, chunk, sr):
+        raise ValueError("codec gone")
+    with pytest.raises(RuntimeError, match="consumer thread failed.*codec gone"):
+        _timed_beside(iter([torch.zeros(8)] * 3), broken, 48000, [])

@@ -202,13 +202,19 @@ def consumer_contention(preset: str = "small", chunks: int = 60, *, pattern: str
 def _timed_beside(gen, fn, sr: int, consumer_ms: list) -> list:
     """ms of every chunk ``gen`` yields; with ``fn``, a thread runs it on the growing clip as chunks arrive."""
     q: queue.Queue = queue.Queue()
+    failed: list = []
 
     def consume():
         clip = np.zeros(0, np.float32)
         while (chunk := q.get()) is not None:
+            if failed:
+                continue  # drain: the generator must not block on a dead consumer
             prev, clip = clip, np.concatenate([clip, chunk])
             t0 = time.perf_counter()
-            fn(prev, clip, chunk, sr)
+            try:
+                fn(prev, clip, chunk, sr)
+            except Exception as exc:  # noqa: BLE001 - raised in the caller's thread below
+                failed.append(exc)
             consumer_ms.append((time.perf_counter() - t0) * 1e3)
     thread = threading.Thread(target=consume, daemon=True) if fn else None
     if thread:
@@ -222,4 +228,6 @@ def _timed_beside(gen, fn, sr: int, consumer_ms: list) -> list:
     if thread:
         q.put(None)
         thread.join()
+    if failed:
+        raise RuntimeError(f"the consumer thread failed: {failed[0]!r}") from failed[0]
     return out

@@ -19,8 +19,8 @@ from .timing import progress_bar, sync_device
 
 
 class Timers:
-    """Per-component times within a decode, without extra syncs (CUDA events; perf_counter on CPU). A wrapped
-    call costs the timer about a microsecond on CPU (two ``perf_counter`` reads; ``timer_overhead_us``)."""
+    """Per-component times within a decode, without extra syncs (CUDA events; perf_counter on CPU). What a wrapped
+    call costs the timer on CPU (two ``perf_counter`` reads) is measured by :func:`timer_overhead_us`."""
 
     def __init__(self, device):
         self.cuda = torch.device(device).type == "cuda"
@@ -158,7 +158,8 @@ def whole_decode(preset: str = "tiny", *, steps: int = 12, dtype="bfloat16", dev
 
     Each run is split into base LM, residual LM, local DiT, local encoder, the
     decode-step attention inside the LMs (``lm_attention``, part of the two LM
-    figures) and the rest (prefill, projections, stop head, VAE decode).
+    figures) and the rest (prefill, projections, stop head, VAE decode); ``step_seconds`` holds each decode step's
+    wall time (one base-LM step's start to the next) and ``step_disturbed`` whether other processes took it.
     ``identical`` says whether the patched waveform is ``torch.equal`` to upstream's;
     ``patched_granularity`` is the patched base-LM cache's window granularity, None where it holds all
     ``max_length`` slots (no exact window on the device: the patched decode is upstream's computation).
@@ -309,7 +310,7 @@ def dtype_decode(preset: str = "full", *, dtypes=("bfloat16", "float32"), steps:
         del model
         _release_memory()
         spent += time.perf_counter() - t0
-    step_s = {d: statistics.median(_steps({"dtypes": out}, d, "upstream")[0]) for d in out}
+    step_s = {d: statistics.median(_quiet_steps(o["decode"], "upstream")[0]) for d, o in out.items()}
     params = {"preset": preset, "dtypes": list(dtypes), "steps": steps, "min_steps": min_steps,
               "inference_timesteps": inference_timesteps, "repeats": repeats, "budget_s": budget_s}
     from ..devices import cpu_flags
@@ -319,9 +320,10 @@ def dtype_decode(preset: str = "full", *, dtypes=("bfloat16", "float32"), steps:
                   build_s=statistics.mean(o["build_s"] for o in out.values()), spent_s=spent)
 
 
-def _steps(rec: dict, dtype: str, variant: str) -> tuple:
-    """(quiet step seconds, disturbed count) of one dtype and variant; every step where none was quiet."""
-    pairs = [(s, f) for r in rec["dtypes"][dtype]["decode"]["rows"] if r["variant"] == variant
+def _quiet_steps(whole: dict, variant: str) -> tuple:
+    """(quiet step seconds, disturbed count) of one variant of a :func:`whole_decode` record; every step where none
+    was quiet."""
+    pairs = [(s, f) for r in whole["rows"] if r["variant"] == variant
              for s, f in zip(r["step_seconds"], r["step_disturbed"])]
     quiet = [s for s, f in pairs if not f]
     return quiet or [s for s, _ in pairs], len(pairs) - len(quiet)
@@ -334,11 +336,11 @@ def dtype_table(rec: dict) -> list:
     output equals upstream's in that dtype."""
     from .stats import ratio_ci
     base_dtype = rec["params"]["dtypes"][0]
-    base = _steps(rec, base_dtype, "upstream")[0]
+    base = _quiet_steps(rec["dtypes"][base_dtype]["decode"], "upstream")[0]
     out = []
     for dtype, o in rec["dtypes"].items():
         for variant in ("upstream", "patched"):
-            s, n_disturbed = _steps(rec, dtype, variant)
+            s, n_disturbed = _quiet_steps(o["decode"], variant)
             ci = ratio_ci(s, base, paired=False)
             out.append({"dtype": dtype, "variant": variant, "step s": statistics.median(s), "n": len(s),
                         "disturbed": n_disturbed,

@@ -135,7 +135,7 @@ def stream_profile(preset: str, chunks: int, *, dtype="bfloat16", device="cpu",
     chunks only), never from one run's sixths. The first chunk carries the prefill and is left out.
 
     With ``components`` each row also carries ``components``: ms per :data:`COMPONENTS` (they add up to the chunk's
-    ms; ``other`` is the remainder, and the timers add about 2 us per component call, ``timer_overhead_us``), and
+    ms; ``other`` is the remainder; what the timers add per component call is measured, ``timer_overhead_us``), and
     ``trend[variant][component]`` is that component's trend (slope in ms per 100 chunks, its 95% interval, verdict),
     beside the whole chunk's trend fields.
     """
