@@ -27,12 +27,22 @@ def status(key: str) -> int:
     raise KeyError(key)
 
 
+def _malloc_trim():
+    try:
+        return ctypes.CDLL("libc.so.6").malloc_trim
+    except (OSError, AttributeError):  # not glibc: nothing to hand back this way
+        return None
+
+
+#: resolved at import, before any RSS is read: loading it inside the measurement touched new pages, so a trim with
+#: nothing to hand back read a few KB *above* the RSS before it
+MALLOC_TRIM = _malloc_trim()
+
+
 def trim() -> None:
     gc.collect()  # tensors held only by reference cycles go first
-    try:
-        ctypes.CDLL("libc.so.6").malloc_trim(0)
-    except (OSError, AttributeError):  # not glibc: nothing to hand back this way
-        pass
+    if MALLOC_TRIM is not None:
+        MALLOC_TRIM(0)
 
 
 def main(preset: str, dtype: str, variant: str, steps: int) -> None:
