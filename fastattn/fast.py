@@ -19,6 +19,11 @@ scores rounded to bf16 before the softmax put it close to the bound of twice ``r
     SDPA over the slice forced to one backend with ``sdpa_kernel``: measured and reported, never chosen,
     since ``sdpa_kernel`` flips process-wide flags (another thread's SDPA would run with one backend).
 
+A compiled or CUDA-graph decode cannot slice by the position for free; its candidates are the
+static-shape forms of :mod:`fastattn.static` (the slice with an unbacked length, a bucketed window,
+FlexAttention with a block mask, upstream's call), checked compiled with ``fullgraph=True`` for
+accuracy, graph count and determinism, then timed: :func:`graph_choice`, the chain's ``graph`` class.
+
 At first use per (device, dtype, Hq, Hkv, D, Lq class: 1 or > 1, key-count
 class: up to 512, up to 2048, more keys) every
 candidate runs on random data: a candidate whose max error against a float64
@@ -42,9 +47,10 @@ import torch.nn.functional as F
 from .bench.timing import time_interleaved
 from .core import capturing_or_compiling, causal_mask, f64_attention, sdpa
 from .devices import device_key, dtype_name
+from .static import choose_graph_form
 
 __all__ = ["CANDIDATES", "PROBE_ONLY", "fast_attention", "fast_report", "reset_fast_cache", "choose_fast",
-           "grouped_window"]
+           "grouped_window", "graph_choice"]
 
 log = logging.getLogger("fastattn")
 
@@ -261,8 +267,27 @@ def _fall_back(q, k, v, exc):
     return CANDIDATES[choice["winner"]][0](q, k, v)
 
 
+def graph_choice(device, dtype, *, hq: int, hkv: int, head_dim: int, capacity: int, bucket: int = 256,
+                 **kw) -> dict:
+    """The ``graph`` class of the chain: the fastest static-shape form for a compiled decode of this shape
+    (:func:`fastattn.static.choose_graph_form`: each form compiled with ``fullgraph=True``, checked against
+    float64 and for its graph count, then timed). Costs a compile per form; made once per process and shape,
+    listed by :func:`fast_report` with every form's status (``available``/``reason``, ``accepted``,
+    ``graphs``, ``median_ms``). ``kw`` go to ``choose_graph_form`` (``positions``, ``steps``, ``repeats``,
+    ``backend``, ``seed``)."""
+    device, dt = torch.device(device), dtype
+    key = (device_key(device), dtype_name(dt), hq, hkv, head_dim, "lq=1", "graph", capacity, bucket)
+    with _LOCK:
+        if key not in _CHOICES:
+            _CHOICES[key] = choose_graph_form(device, dt, hq=hq, hkv=hkv, head_dim=head_dim, capacity=capacity,
+                                              bucket=bucket, **kw)
+        return _CHOICES[key]
+
+
 def fast_report() -> list:
-    """Every ``fast`` choice made in this process: call shape, candidates (median ms, max error), winner."""
+    """Every ``fast`` choice made in this process: call shape, candidates (median ms, max error), winner.
+    Choices of the ``graph`` class (:func:`graph_choice`) have ``length_class == "graph"``; their candidates
+    carry each static form's status."""
     with _LOCK:
         return [dict(v, candidates=[dict(r) for r in v["candidates"]]) for v in _CHOICES.values()]
 

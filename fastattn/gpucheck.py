@@ -29,6 +29,7 @@ from typing import Optional
 
 import torch
 
+from .graphs import cudagraph_recordings
 from .paths import atomic_write_text
 
 __all__ = ["gpu_check", "main", "select_device", "stream_chunks", "upstream_optimized", "cudagraph_recordings"]
@@ -102,17 +103,6 @@ def upstream_optimized(model) -> None:
     if "forward_step" not in model.base_lm.__dict__:
         raise RuntimeError(f"voxcpm's optimize() did not compile (model.device={model.device!r}; it needs "
                            "exactly 'cuda' and triton)")
-
-
-def cudagraph_recordings(device) -> Optional[int]:
-    """CUDA graphs inductor's cudagraph trees have recorded on ``device`` so far (their graph id counter), or
-    None where no tree manager exists or this torch keeps the counter elsewhere."""
-    try:
-        from torch._inductor.cudagraph_trees import get_manager
-        manager = get_manager(torch.device(device).index or 0, create_if_none_exists=False)
-        return None if manager is None else int(re.fullmatch(r"count\((\d+)\)", repr(manager.graph_counter))[1])
-    except Exception:  # noqa: BLE001 - an internal that moved: say unknown, never guess
-        return None
 
 
 def _optimized_decode(device, size) -> dict:

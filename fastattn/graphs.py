@@ -32,12 +32,14 @@ from __future__ import annotations
 
 import functools
 import logging
+import re
 import weakref
 from typing import Optional
 
 import torch
 
-__all__ = ["optimize", "deoptimize", "graph_counts", "reset_graph_counts", "mark_cache_static", "OPTIMIZED"]
+__all__ = ["optimize", "deoptimize", "graph_counts", "reset_graph_counts", "mark_cache_static", "OPTIMIZED",
+           "cudagraph_recordings"]
 
 #: models :func:`optimize` compiled (a patch revert deoptimizes them)
 OPTIMIZED: weakref.WeakSet = weakref.WeakSet()
@@ -199,3 +201,14 @@ def reset_graph_counts() -> None:
     counters.clear()
     _SKIPS.reasons.clear()
     _watch_skips()
+
+
+def cudagraph_recordings(device) -> Optional[int]:
+    """CUDA graphs inductor's cudagraph trees have recorded on ``device`` so far (their graph id counter), or
+    None where no tree manager exists or this torch keeps the counter elsewhere."""
+    try:
+        from torch._inductor.cudagraph_trees import get_manager
+        manager = get_manager(torch.device(device).index or 0, create_if_none_exists=False)
+        return None if manager is None else int(re.fullmatch(r"count\((\d+)\)", repr(manager.graph_counter))[1])
+    except Exception:  # noqa: BLE001 - an internal that moved: say unknown, never guess
+        return None

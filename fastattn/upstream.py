@@ -33,7 +33,7 @@ from . import compat
 from .paths import data_dir
 
 __all__ = ["upstream_diff", "write_upstream_diff", "DIFF_NAME", "LAYOUTS", "KITS", "patched_sources",
-           "cache_source", "dtype_sources", "patched_copy", "decode_with_diff"]
+           "cache_source", "dtype_sources", "decode_attention_sources", "patched_copy", "decode_with_diff"]
 
 DIFF_NAME = "voxcpm-2.0.3-right-sized-decode.diff"
 
@@ -83,14 +83,14 @@ _MODEL_OLD = '''        # Use an explicit broadcastable mask shape for SDPA. A 1
         attn_output = torch.nn.functional.scaled_dot_product_attention(
 '''
 
-_MODEL_NEW = '''        # The cache hands out views over the live window only: the valid length rounded
+_MODEL_NEW = '''        # Use an explicit broadcastable mask shape for SDPA. A 1D mask can
+        # trigger a CPU-side dimension bug in some PyTorch versions.
+        attn_mask = (torch.arange(key_cache.size(2), device=key_cache.device) <= position_id).view(1, 1, 1, -1)
+        # The cache hands out views over the live window only: the valid length rounded
         # up to a bucket of slots (see StaticKVCache). The mask and the attention below
         # therefore cost O(length) instead of O(max_length), their shapes change only at
         # bucket boundaries, and keeping the mask inside the window gives the same result
         # as attending over the whole cache.
-        # Use an explicit broadcastable mask shape for SDPA. A 1D mask can
-        # trigger a CPU-side dimension bug in some PyTorch versions.
-        attn_mask = (torch.arange(key_cache.size(2), device=key_cache.device) <= position_id).view(1, 1, 1, -1)
 
         if query_states.device.type == "mps":
             # ref: https://github.com/pytorch/pytorch/issues/163597
@@ -101,6 +101,104 @@ _MODEL_NEW = '''        # The cache hands out views over the live window only: t
             value_cache = value_cache.contiguous()
         attn_output = torch.nn.functional.scaled_dot_product_attention(
 '''
+
+# The third kit, separable from both: an opt-in decode attention that reads only the live keys, as a
+# MiniCPM4Config field (``decode_attention``, default "masked": today's exact call). Its hunks touch lines
+# the right-sized kit does not, so the two apply in either order.
+_CONFIG_OLD = """    kv_channels: int = None
+    no_rope: bool = False
+"""
+
+_CONFIG_NEW = """    kv_channels: int = None
+    no_rope: bool = False
+    # Decode attention (one new token per step). "masked" (default): every slot of the KV cache
+    # under a mask, exactly as before. "live": only the valid keys, O(position) per step instead
+    # of O(max_length): SDPA over the slice when eager; under torch.compile (optimize())
+    # FlexAttention with a block mask that skips the blocks past the position, so shapes stay
+    # static and one graph serves the whole decode. "live" rounds differently from "masked"
+    # (within the dtype's rounding; not bit-identical), so it is opt-in. Set it in config.json's
+    # lm_config, or on a loaded model before optimize(): model.base_lm.config.decode_attention
+    # = "live" (and residual_lm's).
+    decode_attention: Literal["masked", "live"] = "masked"
+"""
+
+_MODEL_IMPORTS_OLD = """from typing import List, Tuple
+import math
+from .cache import StaticKVCache
+"""
+
+_MODEL_IMPORTS_NEW = """from typing import List, Tuple
+import math
+from .cache import StaticKVCache
+
+try:  # torch >= 2.5
+    from torch.nn.attention.flex_attention import BlockMask, flex_attention
+except ImportError:  # pragma: no cover
+    BlockMask = flex_attention = None
+
+# FlexAttention's key block: a decode step reads blocks [0, position // FLEX_BLOCK] only.
+FLEX_BLOCK = 128
+
+
+def _decode_block_mask(position_id: torch.Tensor, n_keys: int) -> "BlockMask":
+    # Built from tensor ops on position_id: no host sync, the same shapes at every step.
+    n_blocks = (n_keys + FLEX_BLOCK - 1) // FLEX_BLOCK
+    idx = torch.arange(n_blocks, device=position_id.device, dtype=torch.int32).view(1, 1, 1, -1)
+    last = position_id.reshape(-1)
+    length = last[0] + 1
+    full = (length // FLEX_BLOCK).to(torch.int32)  # blocks every key of which is valid: no mask needed
+    partial = (length % FLEX_BLOCK != 0).to(torch.int32)  # the block holding the last key, masked inside
+    partial_idx = torch.where(idx == 0, full.clamp(max=n_blocks - 1), idx)
+
+    def mask_mod(b, h, q_idx, kv_idx):
+        return kv_idx <= last[0]
+
+    return BlockMask.from_kv_blocks(
+        partial.view(1, 1, 1),
+        partial_idx,
+        full.view(1, 1, 1),
+        idx,
+        BLOCK_SIZE=(FLEX_BLOCK, FLEX_BLOCK),
+        mask_mod=mask_mod,
+        seq_lengths=(1, n_keys),
+    )
+
+
+def live_decode_attention(query_states, key_cache, value_cache, position_id):
+    \"\"\"Decode attention over keys [0, position_id] of the cache only (``decode_attention="live"``).
+
+    Eager: SDPA over the slice with no mask (reads the position on the host: a sync on CUDA).
+    Compiled: FlexAttention over the whole cache with a block mask built in the graph, so no
+    host read, static shapes and one graph for the whole decode; blocks past the position are
+    never read. query_states (B, H, 1, D); key_cache, value_cache (B, H_kv, max_length, D).
+    \"\"\"
+    if torch.compiler.is_compiling() and flex_attention is not None:
+        block_mask = _decode_block_mask(torch.as_tensor(position_id), key_cache.size(2))
+        return flex_attention(query_states, key_cache, value_cache, block_mask=block_mask, enable_gqa=True)
+    length = int(position_id) + 1
+    key_cache, value_cache = key_cache[:, :, :length], value_cache[:, :, :length]
+    if query_states.device.type == "mps":  # ref: https://github.com/pytorch/pytorch/issues/163597
+        query_states, key_cache, value_cache = (t.contiguous() for t in (query_states, key_cache, value_cache))
+    return torch.nn.functional.scaled_dot_product_attention(query_states, key_cache, value_cache, enable_gqa=True)
+"""
+
+_MODEL_LIVE_OLD = """        key_cache[:, :, position_id, :] = key_states
+        value_cache[:, :, position_id, :] = value_states
+
+"""
+
+_MODEL_LIVE_NEW = """        key_cache[:, :, position_id, :] = key_states
+        value_cache[:, :, position_id, :] = value_states
+
+        if self.config.decode_attention == "live":
+            attn_output = live_decode_attention(query_states, key_cache, value_cache, position_id)
+            attn_output = attn_output.transpose(1, 2).contiguous()
+            attn_output = attn_output.reshape(bsz, self.num_heads * self.head_dim)
+            return self.o_proj(attn_output)
+        if self.config.decode_attention != "masked":
+            raise ValueError(f"decode_attention must be 'masked' or 'live', got {self.config.decode_attention!r}")
+
+"""
 
 _CACHE_HEAD = """import sys
 from typing import List, Tuple
@@ -248,6 +346,25 @@ def dtype_sources() -> dict:
     return {f"voxcpm/{rel}": (old, old.replace(_UTILS_OLD, _UTILS_NEW))}
 
 
+
+def _replace_once(text: str, old: str, new: str, where: str) -> str:
+    if text.count(old) != 1:
+        raise RuntimeError(f"voxcpm/{where}: the block this kit replaces was not found exactly once; the installed "
+                           "voxcpm is not 2.0.3")
+    return text.replace(old, new)
+
+
+def decode_attention_sources() -> dict:
+    """``{relative path: (old text, new text)}`` of the opt-in ``decode_attention="live"`` (config and layer)."""
+    config_rel, model_rel = "modules/minicpm4/config.py", "modules/minicpm4/model.py"
+    config_old, model_old = _installed(config_rel).read_text(), _installed(model_rel).read_text()
+    config_new = _replace_once(config_old, _CONFIG_OLD, _CONFIG_NEW, config_rel)
+    config_new = _replace_once(config_new, "from typing import List\n", "from typing import List, Literal\n",
+                               config_rel)
+    model_new = _replace_once(model_old, _MODEL_IMPORTS_OLD, _MODEL_IMPORTS_NEW, model_rel)
+    model_new = _replace_once(model_new, _MODEL_LIVE_OLD, _MODEL_LIVE_NEW, model_rel)
+    return {f"voxcpm/{config_rel}": (config_old, config_new), f"voxcpm/{model_rel}": (model_old, model_new)}
+
 #: layout -> (diff file under data/, path prefix of the package in the target tree)
 LAYOUTS = {
     "wheel": (DIFF_NAME, ""),                            # site-packages/voxcpm/... (voxcpm 2.0.3 installed)
@@ -259,6 +376,9 @@ KITS = {
     "right-sized": (patched_sources, {k: v[0] for k, v in LAYOUTS.items()}, "test_minicpm4_right_sized_cache.py"),
     "cpu-dtype": (dtype_sources, {"wheel": "voxcpm-2.0.3-cpu-dtype-override.diff",
                                   "src": "voxcpm-main-src-cpu-dtype-override.diff"}, "test_cpu_dtype_override.py"),
+    "decode-attention": (decode_attention_sources, {"wheel": "voxcpm-2.0.3-live-decode-attention.diff",
+                                                    "src": "voxcpm-main-src-live-decode-attention.diff"},
+                         "test_minicpm4_decode_attention.py"),
 }
 
 

@@ -1,0 +1,111 @@
+"""Which static-shape decode form a compiled decode should carry: read from a ``decode_forms`` record
+(:func:`fastattn.bench.form_sweep`) and, for the model, a ``kit_decode`` record (the opt-in kit decoding under
+upstream's ``optimize()``). Pure functions of records; they measure nothing.
+
+A form is eligible where it compiled, stayed within twice upstream's error against float64 and kept its
+graph bound. The winner is the eligible form with the lowest compiled step time summed over the positions;
+its margin over the runner-up is the ratio of medians at each position with a paired 95% bootstrap interval.
+The choice is *decided* only where every position's interval lies above 1: one noisy burst cannot decide it.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Optional
+
+from ..bench.stats import fmt_ci, ratio_ci
+
+__all__ = ["form_verdict", "form_lines", "kit_lines"]
+
+
+def _eligible(rec: dict) -> tuple:
+    ok, excluded = [], {}
+    for c in rec.get("checks", []):
+        if not c["available"]:
+            excluded[c["form"]] = f"unavailable: {c['reason']}"
+        elif not c["accepted"]:
+            excluded[c["form"]] = f"error {c['max_err']:.3g} above twice upstream's {c['reference_err']:.3g}"
+        elif c.get("within_bound") is False:
+            excluded[c["form"]] = f"{c['graphs']} graphs, above its bound of {c['graph_bound']}"
+        else:
+            ok.append(c["form"])
+    return ok, excluded
+
+
+def _samples(rec: dict, form: str, p: int, compiled: bool) -> Optional[list]:
+    row = next((r for r in rec["rows"] if (r["form"], r["position"], r["compiled"]) == (form, p, compiled)), None)
+    if row is None:
+        return None
+    flags = row.get("disturbed_flags") or [False] * len(row["samples_ms"])
+    return [x for x, f in zip(row["samples_ms"], flags) if not f] or row["samples_ms"]
+
+
+def form_verdict(rec: dict) -> dict:
+    """The winner among eligible forms, timed compiled where any compiled row exists (else eager).
+
+    Returns ``winner``, ``runner_up``, ``compiled`` (whether compiled timings decided), ``excluded`` ({form:
+    why}), ``per_position`` ({p: {"winner", "ratio", "ci"}}: runner-up over winner), ``margin`` (geometric mean
+    of the per-position ratios), ``decided`` (every interval above 1) and ``line``, a sentence."""
+    ok, excluded = _eligible(rec)
+    compiled = any(r["compiled"] for r in rec["rows"])
+    positions = rec["params"]["positions"]
+    total = {f: sum(s and sorted(s)[len(s) // 2] or math.inf for s in
+                    (_samples(rec, f, p, compiled) for p in positions)) for f in ok}
+    timed = sorted((t, f) for f, t in total.items() if math.isfinite(t))
+    out = {"winner": None, "runner_up": None, "compiled": compiled, "excluded": excluded, "per_position": {},
+           "margin": None, "decided": False, "device": rec["env"].get("device"), "dtype": rec["params"]["dtype"]}
+    if not timed:
+        return dict(out, line="no eligible form was timed: " + "; ".join(f"{f} {why}" for f, why in excluded.items()))
+    winner = timed[0][1]
+    out["winner"] = winner
+    if len(timed) == 1:
+        return dict(out, line=f"{winner} is the only eligible form")
+    runner = timed[1][1]
+    ratios = []
+    for p in positions:
+        a, b = _samples(rec, runner, p, compiled), _samples(rec, winner, p, compiled)
+        r = sorted(a)[len(a) // 2] / sorted(b)[len(b) // 2]
+        ci = ratio_ci(a, b, paired=len(a) == len(b))
+        fastest = min(ok, key=lambda f: sorted(_samples(rec, f, p, compiled))[len(_samples(rec, f, p, compiled)) // 2])
+        out["per_position"][p] = {"winner": fastest, "ratio": r, "ci": ci}
+        ratios.append(r)
+    margin = math.exp(sum(map(math.log, ratios)) / len(ratios))
+    decided = all(v["ci"] is not None and v["ci"][0] > 1 for v in out["per_position"].values())
+    how = "compiled" if compiled else "eager"
+    line = (f"{winner} wins ({how}, {out['dtype']}): {runner} takes {margin:.2f}x its time (geometric mean over "
+            f"positions {', '.join(map(str, positions))}; per position " +
+            ", ".join(f"{p}: {v['ratio']:.2f}x {fmt_ci(v['ci'])}" for p, v in out["per_position"].items()) + ")")
+    if not decided:
+        line += "; not decided: an interval reaches 1, or a position has another winner"
+    return dict(out, runner_up=runner, margin=margin, decided=decided, line=line)
+
+
+def form_lines(rec: dict) -> list:
+    """Markdown lines for a report: the verdict, then each form's check (error, graphs, CUDA graphs)."""
+    v = form_verdict(rec)
+    lines = [f"- **{'Decided' if v['decided'] else 'Not decided'}**: {v['line']}"]
+    for c in rec.get("checks", []):
+        if not c["available"]:
+            lines.append(f"- {c['form']}: unavailable ({c['reason']})")
+            continue
+        rec_graphs = c.get("cudagraph_recordings")
+        lines.append(f"- {c['form']}: error {c['max_err']:.3g} vs upstream's {c['reference_err']:.3g} "
+                     f"({'within' if c['accepted'] else 'above'} twice), {c['graphs']} dynamo graph(s) over "
+                     f"{c['steps']} steps (bound {c['graph_bound']})"
+                     + (f", {rec_graphs} CUDA graph(s) recorded" if rec_graphs is not None else "")
+                     + ("" if c["deterministic"] else ", NOT deterministic"))
+    return lines
+
+
+def kit_lines(rec: dict) -> list:
+    """Markdown lines from a ``kit_decode`` record: each mode's whole-decode wall time eager and under
+    upstream's ``optimize()``, graphs over the stream, and the mode-on output against float64."""
+    lines = []
+    for r in rec["rows"]:
+        lines.append(f"- decode_attention={r['mode']!r}, {r['phase']}: {r['wall_s']:.2f} s"
+                     + (f", {r['unique_graphs']} dynamo graph(s)" if r.get("unique_graphs") is not None else "")
+                     + (f", {r['cudagraph_recordings']} CUDA graph(s) over {r['chunks']} chunks"
+                        if r.get("cudagraph_recordings") is not None else ""))
+    if rec.get("identical_off") is not None:
+        lines.append(f"- mode off bit-identical to upstream: {rec['identical_off']}")
+    return lines
