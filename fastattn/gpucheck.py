@@ -32,7 +32,8 @@ import torch
 from .graphs import cudagraph_recordings
 from .paths import atomic_write_text
 
-__all__ = ["gpu_check", "main", "select_device", "stream_chunks", "upstream_optimized", "cudagraph_recordings"]
+__all__ = ["gpu_check", "main", "select_device", "stream_chunks", "upstream_optimized", "cudagraph_recordings",
+           "kit_decode"]
 
 
 def _slug(text: str) -> str:
@@ -50,9 +51,11 @@ def _sizes(device: torch.device, quick: bool) -> dict:
                 "ladder_capacity": 1024, "dtypes": ("float32", "bfloat16")}
     if quick:
         return {"capacity": 8192, "positions": [0, 256, 4096], "repeats": 3, "preset": "small", "steps": 8,
-                "ladder_capacity": 8192, "dtypes": ("bfloat16", "float32"), "stream_chunks": 600}
+                "ladder_capacity": 8192, "dtypes": ("bfloat16", "float32"), "stream_chunks": 600,
+                "form_positions": [0, 1024, 4096, 8000], "form_dtypes": ("bfloat16",)}
     return {"capacity": 8192, "positions": [0, 256, 1024, 4096, 8000], "repeats": 7, "preset": "full", "steps": 12,
-            "ladder_capacity": 8192, "dtypes": ("bfloat16", "float16", "float32"), "stream_chunks": 600}
+            "ladder_capacity": 8192, "dtypes": ("bfloat16", "float16", "float32"), "stream_chunks": 600,
+            "form_positions": [0, 256, 1024, 2048, 4096, 6144, 8000], "form_dtypes": ("bfloat16", "float32")}
 
 
 def _steps(device: torch.device, size: dict) -> list:
@@ -93,6 +96,12 @@ def _steps(device: torch.device, size: dict) -> list:
         ("whole_decode_optimized", lambda: [_optimized_decode(device, size)], cuda_only),
         ("stream_under_optimize", lambda: [_stream_under_upstream_optimize(device, size)], cuda_only),
         ("upstream_diff_compiled", lambda: [_diff_compiled(device, size)], cuda_only),
+        ("decode_forms", lambda: [bench.form_sweep(size["form_positions"], device=device, dtype=dt,
+                                                   capacity=size["capacity"], repeats=size["repeats"], progress=False)
+                                  for dt in size["form_dtypes"]],
+         cuda_only and "the CUDA opt-in is chosen on CUDA (on CPU: notebook 04's graph_choice, tests/test_static.py)"),
+        ("kit_decode", lambda: [kit_decode(device, preset=size["preset"], steps=size["steps"],
+                                           chunks=size["stream_chunks"], repeats=3)], cuda_only),
     ]
 
 
@@ -207,9 +216,88 @@ def _diff_compiled(device, size) -> dict:
                   rows=[{"returncode": r.returncode, "stdout": r.stdout[-500:], "stderr": r.stderr[-2000:]}])
 
 
+_KIT_SCRIPT = """
+import json, statistics, sys, time, torch, fastattn, voxcpm
+from fastattn.gpucheck import stream_chunks, upstream_optimized
+from fastattn.graphs import graph_counts, reset_graph_counts
+from fastattn.models import build_voxcpm2, silence_progress
+assert voxcpm.__file__.startswith(sys.argv[1]), voxcpm.__file__
+silence_progress()
+preset, device, steps, chunks, repeats, compile_, out = (sys.argv[2], sys.argv[3], int(sys.argv[4]), int(sys.argv[5]),
+                                                         int(sys.argv[6]), sys.argv[7] == "1", sys.argv[8])
+text = "The quick brown fox jumps over the lazy dog. " * 4
+sync = torch.cuda.synchronize if device.startswith("cuda") else (lambda: None)
+models, wavs, rows = {}, {}, []
+for mode in ("masked", "live"):
+    m = build_voxcpm2(preset, device=device, dtype="bfloat16")
+    for lm in (m.base_lm, m.residual_lm):
+        lm.config.decode_attention = mode
+    if compile_:
+        upstream_optimized(m)
+    torch.manual_seed(0)
+    wavs[mode] = m.generate(text, min_len=steps, max_len=steps, inference_timesteps=2).cpu()  # warm-up, compiles
+    models[mode] = m
+times = {mode: [] for mode in models}
+for _ in range(repeats):  # whole decodes, the two modes alternated
+    for mode, m in models.items():
+        sync(); t0 = time.perf_counter()
+        m.generate(text, min_len=steps, max_len=steps, inference_timesteps=2)
+        sync(); times[mode].append(time.perf_counter() - t0)
+for mode, m in models.items():
+    reset_graph_counts()
+    stream = stream_chunks(m, chunks, text=text * 8, device=device)
+    rows.append({"mode": mode, "phase": "optimize()" if compile_ else "eager", "wall_s": statistics.median(times[mode]),
+                 "wall_samples_s": times[mode], "chunks": chunks, "chunk_ms": [r["ms"] for r in stream],
+                 "unique_graphs": stream[-1]["unique_graphs"], "cudagraph_skips": stream[-1]["cudagraph_skips"],
+                 "cudagraph_recordings": None if stream[0]["cudagraph_recordings"] is None
+                 else stream[-1]["cudagraph_recordings"] - stream[0]["cudagraph_recordings"]})
+torch.save({"rows": rows, "wavs": wavs}, out)
+"""
+
+
+def kit_decode(device, *, preset: str = "small", steps: int = 12, chunks: int = 600, repeats: int = 3,
+               compile: Optional[bool] = None) -> dict:
+    """The ``decode-attention`` kit applied to a copy of voxcpm (a fresh process), bf16: a model per mode
+    (``"masked"``, ``"live"``), each under upstream's own ``optimize()`` (``compile``, default on CUDA; its
+    warm-up decode compiles), then ``repeats`` whole decodes of ``steps`` steps, the modes alternated, and a
+    ``chunks``-chunk stream per mode counting dynamo graphs, cudagraph skips and CUDA graphs recorded after the
+    first chunk. ``identical_off``: the mode-off warm-up decode equals upstream's eager decode here (on CUDA
+    under ``optimize()`` that is also a check that compiling changed nothing)."""
+    import subprocess
+    import tempfile
+
+    from .bench.records import env_record, record
+    from .models import build_voxcpm2
+    from .upstream import patched_copy
+    device = select_device(device)
+    compile = device.type == "cuda" if compile is None else compile
+    with tempfile.TemporaryDirectory() as tmp:
+        root = patched_copy(Path(tmp) / "pkg", kit="decode-attention")
+        out = Path(tmp) / "out.pt"
+        r = subprocess.run([sys.executable, "-c", _KIT_SCRIPT, str(root), preset, str(device), str(steps), str(chunks),
+                            str(repeats), "1" if compile else "0", str(out)], capture_output=True, text=True,
+                           timeout=3600, env={**os.environ, "PYTHONPATH": str(root)})
+        if r.returncode:
+            return record("kit_decode", env=env_record(device, "bfloat16"), params={"preset": preset},
+                          rows=[{"returncode": r.returncode, "stderr": r.stderr[-2000:]}])
+        res = torch.load(out)
+    model = build_voxcpm2(preset, device=str(device), dtype="bfloat16")
+    if compile:  # the reference compiled the same way: inductor's fusions may round differently from eager
+        upstream_optimized(model)
+    torch.manual_seed(0)
+    ref = model.generate("The quick brown fox jumps over the lazy dog. " * 4, min_len=steps, max_len=steps,
+                         inference_timesteps=2).cpu()
+    return record("kit_decode", env=env_record(device, "bfloat16"),
+                  params={"preset": preset, "steps": steps, "chunks": chunks, "repeats": repeats, "compile": compile},
+                  rows=res["rows"], identical_off=bool(torch.equal(ref, res["wavs"]["masked"])),
+                  max_abs_diff_on=float((res["wavs"]["live"].double() - res["wavs"]["masked"].double()).abs().max()))
+
+
 def _failures(rec: dict) -> list[str]:
     """What a step's record says went wrong: outputs not bit-identical, a subprocess that failed."""
     out = [f"{rec['kind']}: not bit-identical to upstream"] if rec.get("identical") is False else []
+    out += [f"{rec['kind']}: decode_attention off is not bit-identical to upstream"] \
+        if rec.get("identical_off") is False else []
     out += [f"{rec['kind']}: exit status {r['returncode']}: {(r.get('stderr') or '').strip()[-160:]}"
             for r in rec.get("rows", []) if r.get("returncode") not in (None, 0)]
     return out
@@ -241,6 +329,7 @@ def gpu_check(device="cuda", *, quick: bool = False, out=None, log=print) -> Pat
              f"device {asked} (current CUDA device {torch.cuda.current_device()})" if device.type == "cuda" else
              f"device {device}", f"quick={quick}, torch {torch.__version__}", "", "| step | outcome | seconds |",
              "|---|---|---|"]
+    kept = {}  # step -> its records, for the sections after the table
     for name, fn, skip in _steps(device, size):
         if skip:
             lines.append(f"| {name} | skipped: {skip} | |")
@@ -248,7 +337,7 @@ def gpu_check(device="cuda", *, quick: bool = False, out=None, log=print) -> Pat
             continue
         t0 = time.perf_counter()
         try:
-            recs = fn()
+            recs = kept[name] = fn()
             paths = [save_record(rec, folder, f"{name}-{i}" if i else name) for i, rec in enumerate(recs)]
             bad = [why for rec in recs for why in _failures(rec)]
             outcome = ("failed: " + "; ".join(bad) + " (records: " if bad else "ok: ") + \
@@ -258,8 +347,26 @@ def gpu_check(device="cuda", *, quick: bool = False, out=None, log=print) -> Pat
             (folder / f"{name}-error.txt").write_text(traceback.format_exc())
         lines.append(f"| {name} | {outcome} | {time.perf_counter() - t0:.1f} |")
         log(f"[gpu-check] {name}: {outcome.split(':')[0]} ({time.perf_counter() - t0:.1f} s)")
+    lines += opt_in_section(kept.get("decode_forms"), kept.get("kit_decode"))
     atomic_write_text(folder / "summary.md", "\n".join(lines) + "\n")
     return folder
+
+
+def opt_in_section(forms: Optional[list], kit: Optional[list]) -> list:
+    """``summary.md``'s section on the CUDA opt-in: per dtype, the winning static-shape form and its margin
+    (:func:`fastattn.experiments.decode_forms.form_verdict`), and the kit's decodes under ``optimize()``; where the
+    steps did not run, that the choice is unmeasured."""
+    from .experiments.decode_forms import form_lines, kit_lines
+    out = ["", "## The CUDA opt-in: which decode form upstream should carry", ""]
+    if not forms:
+        return out + ["Not measured in this run: the decode_forms step runs on CUDA only. Until a GPU has run it, "
+                      "the CUDA choice is unmeasured."]
+    for rec in forms:
+        out += [f"### {rec['params']['dtype']}, positions {rec['params']['positions']}", ""] + form_lines(rec) + [""]
+    for rec in kit or []:
+        if rec["rows"] and "mode" in rec["rows"][0]:
+            out += ["### The decode-attention kit, whole decodes", ""] + kit_lines(rec)
+    return out
 
 
 def main(argv=None) -> int:

@@ -189,13 +189,14 @@ def decode_data(device, dtype, hq, hkv, head_dim, capacity, seed):
 @torch.no_grad()
 def check_form(name: str, device="cpu", dtype=torch.float32, *, hq: int = 16, hkv: int = 2, head_dim: int = 128,
                capacity: int = 2048, bucket: int = 256, steps: int = 2000, backend: str = "inductor",
-               compiled: bool = True, compile_mode: Optional[str] = None, seed: int = 0) -> dict:
+               compiled: bool = True, compile_mode: Optional[str] = None, seed: int = 0, draws: int = 1) -> dict:
     """One form of :data:`FORMS`, compiled with ``fullgraph=True`` (or eager with ``compiled=False``).
 
     Returns a row: ``available`` (False with ``reason`` where it cannot compile or run here), ``max_err`` and
-    ``reference_err`` against float64 over :func:`sweep_lengths` (``reference``: upstream's eager call on the
-    same data), ``accepted`` (``max_err <= 2 * reference_err``), ``graphs`` (dynamo graphs compiled over the
-    sweep and ``steps`` consecutive positions, each one more key), ``graph_bound`` (what the form promises)
+    ``reference_err`` against float64 over :func:`sweep_lengths` and ``draws`` random draws of q, K and V
+    (copied into the same tensors: one compiled graph) (``reference``: upstream's eager call on the same
+    data), ``accepted`` (``max_err <= 2 * reference_err``), ``graphs`` (dynamo graphs compiled over the
+    sweep and ``steps`` consecutive positions, each one more key), ``graph_bound`` (what the form promises),
     ``deterministic`` (the same inputs twice give the same bits) and, on CUDA, ``cudagraph_recordings``
     (graphs cudagraph trees recorded, with ``compile_mode="reduce-overhead"``)."""
     if name not in FORMS:
@@ -219,11 +220,15 @@ def check_form(name: str, device="cpu", dtype=torch.float32, *, hq: int = 16, hk
     at = lambda n: step(n - 1)  # noqa: E731 - n keys: the newest at n - 1
     errs, refs = [], []
     try:
-        for n in sweep_lengths(capacity, bucket):
-            want = f64_attention(q, kc, vc, n)
-            errs.append((at(n).double() - want).abs().max().item())
-            refs.append((upstream_masked(q, kc, vc, torch.tensor([n - 1], device=device)).double() - want)
-                        .abs().max().item())
+        for d in range(draws):
+            if d:
+                for t, new in zip((q, kc, vc), decode_data(device, dtype, hq, hkv, head_dim, capacity, seed + d)):
+                    t.copy_(new)
+            for n in sweep_lengths(capacity, bucket):
+                want = f64_attention(q, kc, vc, n)
+                errs.append((at(n).double() - want).abs().max().item())
+                refs.append((upstream_masked(q, kc, vc, torch.tensor([n - 1], device=device)).double() - want)
+                            .abs().max().item())
         row["deterministic"] = bool(torch.equal(at(capacity // 2), at(capacity // 2)))
         for i in range(steps):
             at(1 + i % capacity)

@@ -33,7 +33,8 @@ from . import compat
 from .paths import data_dir
 
 __all__ = ["upstream_diff", "write_upstream_diff", "DIFF_NAME", "LAYOUTS", "KITS", "patched_sources",
-           "cache_source", "dtype_sources", "decode_attention_sources", "patched_copy", "decode_with_diff"]
+           "cache_source", "dtype_sources", "decode_attention_sources", "patched_copy", "decode_with_diff",
+           "live_decode_check"]
 
 DIFF_NAME = "voxcpm-2.0.3-right-sized-decode.diff"
 
@@ -468,6 +469,121 @@ def decode_with_diff(preset: str, *, text: str, steps: int, dtype: str = "bfloat
             "max_abs_diff": float((ref.double() - res["wav"].double()).abs().max()) if same else float("inf"),
             "diff_capacity": int(res["capacity"]), "upstream_capacity": int(model.base_lm.kv_cache.kv_cache.shape[4]),
             "length": int(res["length"]), "device": device}
+
+
+_LIVE_SCRIPT = """
+import copy, json, sys, torch, fastattn, voxcpm
+from torch._dynamo.utils import counters
+from fastattn.core import f64_attention
+from fastattn.models import build_voxcpm2, silence_progress
+from voxcpm.modules.minicpm4.model import apply_rotary_pos_emb
+assert voxcpm.__file__.startswith(sys.argv[1]), voxcpm.__file__
+silence_progress()
+preset, dtype, text, out, device, lengths = sys.argv[2], sys.argv[3], sys.argv[4], sys.argv[7], sys.argv[8], sys.argv[9]
+steps, seed = int(sys.argv[5]), int(sys.argv[6])
+m = build_voxcpm2(preset, seed=seed, dtype=dtype, device=device)
+lms = (m.base_lm, m.residual_lm)
+assert all(layer.self_attn.config is lm.config for lm in lms for layer in lm.layers)
+res = {"rows": []}
+
+def decode(mode):
+    for lm in lms:
+        lm.config.decode_attention = mode
+    torch.manual_seed(seed)
+    return m.generate(text, min_len=steps, max_len=steps, inference_timesteps=2).cpu()
+
+res["masked"] = decode("masked")
+res["live"] = decode("live")
+# upstream's optimize() compiles forward_step with fullgraph=True (CUDA only); here the same compile, cheap backend
+eager_steps = {lm: lm.forward_step for lm in lms}
+for lm in lms:
+    lm.forward_step = torch.compile(lm.forward_step, backend="eager", fullgraph=True)
+counters.clear()
+res["live_compiled"] = decode("live")
+res["rows"].append({"mode": "live", "phase": "compiled (fullgraph, eager backend)",
+                    "unique_graphs": counters["stats"]["unique_graphs"],
+                    "graph_breaks": sum(counters["graph_break"].values())})
+for lm in lms:
+    lm.forward_step = eager_steps[lm]
+
+@torch.no_grad()
+def step_error(attn, n, mode, g):
+    # layer 0 of the base LM, one decode step with n keys afterwards, in the model's dtype, against float64
+    a = copy.deepcopy(attn)
+    a.config = a.config.model_copy(update={"decode_attention": mode})
+    dt = next(a.parameters()).dtype
+    kc = torch.randn(1, a.num_key_value_heads, m.base_lm.kv_cache.max_length, a.head_dim, generator=g).to(device, dt)
+    vc = torch.randn_like(kc)
+    x = (torch.randn(1, a.hidden_size, generator=g) * 0.1).to(device, dt)
+    pos = torch.tensor([n - 1], device=device)
+    cos, sin = m.base_lm.rope_emb(pos)
+    q = a.q_proj(x).view(1, 1, a.num_heads, a.head_dim).transpose(1, 2)
+    k = a.k_proj(x).view(1, 1, a.num_key_value_heads, a.head_dim).transpose(1, 2)
+    v = a.v_proj(x).view(1, 1, a.num_key_value_heads, a.head_dim).transpose(1, 2)
+    q, k = apply_rotary_pos_emb(q, k, cos, sin)
+    kt, vt = kc.clone(), vc.clone()
+    kt[:, :, n - 1], vt[:, :, n - 1] = k[:, :, 0], v[:, :, 0]
+    want = f64_attention(q, kt, vt, n).transpose(1, 2).reshape(1, -1) @ a.o_proj.weight.double().T
+    got = a.forward_step(x, (cos, sin), pos, (kc, vc))
+    return (got.double() - want).abs().max().item()
+
+g = torch.Generator().manual_seed(seed)
+errs = {"masked": [], "live": []}
+for n in json.loads(lengths):
+    state = g.get_state()
+    for mode in errs:
+        g.set_state(state)
+        errs[mode].append(step_error(m.base_lm.layers[0].self_attn, n, mode, g))
+res["step_errors"] = errs
+torch.save(res, out)
+"""
+
+
+def live_decode_check(preset: str, *, text: str, steps: int, dtype: str = "float32", seed: int = 0, device="cpu",
+                      lengths=(1, 127, 128, 129, 255, 256, 257, 511, 512, 513, 1000)) -> dict:
+    """The ``decode-attention`` kit itself (a patched copy of voxcpm in a fresh process): a whole decode with
+    ``decode_attention`` off ("masked") and on ("live"), and on under a ``fullgraph`` compile (the eager backend:
+    upstream's ``optimize()`` compiles only on CUDA, where ``gpu-check`` runs it); the decode off compared
+    with upstream decoding here from the same seed; one attention step of the base LM's first layer in each mode
+    against float64 (the q/k/v projections and rotary in the model's dtype, then float64) at ``lengths`` keys.
+
+    Returns ``identical_off`` (off is ``torch.equal`` to upstream), ``max_abs_diff_on`` (on vs off: a
+    free-running decode may diverge within rounding), ``step_errors`` ({mode: [max abs error per length]}),
+    ``error_ratio`` (live's worst over masked's worst; the kit's tests bound it by 2), ``rows`` (the compiled
+    decode's graphs: one per LM) and ``max_abs_diff_compiled`` (compiled "live" vs eager "live": FlexAttention
+    against the slice, within rounding)."""
+    import json
+    import subprocess
+    import sys
+    import tempfile
+
+    import torch
+
+    from .devices import resolve_device
+    from .models import build_voxcpm2
+    device = str(resolve_device(device))
+    with tempfile.TemporaryDirectory() as tmp:
+        root = patched_copy(Path(tmp) / "pkg", kit="decode-attention")
+        out = Path(tmp) / "out.pt"
+        r = subprocess.run([sys.executable, "-c", _LIVE_SCRIPT, str(root), preset, dtype, text, str(steps), str(seed),
+                            str(out), device, json.dumps(list(lengths))], capture_output=True, text=True,
+                           env={**os.environ, "PYTHONPATH": str(root)}, timeout=1800)
+        if r.returncode:
+            raise RuntimeError(f"decoding through the decode-attention kit failed: {r.stderr[-2000:]}")
+        res = torch.load(out)
+    model = build_voxcpm2(preset, seed=seed, dtype=dtype, device=device)
+    torch.manual_seed(seed)
+    ref = model.generate(text, min_len=steps, max_len=steps, inference_timesteps=2).cpu()
+    same = ref.shape == res["masked"].shape == res["live"].shape
+    err = res["step_errors"]
+    return {"identical_off": bool(same and torch.equal(ref, res["masked"])),
+            "max_abs_diff_on": float((res["live"].double() - res["masked"].double()).abs().max()) if same
+            else float("inf"),
+            "max_abs_diff_compiled": float((res["live_compiled"].double() - res["live"].double()).abs().max())
+            if res["live_compiled"].shape == res["live"].shape else float("inf"),
+            "step_errors": err, "lengths": list(lengths),
+            "error_ratio": max(err["live"]) / max(max(err["masked"]), 1e-300),
+            "rows": res["rows"], "device": device, "dtype": dtype, "steps": steps}
 
 
 def main(argv=None) -> int:

@@ -19,8 +19,10 @@ def test_cpu_quick_run_writes_records_and_summary(tmp_path):
     for step in ("doctor", "backend_matrix", "exactness_calibration", "attention_sweep", "decode_step_sweep",
                  "whole_decode_eager"):
         assert f"| {step} | ok: " in summary, summary
-    for step in ("whole_decode_optimized", "stream_under_optimize", "upstream_diff_compiled"):
+    for step in ("whole_decode_optimized", "stream_under_optimize", "upstream_diff_compiled", "kit_decode"):
         assert f"| {step} | skipped: " in summary and "need CUDA" in summary
+    assert "| decode_forms | skipped: the CUDA opt-in is chosen on CUDA" in summary
+    assert "Until a GPU has run it, the CUDA choice is unmeasured." in summary
     assert "failed" not in summary
     kinds = {bench.load_record(p)["kind"] for p in folder.glob("*.json")}
     assert {"doctor", "backend_matrix", "exactness_calibration", "attention", "decode_step", "whole_decode"} <= kinds
@@ -54,3 +56,16 @@ def test_a_step_whose_record_reports_a_failure_fails_the_kit(tmp_path, monkeypat
     assert "| diverged | failed: x: not bit-identical" in summary
     assert "| crashed | failed: x: exit status 1: Traceback: boom" in summary and "| fine | ok: " in summary
     assert list((tmp_path / "k").glob("diverged*.json"))  # the evidence is kept
+
+
+@pytest.mark.slow
+def test_kit_decode_runs_the_decode_attention_kit_and_keeps_the_default_identical():
+    """gpu-check's kit_decode on CPU (eager: upstream's optimize() compiles only on CUDA): both modes decode
+    through the patched copy, alternated; the mode off equals upstream here bit for bit."""
+    from fastattn.experiments.decode_forms import kit_lines
+    from fastattn.gpucheck import kit_decode
+    rec = kit_decode("cpu", preset="tiny", steps=4, chunks=6, repeats=3)
+    assert rec["identical_off"] is True and rec["params"]["compile"] is False
+    assert [r["mode"] for r in rec["rows"]] == ["masked", "live"]
+    assert all(len(r["wall_samples_s"]) == 3 and len(r["chunk_ms"]) == 6 for r in rec["rows"])
+    assert "live / masked whole decode" in "\n".join(kit_lines(rec))

@@ -399,6 +399,75 @@ def test_cpu_dtype_override_reaches_the_model(tmp_path):
     assert r.stdout.split()[-1] == "torch.float32", r.stdout
 
 
+def _pristine(dest: Path) -> Path:
+    import shutil
+
+    import voxcpm
+    shutil.copytree(Path(voxcpm.__file__).parent, dest / "voxcpm", ignore=shutil.ignore_patterns("__pycache__"))
+    return dest
+
+
+def _apply(root: Path, kit: str, layout: str = "wheel"):
+    from fastattn.upstream import KITS
+    return subprocess.run(["patch", "-p1", "--batch", "-i", str(ROOT / "data" / KITS[kit][1][layout])], cwd=root,
+                          capture_output=True, text=True)
+
+
+@pytest.mark.slow
+def test_decode_attention_kit_passes_patched_fails_unpatched_and_stands_alone(tmp_path):
+    """The opt-in decode_attention kit: its diffs are current and touch the MiniCPM4 config and model only; its
+    upstream-style tests (float64 accuracy, one graph under an inductor fullgraph compile, the default
+    bit-identical) all pass with only its diff applied, and the ones that need the new field fail on 2.0.3."""
+    from fastattn.upstream import KITS, patched_copy, upstream_diff
+    for layout, name in KITS["decode-attention"][1].items():
+        assert (ROOT / "data" / name).read_text() == upstream_diff(layout, "decode-attention"), \
+            "rerun python -m fastattn diff --write"
+    assert {line.split()[1] for line in upstream_diff("wheel", "decode-attention").splitlines()
+            if line.startswith("--- ")} == {"a/voxcpm/modules/minicpm4/model.py", "a/voxcpm/modules/minicpm4/config.py"}
+    patched = _run_upstream_tests(patched_copy(tmp_path / "patched", kit="decode-attention"), "decode-attention")
+    assert patched.returncode == 0 and " passed" in patched.stdout and " failed" not in patched.stdout, \
+        patched.stdout[-3000:] + patched.stderr[-2000:]
+    original = _run_upstream_tests(_pristine(tmp_path / "orig"), "decode-attention")
+    assert original.returncode == 1, original.stdout[-3000:]
+    failed = set(re.findall(r"FAILED \S+::(test_\w+)", original.stdout))
+    assert {"test_default_is_masked", "test_bad_value_refused", "test_flex_block_mask_reads_only_live_blocks",
+            "test_live_is_as_close_to_float64_as_masked", "test_live_compiles_into_one_graph_for_a_whole_decode"} \
+        <= failed, original.stdout[-3000:]
+    assert "test_masked_default_is_bit_identical_to_the_full_cache_call" not in failed  # 2.0.3 is what it keeps
+
+
+@pytest.mark.slow
+def test_the_kits_stack_in_either_order_and_both_suites_pass(tmp_path):
+    """The right-sized cache and the decode_attention kit change different lines: either applies on top of the
+    other (wheel layout and upstream's src/ layout), and both kits' tests pass on the stack."""
+    _diff_granularity_is_this_torchs_key_block()
+    for order in (("right-sized", "decode-attention"), ("decode-attention", "right-sized")):
+        root = _pristine(tmp_path / "-".join(order))
+        for kit in order:
+            r = _apply(root, kit)
+            assert r.returncode == 0, (order, r.stdout + r.stderr)
+    for kit in ("right-sized", "decode-attention"):
+        r = _run_upstream_tests(tmp_path / "-".join(("right-sized", "decode-attention")), kit)
+        assert r.returncode == 0 and " failed" not in r.stdout, (kit, r.stdout[-3000:] + r.stderr[-2000:])
+    src = tmp_path / "upstream-main"
+    _pristine(src / "src")
+    for kit in ("decode-attention", "right-sized", "cpu-dtype"):
+        r = _apply(src, kit, "src")
+        assert r.returncode == 0, (kit, r.stdout + r.stderr)
+
+
+@pytest.mark.slow
+def test_decoding_through_the_live_kit_off_is_identical_on_is_close_to_float64():
+    """Notebook 04's check, the kit applied to a copy in a fresh process: the mode off decodes bit-identically to
+    upstream, one attention step on is within twice off's error against float64 at every length, and the decode
+    on compiles (fullgraph) into one graph per LM."""
+    from fastattn.upstream import live_decode_check
+    r = live_decode_check("tiny", text="hello world " * 6, steps=20, dtype="float32")
+    assert r["identical_off"] and r["error_ratio"] <= 2, r
+    assert r["rows"][-1]["unique_graphs"] == 2 and r["rows"][-1]["graph_breaks"] == 0
+    assert r["max_abs_diff_on"] < 1e-3 and r["max_abs_diff_compiled"] < 1e-3
+
+
 @pytest.mark.slow
 def test_upstream_diff_applies_and_is_equivalent(tmp_path):
     """Apply the diff to a copy of the installed voxcpm; decode there; compare with upstream here."""

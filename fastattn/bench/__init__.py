@@ -14,7 +14,7 @@ Layout: ``timing`` (interleaving, statistics), ``floor`` (bandwidth, live bytes)
 eager and compiled), ``decode`` (a whole generate, split by component, and per dtype),
 ``memory`` (KV bytes, allocations, fill and growth, peak RSS), ``stream`` (time per streamed chunk, per component),
 ``consumers`` (what a caller that reprocesses the whole clip pays as it grows), ``prompts`` (calls whose prompt
-grows),
+grows), ``forms`` (the static-shape decode forms of a compiled decode, side by side),
 ``records``,
 ``targets``, ``cli``.
 """
@@ -28,6 +28,7 @@ _OWNERS = {
     "cli": ("main", "reference_run"),
     "consumers": ("consumer_contention", "consumer_matrix", "consumer_table", "stream_audio"),
     "decode": ("dtype_decode", "dtype_table", "whole_decode"),
+    "forms": ("form_sweep",),
     "floor": ("bandwidth", "bandwidth_line", "floor_ms", "live_kv_bytes", "llc_bytes"),
     "memory": ("cache_growth", "fill_cost", "kv_memory", "peak_rss", "step_allocations"),
     "prompts": ("prompt_growth", "prompt_table"),

@@ -11,11 +11,12 @@ The choice is *decided* only where every position's interval lies above 1: one n
 from __future__ import annotations
 
 import math
+import statistics
 from typing import Optional
 
 from ..bench.stats import fmt_ci, ratio_ci
 
-__all__ = ["form_verdict", "form_lines", "kit_lines"]
+__all__ = ["form_verdict", "form_lines", "kit_lines", "choice_lines"]
 
 
 def _eligible(rec: dict) -> tuple:
@@ -70,7 +71,8 @@ def form_verdict(rec: dict) -> dict:
         out["per_position"][p] = {"winner": fastest, "ratio": r, "ci": ci}
         ratios.append(r)
     margin = math.exp(sum(map(math.log, ratios)) / len(ratios))
-    decided = all(v["ci"] is not None and v["ci"][0] > 1 for v in out["per_position"].values())
+    decided = all(v["ci"] is not None and v["ci"][0] > 1 and v["winner"] == winner
+                  for v in out["per_position"].values())
     how = "compiled" if compiled else "eager"
     line = (f"{winner} wins ({how}, {out['dtype']}): {runner} takes {margin:.2f}x its time (geometric mean over "
             f"positions {', '.join(map(str, positions))}; per position " +
@@ -98,14 +100,38 @@ def form_lines(rec: dict) -> list:
 
 
 def kit_lines(rec: dict) -> list:
-    """Markdown lines from a ``kit_decode`` record: each mode's whole-decode wall time eager and under
-    upstream's ``optimize()``, graphs over the stream, and the mode-on output against float64."""
+    """Markdown lines from a ``kit_decode`` record (:func:`fastattn.gpucheck.kit_decode`): each mode's whole
+    decode (median of the alternated repeats, and live's ratio to masked with its 95% interval), the stream's
+    graphs, and whether the mode off stayed bit-identical."""
+    rows = {r["mode"]: r for r in rec["rows"]}
     lines = []
-    for r in rec["rows"]:
-        lines.append(f"- decode_attention={r['mode']!r}, {r['phase']}: {r['wall_s']:.2f} s"
-                     + (f", {r['unique_graphs']} dynamo graph(s)" if r.get("unique_graphs") is not None else "")
-                     + (f", {r['cudagraph_recordings']} CUDA graph(s) over {r['chunks']} chunks"
-                        if r.get("cudagraph_recordings") is not None else ""))
-    if rec.get("identical_off") is not None:
-        lines.append(f"- mode off bit-identical to upstream: {rec['identical_off']}")
+    for mode, r in rows.items():
+        lines.append(f"- decode_attention={mode!r} ({r['phase']}): whole decode {r['wall_s']:.3f} s (median of "
+                     f"{len(r['wall_samples_s'])}); over a {r['chunks']}-chunk stream {r['unique_graphs']} dynamo "
+                     f"graph(s), {r['cudagraph_skips']} cudagraph skip(s), "
+                     f"{'unknown' if r['cudagraph_recordings'] is None else r['cudagraph_recordings']} CUDA graph(s) "
+                     "recorded")
+    if {"masked", "live"} <= set(rows):
+        a, b = rows["live"]["wall_samples_s"], rows["masked"]["wall_samples_s"]
+        lines.append(f"- live / masked whole decode: {statistics.median(a) / statistics.median(b):.3f}x "
+                     f"{fmt_ci(ratio_ci(a, b))}")
+    lines.append(f"- mode off bit-identical to upstream: {rec.get('identical_off')}; mode on differs by at most "
+                 f"{rec.get('max_abs_diff_on', float('nan')):.3g} (a free-running decode within rounding)")
+    return lines
+
+
+def choice_lines(choice: dict) -> list:
+    """Lines of a graph-class choice (:func:`fastattn.fast.graph_choice`): each form's status, then the winner."""
+    lines = []
+    for c in choice["candidates"]:
+        if not c["available"]:
+            lines.append(f"{c['form']:<16} unavailable: {c['reason']}")
+            continue
+        times = ", ".join(f"p={p}: {ms:.3f} ms" for p, ms in (c.get("per_position_ms") or {}).items())
+        lines.append(f"{c['form']:<16} error {c['max_err']:.3g} (upstream {c['reference_err']:.3g}, "
+                     f"{'accepted' if c['accepted'] else 'REJECTED'}), {c['graphs']} graph(s) over {c['steps']} "
+                     f"steps (bound {c['graph_bound']}), "
+                     f"{'deterministic' if c['deterministic'] else 'NOT deterministic'}"
+                     + (f"; {times}" if times else ""))
+    lines.append(f"winner here ({choice['device']}, {choice['dtype']}, compiled): {choice['winner']}")
     return lines

@@ -1,0 +1,175 @@
+"""The static-shape decode forms of a compiled decode (fastattn.static): each within twice upstream's error against
+float64 over every block and bucket edge, compiled with fullgraph=True into its stated number of graphs over 2000
+steps, deterministic; the graph class of the fast chain lists them; the verdict read from CPU- and GPU-shaped
+records; the gpu-check section that names the winner and its margin."""
+
+import copy
+
+import pytest
+import torch
+
+from fastattn import fast as FA
+from fastattn import static as S
+from fastattn.core import f64_attention
+from fastattn.experiments.decode_forms import choice_lines, form_lines, form_verdict, kit_lines
+from fastattn.gpucheck import opt_in_section
+
+GEOMETRIES = [(4, 2, 32), (8, 2, 64)]  # (Hq, Hkv, D): GQA groups of 2 and 4
+
+
+@pytest.fixture
+def fresh():
+    FA.reset_fast_cache()
+    yield
+    FA.reset_fast_cache()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("name", ["slice_live", "bucketed_window", "flex_decode"])
+def test_each_form_compiles_accurately_into_its_graphs(name, dtype):
+    """Inductor, fullgraph: three random draws over every length around a 128-key block and 256-slot bucket edge up to
+    2048 keys, then 2000 consecutive steps; within twice upstream's error, within the stated graph bound,
+    deterministic. Two GQA geometries."""
+    for hq, hkv, d in GEOMETRIES:
+        row = S.check_form(name, "cpu", dtype, hq=hq, hkv=hkv, head_dim=d, capacity=2048, bucket=256, steps=2000,
+                           draws=3)
+        assert row["available"], row["reason"]
+        assert row["accepted"], row
+        assert row["within_bound"] and 1 <= row["graphs"] <= row["graph_bound"], row
+        assert row["deterministic"]
+
+
+def test_sweep_lengths_sit_on_every_edge():
+    lengths = S.sweep_lengths(1024, 256)
+    for edge in range(128, 1025, 128):
+        assert {edge - 1, edge} <= set(lengths)
+        assert edge + 1 in lengths or edge == 1024
+    assert lengths[0] == 1 and lengths[-1] == 1024 and lengths == sorted(set(lengths))
+
+
+@pytest.mark.parametrize("capacity", [1024, 1000])
+def test_block_mask_holds_full_blocks_then_one_partial(capacity):
+    for length in (1, 127, 128, 129, 256, 999, capacity):
+        m = S.decode_block_mask(torch.tensor([length - 1]), capacity)
+        full, partial = int(m.full_kv_num_blocks.reshape(())), int(m.kv_num_blocks.reshape(()))
+        assert full == length // S.FLEX_BLOCK and partial == int(length % S.FLEX_BLOCK != 0)
+        if partial:
+            assert int(m.kv_indices[0, 0, 0, 0]) == length // S.FLEX_BLOCK  # the block holding the last key
+        assert m.full_kv_indices[0, 0, 0, :full].tolist() == list(range(full))
+
+
+@pytest.mark.parametrize("name", sorted(S.FORMS))
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_every_form_eager_is_the_live_attention(name, dtype):
+    """Eagerly (FlexAttention's unfused reference), two random draws, lengths around block edges: against float64
+    within the dtype's tolerance."""
+    tol = {torch.float32: 1e-5, torch.bfloat16: 2e-2}[dtype]
+    for seed in range(2):
+        q, k, v = S.decode_data("cpu", dtype, 8, 2, 32, 640, seed)
+        for n in (1, 127, 128, 129, 257, 640):
+            kk, vv = S.form_view(name, k, v, n, 256)
+            out = S.FORMS[name].fn(q, kk, vv, torch.tensor([n - 1]))
+            assert (out.double() - f64_attention(q, k, v, n)).abs().max().item() < tol, (name, n)
+
+
+def test_unavailable_forms_say_why(monkeypatch):
+    monkeypatch.setattr(S, "flex_available", lambda: "torch 2.4 has no FlexAttention")
+    row = S.check_form("flex_decode", capacity=256, steps=4)
+    assert row["available"] is False and row["reason"] == "torch 2.4 has no FlexAttention"
+
+    def broken(*a, **k):
+        raise RuntimeError("inductor: no C++ compiler found\nmore")
+    monkeypatch.setattr(S, "compile_form", lambda form, backend, mode=None: broken)
+    row = S.check_form("slice_live", hq=4, hkv=2, head_dim=16, capacity=256, steps=4)
+    assert row["available"] is False and row["reason"] == "RuntimeError: inductor: no C++ compiler found"
+    with pytest.raises(ValueError, match="name must be one of"):
+        S.check_form("sliced")
+
+
+@pytest.mark.slow
+def test_graph_choice_is_listed_by_fast_report_with_every_forms_status(fresh):
+    choice = FA.graph_choice("cpu", torch.float32, hq=4, hkv=2, head_dim=16, capacity=512, bucket=128, steps=50,
+                             repeats=3)
+    assert FA.graph_choice("cpu", torch.float32, hq=4, hkv=2, head_dim=16, capacity=512, bucket=128) is choice
+    (listed,) = [c for c in FA.fast_report() if c["length_class"] == "graph"]
+    assert {c["candidate"] for c in listed["candidates"]} == set(S.FORMS)
+    for c in listed["candidates"]:
+        assert {"available", "reason", "accepted", "graphs", "graph_bound", "median_ms", "deterministic"} <= set(c)
+    assert listed["winner"] in S.FORMS and "graph class" in listed["note"]
+    lines = choice_lines(listed)
+    assert lines[-1].startswith("winner here (cpu, float32, compiled)") and len(lines) == len(S.FORMS) + 1
+
+
+# --------------------------------------------------------------------------- verdicts from records
+def _rows(ms: dict, compiled=True, n=7, jitter=0.01):
+    """Rows of a decode_forms record: {form: {position: median ms}}, n samples each spread by ``jitter``."""
+    return [{"form": f, "compiled": compiled, "position": p, "median_ms": t,
+             "samples_ms": [t * (1 + jitter * ((i % 3) - 1)) for i in range(n)], "disturbed_flags": [False] * n}
+            for f, per in ms.items() for p, t in per.items()]
+
+
+def _check(form, **kw):
+    return {"form": form, "available": True, "reason": None, "max_err": 1e-3, "reference_err": 1e-3,
+            "accepted": True, "graphs": 1, "graph_bound": 1, "within_bound": True, "deterministic": True,
+            "steps": 600, "cudagraph_recordings": None, **kw}
+
+
+def _record(ms, checks, device="cpu"):
+    positions = sorted({p for per in ms.values() for p in per})
+    return {"kind": "decode_forms", "env": {"device": device}, "params": {"positions": positions, "dtype": "bfloat16"},
+            "rows": _rows(ms), "checks": checks}
+
+
+CPU_SHAPED = _record({"slice_live": {255: 0.67, 4095: 9.2}, "bucketed_window": {255: 0.87, 4095: 9.7},
+                      "flex_decode": {255: 0.41, 4095: 3.2}, "upstream_masked": {255: 17.5, 4095: 17.5}},
+                     [_check("slice_live"), _check("bucketed_window", graphs=2, graph_bound=2), _check("flex_decode"),
+                      _check("upstream_masked")])
+GPU_SHAPED = _record({"slice_live": {0: 0.05, 8000: 0.09}, "bucketed_window": {0: 0.04, 8000: 0.08},
+                      "flex_decode": {0: 0.03, 8000: 0.05}, "upstream_masked": {0: 0.20, 8000: 0.20}},
+                     [_check("slice_live", cudagraph_recordings=0), _check("bucketed_window", graphs=2, graph_bound=2,
+                                                                           cudagraph_recordings=32),
+                      _check("flex_decode", cudagraph_recordings=1), _check("upstream_masked", cudagraph_recordings=1)],
+                     device="cuda")
+
+
+@pytest.mark.parametrize("rec", [CPU_SHAPED, GPU_SHAPED], ids=["cpu", "gpu"])
+def test_verdict_names_the_winner_and_its_margin(rec):
+    v = form_verdict(rec)
+    assert v["winner"] == "flex_decode" and v["decided"] and v["margin"] > 1
+    assert v["runner_up"] in ("slice_live", "bucketed_window")
+    assert all(x["ci"][0] > 1 for x in v["per_position"].values())
+    lines = form_lines(rec)
+    assert lines[0].startswith("- **Decided**: flex_decode wins (compiled, bfloat16)")
+    assert ("CUDA graph(s) recorded" in "".join(lines)) == (rec is GPU_SHAPED)
+
+
+def test_verdict_excludes_inaccurate_unavailable_and_unbounded_forms():
+    rec = copy.deepcopy(GPU_SHAPED)
+    rec["checks"][2] = _check("flex_decode", max_err=5e-3, accepted=False)
+    rec["checks"][1] = _check("bucketed_window", graphs=40, graph_bound=2, within_bound=False)
+    rec["checks"][0] = _check("slice_live", available=False, reason="UserError: data-dependent")
+    v = form_verdict(rec)
+    assert v["winner"] == "upstream_masked" and v["runner_up"] is None
+    assert set(v["excluded"]) == {"flex_decode", "bucketed_window", "slice_live"}
+    assert "above twice" in v["excluded"]["flex_decode"] and "40 graphs" in v["excluded"]["bucketed_window"]
+
+
+def test_a_noisy_or_split_margin_is_not_decided():
+    """Overlapping intervals, or a position that another form wins: named, but not decided."""
+    rec = _record({"flex_decode": {0: 1.0, 8000: 1.0}, "slice_live": {0: 1.01, 8000: 0.95}},
+                  [_check("flex_decode"), _check("slice_live")])
+    rec["rows"] = _rows({"flex_decode": {0: 1.0, 8000: 1.0}, "slice_live": {0: 1.01, 8000: 0.95}}, jitter=0.2)
+    v = form_verdict(rec)
+    assert not v["decided"] and "not decided" in v["line"]
+
+
+def test_summary_section_says_unmeasured_without_a_gpu_and_names_the_winner_with_one():
+    assert "the CUDA choice is unmeasured" in "\n".join(opt_in_section(None, None))
+    kit = {"rows": [{"mode": m, "phase": "optimize()", "wall_s": t, "wall_samples_s": [t, t * 1.01, t * 0.99],
+                     "chunks": 600, "unique_graphs": 2, "cudagraph_skips": 0, "cudagraph_recordings": 2}
+                    for m, t in (("masked", 0.9), ("live", 0.5))], "identical_off": True, "max_abs_diff_on": 1e-3}
+    text = "\n".join(opt_in_section([GPU_SHAPED], [kit]))
+    assert "flex_decode wins" in text and "live / masked whole decode: 0.556x" in text
+    assert "mode off bit-identical to upstream: True" in text
+    assert kit_lines(kit)[0].startswith("- decode_attention='masked' (optimize()): whole decode 0.900 s")
