@@ -215,6 +215,9 @@ def findings_table(ref: Path) -> str:
         others = ", ".join(f"{d} {x:.2f}x" for d, x in r["others"].items() if d != r["default"])
         rows.append(("Which dtype should this CPU run?", f"{r['dtype']}{' with the fix' if r['patched'] else ''} "
                      f"({r['ratio']:.2f}x of voxcpm's default step; upstream in {others})"))
+    if (ref / "decode_forms_bfloat16.json").exists():
+        rows.append(("Compiled (fullgraph), bf16: the fastest static-shape decode form", forms_answer(
+            rec("decode_forms_bfloat16"))))
     rows.append(("Targets met", f"{met_count(tr['rows'])} (`targets.json` says why each miss)"))
     machine = f"{env['threads']}-core {env['device_name']} ({env['cpu_capability']}, torch {env['torch']})"
     head = [f"Measured on a {machine}: the committed reference run `data/results/{ref.name}/`. Every figure, its "
@@ -225,6 +228,34 @@ def findings_table(ref: Path) -> str:
 
 HEADLINE = "headline.png"
 DTYPE_BEGIN, DTYPE_END = "<!-- dtype:begin -->", "<!-- dtype:end -->"
+FORMS_BEGIN, FORMS_END = "<!-- forms:begin -->", "<!-- forms:end -->"
+
+
+def forms_answer(rec: dict) -> str:
+    """One line from a ``decode_forms`` record: the winner, the runner-up's time over it, decided or not."""
+    from .experiments.decode_forms import form_verdict
+    v = form_verdict(rec)
+    if v["runner_up"] is None:
+        return f"`{v['winner']}` (the only eligible form)" if v["winner"] else "no eligible form"
+    lo = min(x["ratio"] for x in v["per_position"].values())
+    hi = max(x["ratio"] for x in v["per_position"].values())
+    ps = rec["params"]["positions"]
+    return (f"`{v['winner']}`; `{v['runner_up']}` takes {v['margin']:.2f}x its time ({lo:.2f}x-{hi:.2f}x over "
+            f"positions {ps[0]}-{ps[-1]}), {'decided' if v['decided'] else 'not decided'}")
+
+
+def forms_machines(results: Path) -> str:
+    """``upstream-PR.md``'s table of the compiled decode forms: per machine folder and dtype with a
+    ``decode_forms_<dtype>.json`` record, the verdict (:func:`forms_answer`); a line saying none exists otherwise."""
+    paths = sorted(results.glob("*/decode_forms_*.json"))
+    if not paths:
+        return "No machine has a `decode_forms` record yet.\n"
+    out = ["| machine | dtype | fastest compiled form, margin |", "|---|---|---|"]
+    for path in paths:
+        rec = load_record(path)
+        out.append(f"| `{path.parent.name}`: {rec['env'].get('device_name', '')} | {rec['params']['dtype']} | "
+                   f"{forms_answer(rec)} |")
+    return "\n".join(out) + "\n"
 
 
 def dtype_machines(results: Path) -> str:
@@ -295,4 +326,5 @@ def main(argv=None) -> int:
     _replace_block(_results_md(), reference_findings(results / REFERENCE, results / OTHER))
     headline_figure(results / REFERENCE, results / HEADLINE)
     _replace_block(Path(data_dir()) / "upstream-PR.md", dtype_machines(results), DTYPE_BEGIN, DTYPE_END)
+    _replace_block(Path(data_dir()) / "upstream-PR.md", forms_machines(results), FORMS_BEGIN, FORMS_END)
     return 0

@@ -180,10 +180,12 @@ def _error_line(exc: BaseException) -> str:
 
 
 def decode_data(device, dtype, hq, hkv, head_dim, capacity, seed):
-    """Random q (1, Hq, 1, D) and a K/V cache (1, Hkv, capacity, D) each, seeded, on ``device`` in ``dtype``."""
+    """Random q (1, Hq, 1, D) and K, V caches (1, Hkv, capacity, D), seeded, on ``device`` in ``dtype``. K and V
+    are views of one (2, 1, Hkv, capacity, D) tensor, as voxcpm's caches hold them."""
     g = torch.Generator().manual_seed(seed)
-    rand = lambda *s: torch.randn(*s, generator=g).to(device=device, dtype=dtype)  # noqa: E731
-    return rand(1, hq, 1, head_dim), rand(1, hkv, capacity, head_dim), rand(1, hkv, capacity, head_dim)
+    q = torch.randn(1, hq, 1, head_dim, generator=g).to(device=device, dtype=dtype)
+    kv = torch.randn(2, 1, hkv, capacity, head_dim, generator=g).to(device=device, dtype=dtype)
+    return q, kv[0], kv[1]
 
 
 @torch.no_grad()

@@ -494,6 +494,7 @@ def decode(mode):
 
 res["masked"] = decode("masked")
 res["live"] = decode("live")
+res["live_again"] = decode("live")
 # upstream's optimize() compiles forward_step with fullgraph=True (CUDA only); here the same compile, cheap backend
 eager_steps = {lm: lm.forward_step for lm in lms}
 for lm in lms:
@@ -548,10 +549,10 @@ def live_decode_check(preset: str, *, text: str, steps: int, dtype: str = "float
     against float64 (the q/k/v projections and rotary in the model's dtype, then float64) at ``lengths`` keys.
 
     Returns ``identical_off`` (off is ``torch.equal`` to upstream), ``max_abs_diff_on`` (on vs off: a
-    free-running decode may diverge within rounding), ``step_errors`` ({mode: [max abs error per length]}),
-    ``error_ratio`` (live's worst over masked's worst; the kit's tests bound it by 2), ``rows`` (the compiled
-    decode's graphs: one per LM) and ``max_abs_diff_compiled`` (compiled "live" vs eager "live": FlexAttention
-    against the slice, within rounding)."""
+    free-running decode may diverge within rounding), ``deterministic_on`` (two decodes on, the same bits),
+    ``step_errors`` ({mode: [max abs error per length]}), ``error_ratio`` (live's worst over masked's worst; the
+    kit's tests bound it by 2), ``rows`` (the compiled decode's graphs: one per LM) and ``max_abs_diff_compiled``
+    (compiled "live" vs eager "live": FlexAttention against the slice, within rounding)."""
     import json
     import subprocess
     import sys
@@ -581,6 +582,7 @@ def live_decode_check(preset: str, *, text: str, steps: int, dtype: str = "float
             else float("inf"),
             "max_abs_diff_compiled": float((res["live_compiled"].double() - res["live"].double()).abs().max())
             if res["live_compiled"].shape == res["live"].shape else float("inf"),
+            "deterministic_on": bool(torch.equal(res["live"], res["live_again"])),
             "step_errors": err, "lengths": list(lengths),
             "error_ratio": max(err["live"]) / max(max(err["masked"]), 1e-300),
             "rows": res["rows"], "device": device, "dtype": dtype, "steps": steps}

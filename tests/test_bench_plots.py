@@ -241,6 +241,8 @@ def test_readme_figures_are_the_reference_records():
     pr = REF.parents[1] / "upstream-PR.md"
     assert readme.current_block(pr, readme.DTYPE_BEGIN, readme.DTYPE_END) == readme.dtype_machines(REF.parent), \
         "upstream-PR.md's dtype table is stale: run python -m fastattn readme --write"
+    assert readme.current_block(pr, readme.FORMS_BEGIN, readme.FORMS_END) == readme.forms_machines(REF.parent), \
+        "upstream-PR.md's decode-forms table is stale: run python -m fastattn readme --write"
     rec = lambda n: bench.load_record(REF / f"{n}.json")  # noqa: E731
     assert rec("whole_decode_full")["identical"] and rec("stream_profile_full")["identical"]["exact"]
     ladder = rec("exactness_calibration")["rows"]

