@@ -240,8 +240,11 @@ def forms_answer(rec: dict) -> str:
     lo = min(x["ratio"] for x in v["per_position"].values())
     hi = max(x["ratio"] for x in v["per_position"].values())
     ps = rec["params"]["positions"]
+    where = ("decided at every position" if v["decided"] else
+             f"decided at {', '.join(map(str, v['decided_at'])) or 'no position'}"
+             + "".join(f"; `{f}` faster at {p}" for p, f in v["other_winners"].items()))
     return (f"`{v['winner']}`; `{v['runner_up']}` takes {v['margin']:.2f}x its time ({lo:.2f}x-{hi:.2f}x over "
-            f"positions {ps[0]}-{ps[-1]}), {'decided' if v['decided'] else 'not decided'}")
+            f"positions {ps[0]}-{ps[-1]}), {where}")
 
 
 def forms_machines(results: Path) -> str:

@@ -161,7 +161,8 @@ def test_a_noisy_or_split_margin_is_not_decided():
                   [_check("flex_decode"), _check("slice_live")])
     rec["rows"] = _rows({"flex_decode": {0: 1.0, 8000: 1.0}, "slice_live": {0: 1.01, 8000: 0.95}}, jitter=0.2)
     v = form_verdict(rec)
-    assert not v["decided"] and "not decided" in v["line"]
+    assert v["winner"] == "slice_live" and not v["decided"] and v["other_winners"] == {0: "flex_decode"}
+    assert "faster elsewhere: flex_decode at 0" in v["line"]
 
 
 def test_summary_section_says_unmeasured_without_a_gpu_and_names_the_winner_with_one():

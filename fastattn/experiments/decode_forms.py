@@ -46,7 +46,9 @@ def form_verdict(rec: dict) -> dict:
 
     Returns ``winner``, ``runner_up``, ``compiled`` (whether compiled timings decided), ``excluded`` ({form:
     why}), ``per_position`` ({p: {"winner", "ratio", "ci"}}: runner-up over winner), ``margin`` (geometric mean
-    of the per-position ratios), ``decided`` (every interval above 1) and ``line``, a sentence."""
+    of the per-position ratios), ``decided`` (at every position the winner is fastest and the interval is above
+    1), ``decided_at`` (the positions where that holds), ``other_winners`` ({p: form} where another form is
+    fastest) and ``line``, a sentence."""
     ok, excluded = _eligible(rec)
     compiled = any(r["compiled"] for r in rec["rows"])
     positions = rec["params"]["positions"]
@@ -54,7 +56,7 @@ def form_verdict(rec: dict) -> dict:
                     (_samples(rec, f, p, compiled) for p in positions)) for f in ok}
     timed = sorted((t, f) for f, t in total.items() if math.isfinite(t))
     out = {"winner": None, "runner_up": None, "compiled": compiled, "excluded": excluded, "per_position": {},
-           "margin": None, "decided": False, "device": rec["env"].get("device"), "dtype": rec["params"]["dtype"]}
+           "margin": None, "decided": False, "decided_at": [], "other_winners": {}, "device": rec["env"].get("device"), "dtype": rec["params"]["dtype"]}
     if not timed:
         return dict(out, line="no eligible form was timed: " + "; ".join(f"{f} {why}" for f, why in excluded.items()))
     winner = timed[0][1]
@@ -71,15 +73,19 @@ def form_verdict(rec: dict) -> dict:
         out["per_position"][p] = {"winner": fastest, "ratio": r, "ci": ci}
         ratios.append(r)
     margin = math.exp(sum(map(math.log, ratios)) / len(ratios))
-    decided = all(v["ci"] is not None and v["ci"][0] > 1 and v["winner"] == winner
-                  for v in out["per_position"].values())
+    pp = out["per_position"]
+    decided_at = [p for p, v in pp.items() if v["ci"] is not None and v["ci"][0] > 1 and v["winner"] == winner]
+    others = {p: v["winner"] for p, v in pp.items() if v["winner"] != winner}
+    decided = len(decided_at) == len(positions)
     how = "compiled" if compiled else "eager"
     line = (f"{winner} wins ({how}, {out['dtype']}): {runner} takes {margin:.2f}x its time (geometric mean over "
             f"positions {', '.join(map(str, positions))}; per position " +
-            ", ".join(f"{p}: {v['ratio']:.2f}x {fmt_ci(v['ci'])}" for p, v in out["per_position"].items()) + ")")
+            ", ".join(f"{p}: {v['ratio']:.2f}x {fmt_ci(v['ci'])}" for p, v in pp.items()) + ")")
     if not decided:
-        line += "; not decided: an interval reaches 1, or a position has another winner"
-    return dict(out, runner_up=runner, margin=margin, decided=decided, line=line)
+        line += (f"; decided at {', '.join(map(str, decided_at)) or 'no position'}"
+                 + ("; faster elsewhere: " + ", ".join(f"{f} at {p}" for p, f in others.items()) if others else ""))
+    return dict(out, runner_up=runner, margin=margin, decided=decided, decided_at=decided_at, other_winners=others,
+                line=line)
 
 
 def form_lines(rec: dict) -> list:
