@@ -253,11 +253,15 @@ def forms_machines(results: Path) -> str:
     paths = sorted(results.glob("*/decode_forms_*.json"))
     if not paths:
         return "No machine has a `decode_forms` record yet.\n"
-    out = ["| machine | dtype | fastest compiled form, margin |", "|---|---|---|"]
+    from .experiments.decode_forms import form_verdict
+    out = ["| machine | dtype | fastest compiled form, margin | its max error vs float64 (upstream's) |",
+           "|---|---|---|---|"]
     for path in paths:
         rec = load_record(path)
+        won = next((c for c in rec["checks"] if c["form"] == form_verdict(rec)["winner"]), None)
+        err = f"{won['max_err']:.3g} ({won['reference_err']:.3g})" if won else "n/a"
         out.append(f"| `{path.parent.name}`: {rec['env'].get('device_name', '')} | {rec['params']['dtype']} | "
-                   f"{forms_answer(rec)} |")
+                   f"{forms_answer(rec)} | {err} |")
     return "\n".join(out) + "\n"
 
 

@@ -106,7 +106,7 @@ def _neighbours_during(model, first: int, last: int, n: int = 4):
 def test_a_neighbour_taking_both_cores_cannot_make_a_stream_decay():
     """Four processes busy during the second half of a stream's first repeat (what turned a flat stream into
     "decays (+311%)" on a 2-core EPYC): the verdict comes out flat or inconclusive, never "grows", and the record
-    names the disturbed chunks. A quiet rerun says flat."""
+    names the disturbed chunks. A quiet rerun never says it grows either."""
     from fastattn.models import build_voxcpm2
     model = build_voxcpm2("tiny", dtype="float32")
     kw = {"modes": ("upstream",), "model": model, "progress": False, "retries": 0}
@@ -126,4 +126,7 @@ def test_a_neighbour_taking_both_cores_cannot_make_a_stream_decay():
     quiet = bench.stream_profile("tiny", 300, repeats=3, **kw)
     if quiet["trend"]["upstream"]["quiet_share"] < 0.9:  # then "the machine was busy" is the right answer
         pytest.skip(f"another process took the cores during the quiet rerun: {quiet['verdict']}")
-    assert quiet["trend"]["upstream"]["verdict"] == "flat", quiet["verdict"]
+    # Never "grows" on a quiet rerun either. "flat" is not asserted: a tiny model's 2-5 ms chunks right after four
+    # processes were killed can leave an interval that spans the tolerance ("inconclusive"), a timing outcome a
+    # test must not depend on (it failed so once in a clean-clone run).
+    assert quiet["trend"]["upstream"]["verdict"] in ("flat", "inconclusive"), quiet["verdict"]

@@ -56,7 +56,8 @@ def form_verdict(rec: dict) -> dict:
                     (_samples(rec, f, p, compiled) for p in positions)) for f in ok}
     timed = sorted((t, f) for f, t in total.items() if math.isfinite(t))
     out = {"winner": None, "runner_up": None, "compiled": compiled, "excluded": excluded, "per_position": {},
-           "margin": None, "decided": False, "decided_at": [], "other_winners": {}, "device": rec["env"].get("device"), "dtype": rec["params"]["dtype"]}
+           "margin": None, "decided": False, "decided_at": [], "other_winners": {},
+           "device": rec["env"].get("device"), "dtype": rec["params"]["dtype"]}
     if not timed:
         return dict(out, line="no eligible form was timed: " + "; ".join(f"{f} {why}" for f, why in excluded.items()))
     winner = timed[0][1]

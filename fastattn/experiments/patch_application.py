@@ -7,7 +7,7 @@ import torch
 from ..graphs import graph_counts, reset_graph_counts
 from ..patch import PatchError, cache_bytes, patch_status, patch_voxcpm
 
-__all__ = ["compare_with_upstream", "compile_demo", "naive_slice_forward_step"]
+__all__ = ["compare_with_upstream", "compile_demo", "naive_slice_forward_step", "findings", "KEY_FINDINGS"]
 
 
 def compare_with_upstream(model, *, text: str, steps: int, mode: str = "exact", cache: bool = True,
@@ -102,3 +102,39 @@ def compile_demo(variant: str, *, steps: int = 160, bucket: int = 16, text: str 
             torch._dynamo.reset()
     return {"variant": variant, **graph_counts(), "error": error, "equal_to_eager": equal, "final_length": length,
             "buckets_touched": -(-length // bucket) if variant == "patched" else None}
+
+
+#: the findings 04 puts first (the runner's key findings)
+KEY_FINDINGS = (
+    "decode through the upstream diff: torch.equal to upstream",
+    "exact patch, generate(): waveform torch.equal to upstream",
+    "KV of this request, upstream / patched (MB)",
+    "revert restores originals by identity",
+    "decode-attention kit, mode off: torch.equal to upstream",
+    "compiled decode forms: fastest accepted here",
+)
+
+
+def findings(results: dict, fast: dict, trap: dict, through_diff: dict, restored: bool, live: dict,
+             choice: dict) -> dict:
+    """Notebook 04's findings from its results: the whole decodes (``compare_with_upstream``), the compile trap
+    (``compile_demo``), the decode through the diff, revert, the decode-attention kit (``live_decode_check``) and
+    the graph class's choice (``fast.graph_choice``)."""
+    gen, stream = results["generate, exact, cache=True"], results["generate_streaming, exact, cache=True"]
+    return {
+        "decode through the upstream diff: torch.equal to upstream": through_diff["identical"],
+        "exact patch, generate(): waveform torch.equal to upstream": gen["identical"],
+        "exact patch without right-sized cache: torch.equal": results["generate, exact, cache=False"]["identical"],
+        "exact patch, streaming: chunks identical": f"{stream['chunks_identical']}/{stream['chunks']}",
+        "KV of this request, upstream / patched (MB)":
+            f"{gen['upstream_kv_bytes'] / 1e6:.3g} / {gen['patched_kv_bytes'] / 1e6:.3g}",
+        "fast mode: first differing streamed chunk": fast["first_diff_chunk"],
+        "naive slice fix under fullgraph compile": trap["naive_slice"]["error"] or "compiled",
+        "patched exact step under fullgraph compile: graphs / buckets touched":
+            f"{trap['patched']['unique_graphs']} / {trap['patched']['buckets_touched']}",
+        "revert restores originals by identity": restored,
+        "decode-attention kit, mode off: torch.equal to upstream": live["identical_off"],
+        "decode-attention kit, mode on: step error vs float64 over masked's": f"{live['error_ratio']:.2f}x (bound 2)",
+        "decode-attention kit, mode on under fullgraph compile: graphs": live["rows"][-1]["unique_graphs"],
+        "compiled decode forms: fastest accepted here": f"{choice['winner']} ({choice['device']}, {choice['dtype']})",
+    }
