@@ -174,3 +174,24 @@ def test_summary_section_says_unmeasured_without_a_gpu_and_names_the_winner_with
     assert "flex_decode wins" in text and "live / masked whole decode: 0.556x" in text
     assert "mode off bit-identical to upstream: True" in text
     assert kit_lines(kit)[0].startswith("- decode_attention='masked' (optimize()): whole decode 0.900 s")
+
+
+def test_gpu_check_runs_the_comparison_on_cuda_with_positions_to_8000():
+    """The CUDA branch of the kit's plan, read without a GPU: both steps run there (no skip), sized to positions
+    0-8000 in the full run, and the forms compile under reduce-overhead (CUDA graphs)."""
+    from fastattn import gpucheck
+    cuda = torch.device("cuda")
+    for quick in (False, True):
+        size = gpucheck._sizes(cuda, quick)
+        steps = {name: skip for name, _, skip in gpucheck._steps(cuda, size)}
+        assert steps["decode_forms"] is None and steps["kit_decode"] is None
+        assert size["form_positions"][0] == 0 and size["form_positions"][-1] == 8000
+        assert size["stream_chunks"] >= 600
+    assert gpucheck._sizes(cuda, False)["form_dtypes"] == ("bfloat16", "float32")
+
+
+def test_a_form_compiles_under_reduce_overhead_on_cpu_too():
+    """upstream's optimize() mode: on CPU inductor runs without CUDA graphs and the form stays one graph."""
+    row = S.check_form("flex_decode", hq=4, hkv=2, head_dim=16, capacity=256, steps=20,
+                       compile_mode="reduce-overhead")
+    assert row["available"] and row["accepted"] and row["graphs"] == 1 and row["cudagraph_recordings"] is None
