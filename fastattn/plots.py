@@ -222,22 +222,43 @@ def backend_table(rows: Sequence[dict]):
     return f"<table><tr>{head}</tr>{body}</table>"
 
 
-def fast_choice_table(rec: dict) -> str:
-    """HTML table of a ``fast_choice`` record: every candidate per call class, the winner in bold."""
+def _choice_table(rows: list, cols: list, chosen) -> str:
+    """HTML table of ``rows`` (dicts) in ``cols``: floats at 3 significant digits, booleans as yes/no, the
+    ``candidate`` of each row for which ``chosen(row)`` holds in bold."""
     from html import escape
-    cols = ["class", "candidate", "max_err", "reference_max_err", "accepted", "median_ms", "probe_only", "broken"]
     head = "".join(f"<th>{c}</th>" for c in cols)
     body = ""
-    for r in rec["rows"]:
+    for r in rows:
         cells = []
         for c in cols:
             v = r.get(c)
             v = "" if v is None else f"{v:.3g}" if isinstance(v, float) else "yes" if v is True else \
                 "no" if v is False else str(v)
-            v = f"<b>{escape(v)} (chosen)</b>" if c == "candidate" and r["winner"] else escape(v)
+            v = f"<b>{escape(v)} (chosen)</b>" if c == "candidate" and chosen(r) else escape(v)
             cells.append(f"<td>{v}</td>")
         body += "<tr>" + "".join(cells) + "</tr>"
     return f"<table><tr>{head}</tr>{body}</table>"
+
+
+def fast_choice_table(rec: dict) -> str:
+    """HTML table of a ``fast_choice`` record: every candidate per call class, the winner in bold."""
+    cols = ["class", "candidate", "max_err", "reference_max_err", "accepted", "median_ms", "probe_only", "broken"]
+    return _choice_table(rec["rows"], cols, lambda r: r["winner"])
+
+
+def graph_choice_table(choice: dict) -> str:
+    """HTML table of a graph-class choice (:func:`fastattn.fast.graph_choice`): each static form's status, its
+    error against float64 beside upstream's, graphs against its bound, and compiled ms per probe position."""
+    positions = choice["probe_lengths"]
+    rows = [{"candidate": c["form"], "available": c["available"] or c["reason"], "max_err": c["max_err"],
+             "upstream_err": c["reference_err"], "accepted": c["accepted"],
+             "graphs (bound)": None if c["graphs"] is None else f"{c['graphs']} ({c['graph_bound']})",
+             "deterministic": c["deterministic"],
+             **{f"ms at {p}": (c.get("per_position_ms") or {}).get(p) for p in positions}}
+            for c in choice["candidates"]]
+    cols = ["candidate", "available", "max_err", "upstream_err", "accepted", "graphs (bound)", "deterministic"] + \
+        [f"ms at {p}" for p in positions]
+    return _choice_table(rows, cols, lambda r: r["candidate"] == choice["winner"])
 
 
 def _finish_chunks(fig, ax, title: str):

@@ -99,6 +99,9 @@ def test_graph_choice_is_listed_by_fast_report_with_every_forms_status(fresh):
     assert listed["winner"] in S.FORMS and "graph class" in listed["note"]
     lines = choice_lines(listed)
     assert lines[-1].startswith("winner here (cpu, float32, compiled)") and len(lines) == len(S.FORMS) + 1
+    from fastattn.plots import graph_choice_table
+    html = graph_choice_table(listed)
+    assert html.count("<tr>") == len(S.FORMS) + 1 and f"<b>{listed['winner']} (chosen)</b>" in html
 
 
 # --------------------------------------------------------------------------- verdicts from records
