@@ -43,7 +43,7 @@ from .core import causal_mask, f64_attention, sdpa
 
 __all__ = ["FLEX_BLOCK", "FORMS", "Form", "slice_live", "bucketed_window", "flex_decode", "upstream_masked",
            "decode_block_mask", "flex_available", "sweep_lengths", "check_form", "check_forms",
-           "choose_graph_form", "form_view", "form_caller", "compile_form", "decode_data"]
+           "choose_graph_form", "form_view", "form_caller", "compile_form", "decode_data", "fresh_calls"]
 
 #: FlexAttention's key block (torch's default block size): blocks past the position are never read
 FLEX_BLOCK = 128
@@ -254,17 +254,29 @@ def check_forms(device="cpu", dtype=torch.float32, **kw) -> list:
     return [check_form(name, device, dtype, **kw) for name in FORMS]
 
 
+def fresh_calls(calls: dict, p: int, capacity: int) -> dict:
+    """``{form: call()}`` for a timing at position ``p``: each call of a form steps to a position no earlier call
+    used (``p``, ``p - 1``, ... or, near 0, ``p``, ``p + 1``, ...), as a decode adds a key every step: a kernel
+    that builds a plan per key count (cuDNN's graph cache on Hopper) pays for it here too. Every form walks the
+    same positions."""
+    def walk(call):
+        down = p >= capacity // 2
+        it = iter(range(p, -1, -1) if down else range(p, capacity))
+        return lambda: call(next(it))
+    return {n: walk(c) for n, c in calls.items()}
+
+
 @torch.no_grad()
 def _time_forms(names, device, dtype, hq, hkv, head_dim, capacity, bucket, positions, repeats, backend,
                 seed) -> dict:
-    """Median ms per position per form, compiled, interleaved call by call (bench's timer)."""
+    """Median ms per position per form, compiled, interleaved call by call (bench's timer), each call one more
+    key count (:func:`fresh_calls`)."""
     from .bench.timing import time_interleaved
     q, kc, vc = decode_data(device, dtype, hq, hkv, head_dim, capacity, seed)
     calls = {n: form_caller(n, compile_form(FORMS[n], backend), q, kc, vc, bucket) for n in names}
     out = {}
     for p in positions:
-        times = time_interleaved({n: (lambda c=c, p=p: c(p)) for n, c in calls.items()}, repeats=repeats, warmup=2,
-                                 device=device)
+        times = time_interleaved(fresh_calls(calls, p, capacity), repeats=repeats, warmup=2, device=device)
         out[p] = {n: statistics.median(t) * 1e3 for n, t in times.items()}
     return out
 

@@ -198,3 +198,17 @@ def test_a_form_compiles_under_reduce_overhead_on_cpu_too():
     row = S.check_form("flex_decode", hq=4, hkv=2, head_dim=16, capacity=256, steps=20,
                        compile_mode="reduce-overhead")
     assert row["available"] and row["accepted"] and row["graphs"] == 1 and row["cudagraph_recordings"] is None
+
+
+def test_timed_calls_never_repeat_a_key_count():
+    """Each form's calls walk to fresh positions from p (down from the upper half, up near 0), all forms alike."""
+    seen = {"a": [], "b": []}
+    calls = S.fresh_calls({n: seen[n].append for n in seen}, 10, 1024)
+    for _ in range(5):
+        calls["a"]()
+        calls["b"]()
+    assert seen["a"] == seen["b"] == [10, 11, 12, 13, 14]
+    calls = S.fresh_calls({"a": seen["a"].append}, 1000, 1024)
+    for _ in range(3):
+        calls["a"]()
+    assert seen["a"][-3:] == [1000, 999, 998]

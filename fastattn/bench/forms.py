@@ -12,7 +12,7 @@ from __future__ import annotations
 import torch
 
 from ..devices import dtype_name, resolve_device
-from ..static import FORMS, check_form, compile_form, decode_data, form_caller
+from ..static import FORMS, check_form, compile_form, decode_data, form_caller, fresh_calls
 from .records import env_record, record
 from .timing import progress_bar, stats_ms, time_interleaved
 
@@ -25,10 +25,12 @@ def form_sweep(positions, *, device="cpu", dtype="bfloat16", capacity: int = 819
                compiled=(False, True), forms=None, seed: int = 0, progress: bool = True) -> dict:
     """Per-step ms of every form at each position (``0 <= p < capacity``), eager and compiled, the forms
     interleaved call by call at each position (bench's timer: shuffled order, CUDA events on CUDA, host
-    disturbance flags). ``checks`` holds :func:`fastattn.static.check_form` for each form compiled (error
-    against float64 over the dense sweep, graphs over ``steps`` consecutive positions, determinism, the
-    reason where it cannot compile; on CUDA the CUDA graphs it recorded). A form that fails to compile or run
-    is timed eagerly only."""
+    disturbance flags), each call at a key count no earlier call used, walking away from ``p`` as a decode
+    does (:func:`fastattn.static.fresh_calls`: cuDNN's per-length plans are paid here as in a decode).
+
+    ``checks`` holds :func:`fastattn.static.check_form` for each form compiled (error against float64 over the
+    dense sweep, graphs over ``steps`` consecutive positions, determinism, the reason where it cannot compile;
+    on CUDA the CUDA graphs it recorded). A form that fails to compile or run is timed eagerly only."""
     device = resolve_device(device)
     dt = getattr(torch, dtype) if isinstance(dtype, str) else dtype
     names = list(forms or FORMS)
@@ -48,11 +50,11 @@ def form_sweep(positions, *, device="cpu", dtype="bfloat16", capacity: int = 819
                                 bucket) for n in (usable if comp else names)}
         for p in progress_bar(positions, progress, f"forms {'compiled' if comp else 'eager'} {dtype_name(dt)}"):
             host = {}
-            times = time_interleaved({n: (lambda c=c, p=p: c(p)) for n, c in calls.items()}, repeats=repeats,
-                                     warmup=warmup, device=device, seed=seed + p, host=host)
+            times = time_interleaved(fresh_calls(calls, p, capacity), repeats=repeats, warmup=warmup, device=device,
+                                     seed=seed + p, host=host)
             rows += [{"form": n, "compiled": comp, "position": p, **stats_ms(t, host.get(n))}
                      for n, t in times.items()]
     params = {"positions": list(positions), "capacity": capacity, "dtype": dtype_name(dt), "hq": hq, "hkv": hkv,
               "head_dim": head_dim, "bucket": bucket, "repeats": repeats, "warmup": warmup, "steps": steps,
-              "compile_mode": mode, "forms": names}
+              "compile_mode": mode, "forms": names, "key_counts": "fresh per call, walking from each position"}
     return record("decode_forms", env=env_record(device, dt), params=params, rows=rows, checks=checks)
