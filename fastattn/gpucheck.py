@@ -32,6 +32,9 @@ import torch
 from .graphs import cudagraph_recordings
 from .paths import atomic_write_text
 
+#: the text the kit's decodes read (whole decodes under optimize(), and the decode-attention kit)
+KIT_TEXT = "The quick brown fox jumps over the lazy dog. " * 4
+
 __all__ = ["gpu_check", "main", "select_device", "stream_chunks", "upstream_optimized", "cudagraph_recordings",
            "kit_decode"]
 
@@ -121,7 +124,7 @@ def _optimized_decode(device, size) -> dict:
     from .graphs import graph_counts, optimize, reset_graph_counts
     from .models import build_voxcpm2
     from .patch import patch_voxcpm
-    text, rows = "The quick brown fox jumps over the lazy dog. " * 4, []
+    text, rows = KIT_TEXT, []
     outs = {}
     for variant in ("upstream", "patched"):
         model = build_voxcpm2(size["preset"], device="cuda", dtype="bfloat16")
@@ -218,14 +221,14 @@ def _diff_compiled(device, size) -> dict:
 
 _KIT_SCRIPT = """
 import json, statistics, sys, time, torch, fastattn, voxcpm
-from fastattn.gpucheck import stream_chunks, upstream_optimized
+from fastattn.gpucheck import KIT_TEXT, stream_chunks, upstream_optimized
 from fastattn.graphs import graph_counts, reset_graph_counts
 from fastattn.models import build_voxcpm2, silence_progress
 assert voxcpm.__file__.startswith(sys.argv[1]), voxcpm.__file__
 silence_progress()
 preset, device, steps, chunks, repeats, compile_, out = (sys.argv[2], sys.argv[3], int(sys.argv[4]), int(sys.argv[5]),
                                                          int(sys.argv[6]), sys.argv[7] == "1", sys.argv[8])
-text = "The quick brown fox jumps over the lazy dog. " * 4
+text = KIT_TEXT
 sync = torch.cuda.synchronize if device.startswith("cuda") else (lambda: None)
 models, wavs, rows = {}, {}, []
 for mode in ("masked", "live"):
@@ -263,30 +266,19 @@ def kit_decode(device, *, preset: str = "small", steps: int = 12, chunks: int = 
     ``chunks``-chunk stream per mode counting dynamo graphs, cudagraph skips and CUDA graphs recorded after the
     first chunk. ``identical_off``: the mode-off warm-up decode equals upstream's eager decode here (on CUDA
     under ``optimize()`` that is also a check that compiling changed nothing)."""
-    import subprocess
-    import tempfile
-
     from .bench.records import env_record, record
-    from .models import build_voxcpm2
-    from .upstream import patched_copy
+    from .upstream import run_in_patched_copy, upstream_decode
     device = select_device(device)
     compile = device.type == "cuda" if compile is None else compile
-    with tempfile.TemporaryDirectory() as tmp:
-        root = patched_copy(Path(tmp) / "pkg", kit="decode-attention")
-        out = Path(tmp) / "out.pt"
-        r = subprocess.run([sys.executable, "-c", _KIT_SCRIPT, str(root), preset, str(device), str(steps), str(chunks),
-                            str(repeats), "1" if compile else "0", str(out)], capture_output=True, text=True,
-                           timeout=3600, env={**os.environ, "PYTHONPATH": str(root)})
-        if r.returncode:
-            return record("kit_decode", env=env_record(device, "bfloat16"), params={"preset": preset},
-                          rows=[{"returncode": r.returncode, "stderr": r.stderr[-2000:]}])
-        res = torch.load(out)
-    model = build_voxcpm2(preset, device=str(device), dtype="bfloat16")
-    if compile:  # the reference compiled the same way: inductor's fusions may round differently from eager
-        upstream_optimized(model)
-    torch.manual_seed(0)
-    ref = model.generate("The quick brown fox jumps over the lazy dog. " * 4, min_len=steps, max_len=steps,
-                         inference_timesteps=2).cpu()
+    try:
+        res = run_in_patched_copy("decode-attention", _KIT_SCRIPT, preset, device, steps, chunks, repeats,
+                                  "1" if compile else "0", timeout=3600)
+    except RuntimeError as exc:
+        return record("kit_decode", env=env_record(device, "bfloat16"), params={"preset": preset},
+                      rows=[{"returncode": 1, "stderr": str(exc)}])
+    # the reference compiled the same way: inductor's fusions may round differently from eager
+    _, ref = upstream_decode(preset, text=KIT_TEXT, steps=steps, dtype="bfloat16", seed=0, device=str(device),
+                             prepare=upstream_optimized if compile else None)
     return record("kit_decode", env=env_record(device, "bfloat16"),
                   params={"preset": preset, "steps": steps, "chunks": chunks, "repeats": repeats, "compile": compile},
                   rows=res["rows"], identical_off=bool(torch.equal(ref, res["wavs"]["masked"])),

@@ -34,7 +34,7 @@ from .paths import data_dir
 
 __all__ = ["upstream_diff", "write_upstream_diff", "DIFF_NAME", "LAYOUTS", "KITS", "patched_sources",
            "cache_source", "dtype_sources", "decode_attention_sources", "patched_copy", "decode_with_diff",
-           "live_decode_check"]
+           "live_decode_check", "run_in_patched_copy", "upstream_decode"]
 
 DIFF_NAME = "voxcpm-2.0.3-right-sized-decode.diff"
 
@@ -422,13 +422,45 @@ def patched_copy(dest, kit: str = "right-sized") -> Path:
     return dest
 
 
+def run_in_patched_copy(kit: str, script: str, *args, timeout: int = 1800) -> dict:
+    """Run ``script`` (``python -c``) in a fresh process that imports a copy of voxcpm with ``kit``'s diff applied
+    (:func:`patched_copy`), with ``argv = [root, *args, out]``; return what it ``torch.save``-d to ``out``. A failing
+    script raises RuntimeError with the end of its stderr."""
+    import subprocess
+    import sys
+    import tempfile
+
+    import torch
+    with tempfile.TemporaryDirectory() as tmp:
+        root = patched_copy(Path(tmp) / "pkg", kit=kit)
+        out = Path(tmp) / "out.pt"
+        r = subprocess.run([sys.executable, "-c", script, str(root), *map(str, args), str(out)], capture_output=True,
+                           text=True, env={**os.environ, "PYTHONPATH": str(root)}, timeout=timeout)
+        if r.returncode:
+            raise RuntimeError(f"running through the {kit} kit failed: {r.stderr[-2000:]}")
+        return torch.load(out)
+
+
+def upstream_decode(preset: str, *, text: str, steps: int, dtype: str, seed: int, device: str, prepare=None):
+    """Upstream's decode here (unpatched), from ``seed``: the waveform every kit's decode is compared with.
+    ``prepare(model)`` runs before it (e.g. voxcpm's own ``optimize()``). Returns (model, waveform on CPU)."""
+    import torch
+
+    from .models import build_voxcpm2
+    model = build_voxcpm2(preset, seed=seed, dtype=dtype, device=device)
+    if prepare is not None:
+        prepare(model)
+    torch.manual_seed(seed)
+    return model, model.generate(text, min_len=steps, max_len=steps, inference_timesteps=2).cpu()
+
+
 _DECODE_SCRIPT = """
 import sys, torch, fastattn, voxcpm
 from fastattn.models import build_voxcpm2, silence_progress
 assert voxcpm.__file__.startswith(sys.argv[1]), voxcpm.__file__
 silence_progress()
-preset, dtype, text, out = sys.argv[2], sys.argv[3], sys.argv[4], sys.argv[7]
-steps, seed, device = int(sys.argv[5]), int(sys.argv[6]), sys.argv[8]
+preset, dtype, text, device, out = sys.argv[2], sys.argv[3], sys.argv[4], sys.argv[7], sys.argv[8]
+steps, seed = int(sys.argv[5]), int(sys.argv[6])
 m = build_voxcpm2(preset, seed=seed, dtype=dtype, device=device)
 torch.manual_seed(seed)
 wav = m.generate(text, min_len=steps, max_len=steps, inference_timesteps=2)
@@ -442,28 +474,12 @@ def decode_with_diff(preset: str, *, text: str, steps: int, dtype: str = "bfloat
     """Decode with the upstream diff itself applied (a patched copy of voxcpm, imported in a fresh process),
     then unpatched here from the same seed, both on ``device`` (the diff's CUDA branch keeps ``max_length``
     slots): ``{"identical", "max_abs_diff", "diff_capacity", "length", "device"}``."""
-    from .devices import resolve_device
-    device = str(resolve_device(device))
-    import subprocess
-    import sys
-    import tempfile
-
     import torch
 
-    from .models import build_voxcpm2
-
-    with tempfile.TemporaryDirectory() as tmp:
-        root = patched_copy(Path(tmp) / "pkg")
-        out = Path(tmp) / "out.pt"
-        env = {**os.environ, "PYTHONPATH": str(root)}
-        r = subprocess.run([sys.executable, "-c", _DECODE_SCRIPT, str(root), preset, dtype, text, str(steps),
-                            str(seed), str(out), device], capture_output=True, text=True, env=env, timeout=1800)
-        if r.returncode:
-            raise RuntimeError(f"decoding through the patched copy failed: {r.stderr[-2000:]}")
-        res = torch.load(out)
-    model = build_voxcpm2(preset, seed=seed, dtype=dtype, device=device)
-    torch.manual_seed(seed)
-    ref = model.generate(text, min_len=steps, max_len=steps, inference_timesteps=2).cpu()
+    from .devices import resolve_device
+    device = str(resolve_device(device))
+    res = run_in_patched_copy("right-sized", _DECODE_SCRIPT, preset, dtype, text, steps, seed, device)
+    model, ref = upstream_decode(preset, text=text, steps=steps, dtype=dtype, seed=seed, device=device)
     same = ref.shape == res["wav"].shape
     return {"identical": bool(same and torch.equal(ref, res["wav"])),
             "max_abs_diff": float((ref.double() - res["wav"].double()).abs().max()) if same else float("inf"),
@@ -479,7 +495,7 @@ from fastattn.models import build_voxcpm2, silence_progress
 from voxcpm.modules.minicpm4.model import apply_rotary_pos_emb
 assert voxcpm.__file__.startswith(sys.argv[1]), voxcpm.__file__
 silence_progress()
-preset, dtype, text, out, device, lengths = sys.argv[2], sys.argv[3], sys.argv[4], sys.argv[7], sys.argv[8], sys.argv[9]
+preset, dtype, text, device, lengths, out = sys.argv[2], sys.argv[3], sys.argv[4], sys.argv[7], sys.argv[8], sys.argv[9]
 steps, seed = int(sys.argv[5]), int(sys.argv[6])
 m = build_voxcpm2(preset, seed=seed, dtype=dtype, device=device)
 lms = (m.base_lm, m.residual_lm)
@@ -554,27 +570,14 @@ def live_decode_check(preset: str, *, text: str, steps: int, dtype: str = "float
     kit's tests bound it by 2), ``rows`` (the compiled decode's graphs: one per LM) and ``max_abs_diff_compiled``
     (compiled "live" vs eager "live": FlexAttention against the slice, within rounding)."""
     import json
-    import subprocess
-    import sys
-    import tempfile
 
     import torch
 
     from .devices import resolve_device
-    from .models import build_voxcpm2
     device = str(resolve_device(device))
-    with tempfile.TemporaryDirectory() as tmp:
-        root = patched_copy(Path(tmp) / "pkg", kit="decode-attention")
-        out = Path(tmp) / "out.pt"
-        r = subprocess.run([sys.executable, "-c", _LIVE_SCRIPT, str(root), preset, dtype, text, str(steps), str(seed),
-                            str(out), device, json.dumps(list(lengths))], capture_output=True, text=True,
-                           env={**os.environ, "PYTHONPATH": str(root)}, timeout=1800)
-        if r.returncode:
-            raise RuntimeError(f"decoding through the decode-attention kit failed: {r.stderr[-2000:]}")
-        res = torch.load(out)
-    model = build_voxcpm2(preset, seed=seed, dtype=dtype, device=device)
-    torch.manual_seed(seed)
-    ref = model.generate(text, min_len=steps, max_len=steps, inference_timesteps=2).cpu()
+    res = run_in_patched_copy("decode-attention", _LIVE_SCRIPT, preset, dtype, text, steps, seed, device,
+                              json.dumps(list(lengths)))
+    _, ref = upstream_decode(preset, text=text, steps=steps, dtype=dtype, seed=seed, device=device)
     same = ref.shape == res["masked"].shape == res["live"].shape
     err = res["step_errors"]
     return {"identical_off": bool(same and torch.equal(ref, res["masked"])),
