@@ -8,7 +8,8 @@ Measuring and drawing live in :mod:`fastattn.bench` and :mod:`fastattn.plots`.
 
 Importing fastattn engages a torchaudio placeholder only where the real
 torchaudio cannot be imported, so that ``import voxcpm`` works on a CPU-only
-install (see :mod:`fastattn.compat`).
+install, and, where ``ATEN_CPU_CAPABILITY`` forces a CPU build, gives that build
+its own inductor cache (torch's is not keyed by it; see :mod:`fastattn.compat`).
 """
 
 from importlib import import_module
@@ -16,6 +17,7 @@ from importlib import import_module
 from . import compat as _compat
 
 _compat.ensure_torchaudio()
+_compat.separate_inductor_cache()
 
 from .attention import MODES, attention_step, check_exactness, window_for  # noqa: E402
 from .cache import RightSizedKVCache  # noqa: E402

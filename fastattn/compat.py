@@ -1,4 +1,14 @@
-"""A placeholder for torchaudio, engaged only where torchaudio cannot be imported.
+"""Two workarounds for the environment, each engaged only where it is needed.
+
+**An inductor cache per forced CPU build** (:func:`separate_inductor_cache`): torch's inductor
+keeps generated kernels on disk under a key that leaves out ``ATEN_CPU_CAPABILITY``. Run once
+natively, then with a narrower forced build, and a kernel generated for the host's widest vectors
+is reused and compiled with the narrower ones: measured on an AVX-512 host with torch 2.13, a
+compiled masked SDPA returns NaN under ``ATEN_CPU_CAPABILITY=avx2`` and fails to compile under
+``=default``; with a fresh cache both are exact. Where ``ATEN_CPU_CAPABILITY`` is set and
+``TORCHINDUCTOR_CACHE_DIR`` is not, the cache moves to a folder of that build's own.
+
+**A placeholder for torchaudio**, engaged only where torchaudio cannot be imported.
 
 ``import voxcpm`` imports ``voxcpm.model.voxcpm`` (the VoxCPM 1 model), which
 does ``import torchaudio`` at module level although VoxCPM2 inference never
@@ -22,13 +32,18 @@ Nothing on disk is touched; :func:`disengage` removes the placeholder.
 
 from __future__ import annotations
 
+import getpass
 import importlib
 import importlib.machinery
 import importlib.util
+import os
+import re
 import sys
+import tempfile
 import types
 
-__all__ = ["TorchaudioUnavailable", "ensure_torchaudio", "shim_engaged", "shim_reason", "disengage"]
+__all__ = ["TorchaudioUnavailable", "ensure_torchaudio", "shim_engaged", "shim_reason", "disengage",
+           "separate_inductor_cache"]
 
 _MARK = "__fastattn_placeholder__"
 
@@ -119,3 +134,21 @@ def disengage() -> None:
     if shim_engaged():
         for name in [m for m in sys.modules if m == "torchaudio" or m.startswith("torchaudio.")]:
             del sys.modules[name]
+
+
+def separate_inductor_cache() -> str | None:
+    """Point ``TORCHINDUCTOR_CACHE_DIR`` at a folder for the forced ``ATEN_CPU_CAPABILITY``; return it.
+
+    None (nothing changed) where ``ATEN_CPU_CAPABILITY`` is unset or the user chose a cache folder.
+    The folder sits beside torch's default one (``torchinductor_<user>_aten-<build>``); child
+    processes inherit it."""
+    build = os.environ.get("ATEN_CPU_CAPABILITY", "").strip().lower()
+    if not build or os.environ.get("TORCHINDUCTOR_CACHE_DIR"):
+        return None
+    try:
+        user = getpass.getuser()
+    except (KeyError, OSError):
+        user = f"uid_{os.getuid()}" if hasattr(os, "getuid") else "unknown_user"
+    name = re.sub(r'[\\/:*?"<>|]', "_", f"torchinductor_{user}_aten-{build}")
+    os.environ["TORCHINDUCTOR_CACHE_DIR"] = folder = os.path.join(tempfile.gettempdir(), name)
+    return folder

@@ -34,6 +34,7 @@ fastest accepted form (the ``fast`` chain's graph class, :func:`fastattn.fast.gr
 from __future__ import annotations
 
 import statistics
+import sys
 from typing import Callable, NamedTuple, Optional
 
 import torch
@@ -131,12 +132,17 @@ def form_view(name: str, k_cache, v_cache, length: int, bucket: int):
     return k, v
 
 
-def flex_available() -> Optional[str]:
-    """None where this torch has FlexAttention, else the reason (compiling it can still fail: see check_form)."""
+def flex_available(device="cpu") -> Optional[str]:
+    """None where this torch has FlexAttention for ``device``, else the reason (compiling it can still fail:
+    see check_form). On CPU inductor lowers it only over AVX2 or AVX-512 kernels, off macOS."""
     try:
         from torch.nn.attention.flex_attention import BlockMask, flex_attention  # noqa: F401
     except ImportError as exc:
         return f"torch {torch.__version__} has no FlexAttention ({exc})"
+    build = torch.backends.cpu.get_cpu_capability()
+    if torch.device(device).type == "cpu" and (build not in ("AVX2", "AVX512") or sys.platform == "darwin"):
+        return f"inductor compiles FlexAttention on CPU only over AVX2 or AVX-512 kernels, off macOS ({build}, " \
+               f"{sys.platform})"
     return None
 
 
@@ -209,8 +215,8 @@ def check_form(name: str, device="cpu", dtype=torch.float32, *, hq: int = 16, hk
            "graphs": None, "graph_bound": (2 if form.window else 1) if compiled else None,
            "within_bound": None, "graphs_note": form.graphs, "deterministic": None, "steps": steps,
            "compile_mode": compile_mode, "cudagraph_recordings": None}
-    if name == "flex_decode" and flex_available():
-        return dict(row, reason=flex_available())
+    if name == "flex_decode" and flex_available(device):
+        return dict(row, reason=flex_available(device))
     from torch._dynamo.utils import counters
 
     from .graphs import cudagraph_recordings

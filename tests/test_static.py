@@ -4,6 +4,10 @@ steps, deterministic; the graph class of the fast chain lists them; the verdict 
 records; the gpu-check section that names the winner and its margin."""
 
 import copy
+import json
+import os
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -31,6 +35,8 @@ def test_each_form_compiles_accurately_into_its_graphs(name, dtype):
     """Inductor, fullgraph: three random draws over every length around a 128-key block and 256-slot bucket edge up to
     2048 keys, then 2000 consecutive steps; within twice upstream's error, within the stated graph bound,
     deterministic. Two GQA geometries."""
+    if name == "flex_decode" and S.flex_available():
+        pytest.skip(S.flex_available())
     for hq, hkv, d in GEOMETRIES:
         row = S.check_form(name, "cpu", dtype, hq=hq, hkv=hkv, head_dim=d, capacity=2048, bucket=256, steps=2000,
                            draws=3)
@@ -74,7 +80,7 @@ def test_every_form_eager_is_the_live_attention(name, dtype):
 
 
 def test_unavailable_forms_say_why(monkeypatch):
-    monkeypatch.setattr(S, "flex_available", lambda: "torch 2.4 has no FlexAttention")
+    monkeypatch.setattr(S, "flex_available", lambda device="cpu": "torch 2.4 has no FlexAttention")
     row = S.check_form("flex_decode", capacity=256, steps=4)
     assert row["available"] is False and row["reason"] == "torch 2.4 has no FlexAttention"
 
@@ -195,9 +201,37 @@ def test_gpu_check_runs_the_comparison_on_cuda_with_positions_to_8000():
 
 def test_a_form_compiles_under_reduce_overhead_on_cpu_too():
     """upstream's optimize() mode: on CPU inductor runs without CUDA graphs and the form stays one graph."""
+    if S.flex_available():
+        pytest.skip(S.flex_available())
     row = S.check_form("flex_decode", hq=4, hkv=2, head_dim=16, capacity=256, steps=20,
                        compile_mode="reduce-overhead")
     assert row["available"] and row["accepted"] and row["graphs"] == 1 and row["cudagraph_recordings"] is None
+
+
+_BUCKETED = ("import json, torch; from fastattn import static as S; "
+             "r = S.check_form('bucketed_window', hq=4, hkv=2, head_dim=32, capacity=512, steps=4); "
+             "print(json.dumps([r['accepted'], r['max_err'], r['reason'], torch.backends.cpu.get_cpu_capability()]))")
+
+
+def test_a_forced_cpu_build_compiles_into_its_own_inductor_cache(tmp_path):
+    """torch's inductor cache is not keyed by ATEN_CPU_CAPABILITY: compile on this build, then under a narrower
+    forced one (avx2 on an AVX-512 host, else default) in a fresh temp folder; the forced run must not reuse the
+    first run's kernels (it did: NaN under avx2, no compile under default) and stays within twice upstream's error."""
+    host = torch.backends.cpu.get_cpu_capability()
+    narrower = {"AVX512": "avx2", "AVX2": "default"}.get(host)
+    if narrower is None:
+        pytest.skip(f"no narrower x86 build than {host} to force")
+    env = {k: v for k, v in os.environ.items() if k != "TORCHINDUCTOR_CACHE_DIR"}
+    env["TMPDIR"] = str(tmp_path)
+    runs = []
+    for extra in ({}, {"ATEN_CPU_CAPABILITY": narrower}):
+        r = subprocess.run([sys.executable, "-c", _BUCKETED], env={**env, **extra}, capture_output=True, text=True,
+                           timeout=600)
+        assert r.returncode == 0, r.stderr[-2000:]
+        runs.append(json.loads(r.stdout.strip().splitlines()[-1]))
+    assert runs[1][3].lower() == narrower and runs[0][3] == host
+    assert runs[0][0] and runs[1][0], runs
+    assert any(p.name.endswith(f"_aten-{narrower}") for p in tmp_path.iterdir())
 
 
 def test_timed_calls_never_repeat_a_key_count():
