@@ -154,6 +154,9 @@ def test_live_compiles_into_one_graph_for_a_whole_decode(backend):
                 pytest.skip("this torch's CPU FlexAttention lowering refuses K and V views of one buffer (the KV "
                             "cache's layout; torch 2.13's accepts it, CUDA's has no such check); optimize() "
                             "compiles on CUDA only")
+            if i == 0 and backend == "inductor" and "not supported for CPU" in str(exc):
+                pytest.skip("inductor lowers FlexAttention on CPU only over AVX2 or AVX-512 kernels; optimize() "
+                            "compiles on CUDA only")
             raise
         model.kv_cache = _Views(eager_cache)
         want = model.forward_step(x, position_id)
