@@ -35,7 +35,7 @@ from .paths import atomic_write_text
 #: the text the kit's decodes read (whole decodes under optimize(), and the decode-attention kit)
 KIT_TEXT = "The quick brown fox jumps over the lazy dog. " * 4
 
-__all__ = ["gpu_check", "main", "select_device", "stream_chunks", "upstream_optimized", "cudagraph_recordings",
+__all__ = ["gpu_check", "main", "select_device", "child_env", "stream_chunks", "upstream_optimized",
            "kit_decode"]
 
 
@@ -198,31 +198,50 @@ def _grew_after(rows: list, key: str) -> Optional[int]:
     return None if start is None or rows[-1][key] is None else rows[-1][key] - start
 
 
+_DIFF_SCRIPT = """
+import sys, torch, fastattn, voxcpm
+from fastattn.models import build_voxcpm2
+assert voxcpm.__file__.startswith(sys.argv[1]), voxcpm.__file__
+preset, steps, out = sys.argv[2], int(sys.argv[3]), sys.argv[4]
+m = build_voxcpm2(preset, device="cuda", dtype="bfloat16")
+m.optimize()
+assert "forward_step" in m.base_lm.__dict__, "optimize() did not compile"
+torch.manual_seed(0)
+w = m.generate("hello world " * 8, min_len=steps, max_len=steps, inference_timesteps=2)
+torch.save({"shape": list(w.shape)}, out)
+"""
+
+
 def _diff_compiled(device, size) -> dict:
     """The upstream diff applied to a copy of voxcpm, decoding under upstream's own fullgraph compile."""
-    import subprocess
-    import tempfile
-
     from .bench.records import env_record, record
-    from .upstream import patched_copy
-    code = ("import torch, fastattn; from fastattn.models import build_voxcpm2; "
-            f"m = build_voxcpm2({size['preset']!r}, device='cuda', dtype='bfloat16'); m.optimize(); "
-            "assert 'forward_step' in m.base_lm.__dict__, 'optimize() did not compile'; "
-            "torch.manual_seed(0); "
-            f"w = m.generate('hello world ' * 8, min_len={size['steps']}, max_len={size['steps']}, "
-            "inference_timesteps=2); print('ok', w.shape)")
-    with tempfile.TemporaryDirectory() as tmp:
-        root = patched_copy(Path(tmp) / "pkg")
-        r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=900,
-                           env={**os.environ, "PYTHONPATH": str(root)})
-    return record("upstream_diff_compiled", env=env_record(device, "bfloat16"), params=dict(size),
-                  rows=[{"returncode": r.returncode, "stdout": r.stdout[-500:], "stderr": r.stderr[-2000:]}])
+    from .upstream import run_in_patched_copy
+    try:
+        rows = [{"returncode": 0, **run_in_patched_copy("right-sized", _DIFF_SCRIPT, size["preset"], size["steps"],
+                                                         timeout=900, env=child_env(device))}]
+    except RuntimeError as exc:
+        rows = [{"returncode": 1, "stderr": str(exc)}]
+    return record("upstream_diff_compiled", env=env_record(device, "bfloat16"), params=dict(size), rows=rows)
+
+
+def child_env(device) -> dict:
+    """What a child process needs to run on ``device`` as ``"cuda"`` (voxcpm's ``optimize()`` wants exactly that):
+    ``CUDA_VISIBLE_DEVICES`` narrowed to this process's current GPU (or ``cuda:N``'s), read through any
+    ``CUDA_VISIBLE_DEVICES`` already set; nothing off CUDA."""
+    device = torch.device(device)
+    if device.type != "cuda":
+        return {}
+    index = torch.cuda.current_device() if device.index is None else device.index
+    visible = [v.strip() for v in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if v.strip()]
+    if visible and index >= len(visible):
+        raise ValueError(f"device {device} is past CUDA_VISIBLE_DEVICES={os.environ['CUDA_VISIBLE_DEVICES']!r}")
+    return {"CUDA_VISIBLE_DEVICES": visible[index] if visible else str(index)}
 
 
 _KIT_SCRIPT = """
-import json, statistics, sys, time, torch, fastattn, voxcpm
+import statistics, sys, time, torch, fastattn, voxcpm
 from fastattn.gpucheck import KIT_TEXT, stream_chunks, upstream_optimized
-from fastattn.graphs import graph_counts, reset_graph_counts
+from fastattn.graphs import reset_graph_counts
 from fastattn.models import build_voxcpm2, silence_progress
 assert voxcpm.__file__.startswith(sys.argv[1]), voxcpm.__file__
 silence_progress()
@@ -264,19 +283,18 @@ def kit_decode(device, *, preset: str = "small", steps: int = 12, chunks: int = 
     (``"masked"``, ``"live"``), each under upstream's own ``optimize()`` (``compile``, default on CUDA; its
     warm-up decode compiles), then ``repeats`` whole decodes of ``steps`` steps, the modes alternated, and a
     ``chunks``-chunk stream per mode counting dynamo graphs, cudagraph skips and CUDA graphs recorded after the
-    first chunk. ``identical_off``: the mode-off warm-up decode equals upstream's eager decode here (on CUDA
-    under ``optimize()`` that is also a check that compiling changed nothing)."""
+    first chunk. ``identical_off``: the mode-off warm-up decode equals upstream's decode here, made the same way
+    (under ``optimize()`` when ``compile``: inductor's fusions may round differently from eager)."""
     from .bench.records import env_record, record
     from .upstream import run_in_patched_copy, upstream_decode
     device = select_device(device)
     compile = device.type == "cuda" if compile is None else compile
     try:
         res = run_in_patched_copy("decode-attention", _KIT_SCRIPT, preset, device, steps, chunks, repeats,
-                                  "1" if compile else "0", timeout=3600)
+                                  "1" if compile else "0", timeout=3600, env=child_env(device))
     except RuntimeError as exc:
         return record("kit_decode", env=env_record(device, "bfloat16"), params={"preset": preset},
                       rows=[{"returncode": 1, "stderr": str(exc)}])
-    # the reference compiled the same way: inductor's fusions may round differently from eager
     _, ref = upstream_decode(preset, text=KIT_TEXT, steps=steps, dtype="bfloat16", seed=0, device=str(device),
                              prepare=upstream_optimized if compile else None)
     return record("kit_decode", env=env_record(device, "bfloat16"),
@@ -351,9 +369,9 @@ def opt_in_section(forms: Optional[list], kit: Optional[list]) -> list:
     from .experiments.decode_forms import form_lines, kit_lines
     out = ["", "## The CUDA opt-in: which decode form upstream should carry", ""]
     if not forms:
-        return out + ["Not measured in this run: the decode_forms step runs on CUDA only. Until a GPU has run it, "
-                      "the CUDA choice is unmeasured."]
-    for rec in forms:
+        out += ["Not measured in this run: the decode_forms step runs on CUDA only, and did not run or failed here "
+                "(the table above says which). Until a GPU has run it, the CUDA choice is unmeasured.", ""]
+    for rec in forms or []:
         out += [f"### {rec['params']['dtype']}, positions {rec['params']['positions']}", ""] + form_lines(rec) + [""]
     for rec in kit or []:
         if rec["rows"] and "mode" in rec["rows"][0]:

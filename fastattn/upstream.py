@@ -1,6 +1,7 @@
 """The fix as a patch upstream could merge: a unified diff against the installed voxcpm sources.
 
-Written in upstream's own style, with no dependency on fastattn. It changes two files:
+Written in upstream's own style, with no dependency on fastattn. Three kits (:data:`KITS`), each separable
+and applying on its own. The right-sized decode changes two files:
 
 * ``voxcpm/modules/minicpm4/cache.py``: ``StaticKVCache`` keeps its name and
   constructor (plus ``granularity``: 512 on CPU, the CPU flash kernel's key
@@ -16,11 +17,13 @@ Written in upstream's own style, with no dependency on fastattn. It changes two 
   ``.contiguous()`` only on MPS (pytorch#163597), where it is needed.
 
 The decode loops need no change: they already fetch ``get_layer_cache(i)`` each
-step. A second kit, separable from the first, adds a ``VOXCPM_CPU_DTYPE`` override to
-``voxcpm/model/utils.py: pick_runtime_dtype`` in ``VOXCPM_MPS_DTYPE``'s style
-(:data:`KITS`). :func:`upstream_diff` builds a kit's diff from the installed sources
-(their blocks must be the verified 2.0.3 text); :func:`write_upstream_diff` stores it
-under ``data/``.
+step. The cpu-dtype kit adds a ``VOXCPM_CPU_DTYPE`` override to
+``voxcpm/model/utils.py: pick_runtime_dtype`` in ``VOXCPM_MPS_DTYPE``'s style. The
+decode-attention kit adds an opt-in ``MiniCPM4Config.decode_attention="live"`` (attention over
+the live keys only: SDPA over the slice when eager, FlexAttention with a block mask under
+``torch.compile``; the default ``"masked"`` is upstream's call). :func:`upstream_diff` builds a
+kit's diff from the installed sources (their blocks must be the verified 2.0.3 text);
+:func:`write_upstream_diff` stores it under ``data/``.
 """
 
 from __future__ import annotations
@@ -88,7 +91,7 @@ _MODEL_NEW = '''        # Use an explicit broadcastable mask shape for SDPA. A 1
         # trigger a CPU-side dimension bug in some PyTorch versions.
         attn_mask = (torch.arange(key_cache.size(2), device=key_cache.device) <= position_id).view(1, 1, 1, -1)
         # The cache hands out views over the live window only: the valid length rounded
-        # up to a bucket of slots (see StaticKVCache). The mask and the attention below
+        # up to a bucket of slots (see StaticKVCache). The mask above and the attention below
         # therefore cost O(length) instead of O(max_length), their shapes change only at
         # bucket boundaries, and keeping the mask inside the window gives the same result
         # as attending over the whole cache.
@@ -325,14 +328,12 @@ def patched_sources() -> dict:
     """``{relative path: (old text, new text)}`` for each file the upstream patch changes."""
     model_rel, cache_rel = "modules/minicpm4/model.py", "modules/minicpm4/cache.py"
     model_old = _installed(model_rel).read_text()
-    if model_old.count(_MODEL_OLD) != 1:
-        raise RuntimeError(f"voxcpm/{model_rel}: the forward_step block this patch replaces was not found "
-                           "exactly once; the installed voxcpm is not 2.0.3")
+    model_new = _replace_once(model_old, _MODEL_OLD, _MODEL_NEW, model_rel)
     cache_old = _installed(cache_rel).read_text()
     if "self.kv_cache.zero_()" not in cache_old:
         raise RuntimeError(f"voxcpm/{cache_rel}: not the 2.0.3 StaticKVCache")
     return {
-        f"voxcpm/{model_rel}": (model_old, model_old.replace(_MODEL_OLD, _MODEL_NEW)),
+        f"voxcpm/{model_rel}": (model_old, model_new),
         f"voxcpm/{cache_rel}": (cache_old, cache_source()),
     }
 
@@ -341,10 +342,7 @@ def dtype_sources() -> dict:
     """``{relative path: (old text, new text)}`` of the CPU dtype override (``voxcpm/model/utils.py``)."""
     rel = "model/utils.py"
     old = _installed(rel).read_text()
-    if old.count(_UTILS_OLD) != 1:
-        raise RuntimeError(f"voxcpm/{rel}: pick_runtime_dtype's MPS branch was not found exactly once; the "
-                           "installed voxcpm is not 2.0.3")
-    return {f"voxcpm/{rel}": (old, old.replace(_UTILS_OLD, _UTILS_NEW))}
+    return {f"voxcpm/{rel}": (old, _replace_once(old, _UTILS_OLD, _UTILS_NEW, rel))}
 
 
 
@@ -413,19 +411,22 @@ def patched_copy(dest, kit: str = "right-sized") -> Path:
     import shutil
     import subprocess
 
+    if kit not in KITS:
+        raise ValueError(f"kit must be one of {sorted(KITS)}, got {kit!r}")
+    diff = data_dir() / KITS[kit][1]["wheel"]
     dest = Path(dest)
     shutil.copytree(_installed(""), dest / "voxcpm", ignore=shutil.ignore_patterns("__pycache__"))
-    r = subprocess.run(["patch", "-p1", "--batch", "-i", str(data_dir() / KITS[kit][1]["wheel"])], cwd=dest,
-                       capture_output=True, text=True)
+    r = subprocess.run(["patch", "-p1", "--batch", "-i", str(diff)], cwd=dest, capture_output=True, text=True)
     if r.returncode:
-        raise RuntimeError(f"the upstream diff did not apply to a copy of voxcpm: {r.stdout}{r.stderr}")
+        raise RuntimeError(f"{diff.name} ({kit} kit) did not apply to a copy of the installed voxcpm: "
+                           f"{r.stdout}{r.stderr}")
     return dest
 
 
-def run_in_patched_copy(kit: str, script: str, *args, timeout: int = 1800) -> dict:
+def run_in_patched_copy(kit: str, script: str, *args, timeout: int = 1800, env: dict | None = None) -> dict:
     """Run ``script`` (``python -c``) in a fresh process that imports a copy of voxcpm with ``kit``'s diff applied
-    (:func:`patched_copy`), with ``argv = [root, *args, out]``; return what it ``torch.save``-d to ``out``. A failing
-    script raises RuntimeError with the end of its stderr."""
+    (:func:`patched_copy`), with ``argv = [root, *args, out]`` and ``env`` added to this environment; return what it
+    ``torch.save``-d to ``out``. A failing script raises RuntimeError with the end of its stderr."""
     import subprocess
     import sys
     import tempfile
@@ -435,7 +436,7 @@ def run_in_patched_copy(kit: str, script: str, *args, timeout: int = 1800) -> di
         root = patched_copy(Path(tmp) / "pkg", kit=kit)
         out = Path(tmp) / "out.pt"
         r = subprocess.run([sys.executable, "-c", script, str(root), *map(str, args), str(out)], capture_output=True,
-                           text=True, env={**os.environ, "PYTHONPATH": str(root)}, timeout=timeout)
+                           text=True, env={**os.environ, **(env or {}), "PYTHONPATH": str(root)}, timeout=timeout)
         if r.returncode:
             raise RuntimeError(f"running through the {kit} kit failed: {r.stderr[-2000:]}")
         return torch.load(out)
@@ -600,7 +601,8 @@ def main(argv=None) -> int:
     ap.add_argument("--layout", choices=sorted(LAYOUTS), default="wheel",
                     help="print the diff for site-packages (wheel) or upstream's repository (src)")
     ap.add_argument("--kit", choices=sorted(KITS), default="right-sized",
-                    help="the right-sized decode (default) or the separable VOXCPM_CPU_DTYPE override")
+                    help="the right-sized decode (default), the separable VOXCPM_CPU_DTYPE override, or the "
+                         "opt-in decode_attention='live'")
     args = ap.parse_args(argv)
     if args.write:
         for kit in KITS:

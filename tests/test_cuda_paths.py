@@ -162,7 +162,7 @@ def test_cudagraph_recordings_read_the_tree_managers_counter(monkeypatch):
 
     import torch._inductor.cudagraph_trees as trees
 
-    from fastattn.gpucheck import cudagraph_recordings
+    from fastattn.graphs import cudagraph_recordings
 
     class Manager:
         graph_counter = itertools.count(5)

@@ -69,3 +69,17 @@ def test_kit_decode_runs_the_decode_attention_kit_and_keeps_the_default_identica
     assert [r["mode"] for r in rec["rows"]] == ["masked", "live"]
     assert all(len(r["wall_samples_s"]) == 3 and len(r["chunk_ms"]) == 6 for r in rec["rows"])
     assert "live / masked whole decode" in "\n".join(kit_lines(rec))
+
+
+def test_a_child_process_runs_on_the_chosen_gpu(monkeypatch):
+    """cuda:N is made current and the kit runs on "cuda": a child process must see that GPU as its "cuda", read
+    through a CUDA_VISIBLE_DEVICES already set."""
+    from fastattn.gpucheck import child_env
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 1)
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    assert child_env("cpu") == {} and child_env("cuda") == {"CUDA_VISIBLE_DEVICES": "1"}
+    assert child_env("cuda:3") == {"CUDA_VISIBLE_DEVICES": "3"}
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "4, 6")
+    assert child_env("cuda") == {"CUDA_VISIBLE_DEVICES": "6"}
+    with pytest.raises(ValueError, match="past CUDA_VISIBLE_DEVICES"):
+        child_env("cuda:2")

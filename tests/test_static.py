@@ -183,6 +183,8 @@ def test_summary_section_says_unmeasured_without_a_gpu_and_names_the_winner_with
     assert "flex_decode wins" in text and "live / masked whole decode: 0.556x" in text
     assert "mode off bit-identical to upstream: True" in text
     assert kit_lines(kit)[0].startswith("- decode_attention='masked' (optimize()): whole decode 0.900 s")
+    failed_forms = "\n".join(opt_in_section(None, [kit]))  # decode_forms failed on CUDA, the kit's decodes ran
+    assert "the CUDA choice is unmeasured" in failed_forms and "live / masked whole decode: 0.556x" in failed_forms
 
 
 def test_gpu_check_runs_the_comparison_on_cuda_with_positions_to_8000():

@@ -196,3 +196,10 @@ def test_flex_block_mask_reads_only_live_blocks():
         full, partial = int(mask.full_kv_num_blocks.reshape(())), int(mask.kv_num_blocks.reshape(()))
         assert full == length // FLEX_BLOCK and partial == int(length % FLEX_BLOCK != 0)
         assert (full + partial) * FLEX_BLOCK >= length and math.ceil(length / FLEX_BLOCK) == full + partial
+        # which blocks: the full ones from 0, then the one holding the last key (eager FlexAttention ignores
+        # the indices, compiled kernels read only these)
+        assert mask.full_kv_indices[0, 0, 0, :full].tolist() == list(range(full))
+        if partial:
+            assert int(mask.kv_indices[0, 0, 0, 0]) == full
+        live_blocks = torch.arange(MAX_CACHE_LENGTH // FLEX_BLOCK) <= (length - 1) // FLEX_BLOCK
+        assert torch.equal(mask.to_dense().reshape(-1).bool(), live_blocks)
