@@ -141,13 +141,14 @@ def separate_inductor_cache() -> str | None:
 
     None (nothing changed) where ``ATEN_CPU_CAPABILITY`` is unset or the user chose a cache folder.
     The folder sits beside torch's default one (``torchinductor_<user>_aten-<build>``); child
-    processes inherit it."""
+    processes inherit it. torch writes its default folder into ``TORCHINDUCTOR_CACHE_DIR`` at its first
+    compile, so this must run before anything compiles (``import fastattn`` does it first)."""
     build = os.environ.get("ATEN_CPU_CAPABILITY", "").strip().lower()
     if not build or os.environ.get("TORCHINDUCTOR_CACHE_DIR"):
         return None
     try:
         user = getpass.getuser()
-    except (KeyError, OSError):
+    except (KeyError, ModuleNotFoundError, OSError):
         user = f"uid_{os.getuid()}" if hasattr(os, "getuid") else "unknown_user"
     name = re.sub(r'[\\/:*?"<>|]', "_", f"torchinductor_{user}_aten-{build}")
     os.environ["TORCHINDUCTOR_CACHE_DIR"] = folder = os.path.join(tempfile.gettempdir(), name)

@@ -271,15 +271,17 @@ def graph_choice(device, dtype, *, hq: int, hkv: int, head_dim: int, capacity: i
                  **kw) -> dict:
     """The ``graph`` class of the chain: the fastest static-shape form for a compiled decode of this shape
     (:func:`fastattn.static.choose_graph_form`: each form compiled with ``fullgraph=True``, checked against
-    float64 and for its graph count, then timed). Costs a compile per form; made once per process and shape,
+    float64 and for its graph count, then timed). Costs a compile per form and resets dynamo (choose before
+    compiling a model); made once per process and shape (the first call's ``kw`` settle it until
+    :func:`reset_fast_cache`),
     listed by :func:`fast_report` with every form's status (``available``/``reason``, ``accepted``,
     ``graphs``, ``median_ms``). ``kw`` go to ``choose_graph_form`` (``positions``, ``steps``, ``repeats``,
     ``backend``, ``seed``)."""
-    device, dt = torch.device(device), dtype
-    key = (device_key(device), dtype_name(dt), hq, hkv, head_dim, "lq=1", "graph", capacity, bucket)
+    device = torch.device(device)
+    key = (device_key(device), dtype_name(dtype), hq, hkv, head_dim, "lq=1", "graph", capacity, bucket)
     with _LOCK:
         if key not in _CHOICES:
-            _CHOICES[key] = choose_graph_form(device, dt, hq=hq, hkv=hkv, head_dim=head_dim, capacity=capacity,
+            _CHOICES[key] = choose_graph_form(device, dtype, hq=hq, hkv=hkv, head_dim=head_dim, capacity=capacity,
                                               bucket=bucket, **kw)
         return _CHOICES[key]
 

@@ -40,10 +40,10 @@ from typing import Callable, NamedTuple, Optional
 import torch
 import torch.nn.functional as F
 
-from .core import causal_mask, f64_attention, sdpa
+from .core import causal_mask, f64_attention, sdpa, window_for
 
 __all__ = ["FLEX_BLOCK", "FORMS", "Form", "slice_live", "bucketed_window", "flex_decode", "upstream_masked",
-           "decode_block_mask", "flex_available", "sweep_lengths", "check_form", "check_forms",
+           "decode_block_mask", "flex_available", "sweep_lengths", "check_form",
            "choose_graph_form", "form_view", "form_caller", "compile_form", "decode_data", "fresh_calls"]
 
 #: FlexAttention's key block (torch's default block size): blocks past the position are never read
@@ -125,7 +125,7 @@ def form_view(name: str, k_cache, v_cache, length: int, bucket: int):
     ``bucketed_window`` (``min(ceil(length / bucket) * bucket, capacity)`` slots), the whole cache otherwise."""
     if not FORMS[name].window:
         return k_cache, v_cache
-    w = min(-(-length // bucket) * bucket, k_cache.shape[2])
+    w = window_for(length, k_cache.shape[2], bucket)
     k, v = k_cache[:, :, :w], v_cache[:, :, :w]
     for t in (k, v):  # the window's size is symbolic from the first trace on (as RightSizedKVCache marks it)
         torch._dynamo.maybe_mark_dynamic(t, 2)
@@ -206,7 +206,11 @@ def check_form(name: str, device="cpu", dtype=torch.float32, *, hq: int = 16, hk
     data), ``accepted`` (``max_err <= 2 * reference_err``), ``graphs`` (dynamo graphs compiled over the
     sweep and ``steps`` consecutive positions, each one more key), ``graph_bound`` (what the form promises),
     ``deterministic`` (the same inputs twice give the same bits) and, on CUDA, ``cudagraph_recordings``
-    (graphs cudagraph trees recorded, with ``compile_mode="reduce-overhead"``)."""
+    (graphs cudagraph trees recorded, with ``compile_mode="reduce-overhead"``).
+
+    Resets dynamo (``torch._dynamo.reset()``, which also drops the cudagraph trees) and its counters: every
+    function compiled earlier in this process compiles again on its next call. Check forms before compiling
+    a model."""
     if name not in FORMS:
         raise ValueError(f"name must be one of {sorted(FORMS)}, got {name!r}")
     form, device = FORMS[name], torch.device(device)
@@ -223,7 +227,7 @@ def check_form(name: str, device="cpu", dtype=torch.float32, *, hq: int = 16, hk
     q, kc, vc = decode_data(device, dtype, hq, hkv, head_dim, capacity, seed)
     torch._dynamo.reset()
     counters.clear()
-    before = cudagraph_recordings(device) if device.type == "cuda" else None
+    before = (cudagraph_recordings(device) or 0) if device.type == "cuda" else None  # the reset dropped the trees
     step = form_caller(name, compile_form(form, backend, compile_mode) if compiled else form.fn, q, kc, vc, bucket)
     at = lambda n: step(n - 1)  # noqa: E731 - n keys: the newest at n - 1
     errs, refs = [], []
@@ -254,11 +258,6 @@ def check_form(name: str, device="cpu", dtype=torch.float32, *, hq: int = 16, hk
         after = cudagraph_recordings(device)
         row["cudagraph_recordings"] = None if after is None else after - before
     return row
-
-
-def check_forms(device="cpu", dtype=torch.float32, **kw) -> list:
-    """:func:`check_form` for every form, in :data:`FORMS` order."""
-    return [check_form(name, device, dtype, **kw) for name in FORMS]
 
 
 def fresh_calls(calls: dict, p: int, capacity: int) -> dict:

@@ -248,3 +248,19 @@ def test_timed_calls_never_repeat_a_key_count():
     for _ in range(3):
         calls["a"]()
     assert seen["a"][-3:] == [1000, 999, 998]
+
+
+@pytest.mark.slow
+def test_form_sweep_writes_a_record_the_verdict_reads():
+    """The sweep itself, tiny and on CPU: every form checked and timed eagerly at each position, samples with
+    their disturbance flags; form_verdict reads it (no claim on who wins: timing is not asserted)."""
+    from fastattn.bench.forms import form_sweep
+    rec = form_sweep([0, 200], device="cpu", dtype="float32", hq=4, hkv=2, head_dim=16, capacity=256, repeats=3,
+                     warmup=1, steps=4, compiled=(False,), progress=False)
+    assert rec["kind"] == "decode_forms" and {c["form"] for c in rec["checks"]} == set(S.FORMS)
+    assert {(r["form"], r["position"]) for r in rec["rows"]} == {(f, p) for f in S.FORMS for p in (0, 200)}
+    assert all(len(r["samples_ms"]) == 3 and len(r["disturbed_flags"]) == 3 for r in rec["rows"])
+    v = form_verdict(rec)
+    assert not v["compiled"] and v["winner"] in S.FORMS and set(v["per_position"]) == {0, 200}
+    with pytest.raises(ValueError, match="dtype must be one of"):
+        form_sweep([0], dtype="float31", capacity=256)

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import torch
 
-from ..devices import dtype_name, resolve_device
+from ..devices import dtype_name, dtype_of, resolve_device
 from ..static import FORMS, check_form, compile_form, decode_data, form_caller, fresh_calls
 from .records import env_record, record
 from .timing import progress_bar, stats_ms, time_interleaved
@@ -32,7 +32,7 @@ def form_sweep(positions, *, device="cpu", dtype="bfloat16", capacity: int = 819
     dense sweep, graphs over ``steps`` consecutive positions, determinism, the reason where it cannot compile;
     on CUDA the CUDA graphs it recorded). A form that fails to compile or run is timed eagerly only."""
     device = resolve_device(device)
-    dt = getattr(torch, dtype) if isinstance(dtype, str) else dtype
+    dt = dtype_of(dtype)
     names = list(forms or FORMS)
     bad = [n for n in names if n not in FORMS]
     if bad or not all(0 <= p < capacity for p in positions):

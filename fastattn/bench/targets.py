@@ -59,7 +59,7 @@ def quiet_pairs(num: dict, den: dict) -> tuple:
     return [a[i] for i in keep], [b[i] for i in keep]
 
 
-def _ratio(num: dict, den: dict) -> tuple:
+def quiet_ratio(num: dict, den: dict) -> tuple:
     """Median ratio of two timed rows over their quiet rounds, its paired bootstrap interval (None without
     samples) and n (the quiet rounds; where fewer than 3 are quiet, all rounds, and the row says so)."""
     if "samples_ms" not in num or "samples_ms" not in den:
@@ -99,7 +99,7 @@ def check_targets(records: dict) -> list[dict]:
                     "ci_low": None, "ci_high": None, "n": None, "decided": None, "note": "not applicable here: " + why})
 
     def add_ratio(gid, target, num, den, note="", at=None):
-        r, ci, n, dropped = _ratio(num, den)
+        r, ci, n, dropped = quiet_ratio(num, den)
         busy = f"{dropped} disturbed rounds left out" if dropped else ""
         add(gid, target, r, "; ".join(x for x in (note, busy) if x), ci, n, at)
 

@@ -15,6 +15,7 @@ import statistics
 from typing import Optional
 
 from ..bench.stats import fmt_ci, ratio_ci
+from ..bench.targets import quiet_ratio
 
 __all__ = ["form_verdict", "form_lines", "kit_lines", "choice_lines"]
 
@@ -33,12 +34,17 @@ def _eligible(rec: dict) -> tuple:
     return ok, excluded
 
 
-def _samples(rec: dict, form: str, p: int, compiled: bool) -> Optional[list]:
-    row = next((r for r in rec["rows"] if (r["form"], r["position"], r["compiled"]) == (form, p, compiled)), None)
+def _row(rec: dict, form: str, p: int, compiled: bool) -> Optional[dict]:
+    return next((r for r in rec["rows"] if (r["form"], r["position"], r["compiled"]) == (form, p, compiled)), None)
+
+
+def _median(row: Optional[dict]) -> float:
+    """A row's median over its quiet samples (all of them where fewer than 3 are quiet); inf for no row."""
     if row is None:
-        return None
+        return math.inf
     flags = row.get("disturbed_flags") or [False] * len(row["samples_ms"])
-    return [x for x, f in zip(row["samples_ms"], flags) if not f] or row["samples_ms"]
+    quiet = [x for x, f in zip(row["samples_ms"], flags) if not f]
+    return statistics.median(quiet if len(quiet) >= 3 else row["samples_ms"])
 
 
 def form_verdict(rec: dict) -> dict:
@@ -52,8 +58,7 @@ def form_verdict(rec: dict) -> dict:
     ok, excluded = _eligible(rec)
     compiled = any(r["compiled"] for r in rec["rows"])
     positions = rec["params"]["positions"]
-    total = {f: sum(s and sorted(s)[len(s) // 2] or math.inf for s in
-                    (_samples(rec, f, p, compiled) for p in positions)) for f in ok}
+    total = {f: sum(_median(_row(rec, f, p, compiled)) for p in positions) for f in ok}
     timed = sorted((t, f) for f, t in total.items() if math.isfinite(t))
     out = {"winner": None, "runner_up": None, "compiled": compiled, "excluded": excluded, "per_position": {},
            "margin": None, "decided": False, "decided_at": [], "other_winners": {},
@@ -67,10 +72,8 @@ def form_verdict(rec: dict) -> dict:
     runner = timed[1][1]
     ratios = []
     for p in positions:
-        a, b = _samples(rec, runner, p, compiled), _samples(rec, winner, p, compiled)
-        r = sorted(a)[len(a) // 2] / sorted(b)[len(b) // 2]
-        ci = ratio_ci(a, b, paired=len(a) == len(b))
-        fastest = min(ok, key=lambda f: sorted(_samples(rec, f, p, compiled))[len(_samples(rec, f, p, compiled)) // 2])
+        r, ci, _, _ = quiet_ratio(_row(rec, runner, p, compiled), _row(rec, winner, p, compiled))  # paired rounds
+        fastest = min(ok, key=lambda f: _median(_row(rec, f, p, compiled)))
         out["per_position"][p] = {"winner": fastest, "ratio": r, "ci": ci}
         ratios.append(r)
     margin = math.exp(sum(map(math.log, ratios)) / len(ratios))
