@@ -34,7 +34,7 @@ _OWNERS = {
     "prompts": ("prompt_growth", "prompt_table"),
     "records": ("env_record", "load_record", "record", "save_record"),
     "stats": ("ratio_ci", "scaled_ci"),
-    "steps": ("compiled_step_sweep", "decode_step_sweep"),
+    "steps": ("compile_counts", "compiled_step_sweep", "decode_step_sweep"),
     "stream": ("COMPONENTS", "component_table", "stream_profile", "stream_table"),
     "targets": ("GOALS", "check_targets", "target_goals"),
     "timing": ("time_interleaved",),

@@ -53,6 +53,15 @@ def _codec(fmt: str, subtype: Optional[str]):
     return encode
 
 
+#: lossy codecs tried through libsndfile: name -> (format, subtype)
+CODECS = {"MP3": ("MP3", "MPEG_LAYER_III"), "OGG Vorbis": ("OGG", "VORBIS")}
+
+
+def codec_pattern(name: str) -> str:
+    """The pattern name of encoding the whole clip with codec ``name`` (:data:`CODECS`)."""
+    return f"encode the whole clip to {name} (libsndfile)"
+
+
 def patterns() -> tuple:
     """``({name: fn(prev, clip, chunk, sr)}, {name: why skipped})``: each pattern's work when ``chunk`` arrives
     (``prev``: the clip before it, ``clip``: with it)."""
@@ -68,10 +77,10 @@ def patterns() -> tuple:
     try:
         import soundfile as sf
         have = sf.available_formats()
-        for name, fmt, sub in (("MP3", "MP3", "MPEG_LAYER_III"), ("OGG Vorbis", "OGG", "VORBIS")):
+        for name, (fmt, sub) in CODECS.items():
             if fmt in have:
                 enc = _codec(fmt, sub)
-                out[f"encode the whole clip to {name} (libsndfile)"] = \
+                out[codec_pattern(name)] = \
                     lambda prev, clip, chunk, sr, enc=enc: enc(clip, sr)
             else:
                 skipped[f"encode to {name}"] = f"this libsndfile has no {fmt} writer"
@@ -164,14 +173,15 @@ def consumer_table(rec: dict) -> list:
          for p, why in rec["skipped"].items()]
 
 
-MP3 = "encode the whole clip to MP3 (libsndfile)"
+MP3 = codec_pattern("MP3")
 
 
 def consumer_contention(preset: str = "small", chunks: int = 60, *, pattern: str = MP3, repeats: int = 2,
                         device="cpu", dtype="bfloat16", seed: int = 0) -> dict:
     """The generator's ms per chunk alone and with a consumer thread beside it that runs ``pattern`` on the growing
-    clip as each chunk arrives (the two runs alternate, ``repeats`` times each). Where the pattern is not available
-    here, the first available whole-clip pattern runs instead (``params.pattern`` says which). Rows ``{repeat,
+    clip as each chunk arrives (the two runs alternate, ``repeats`` times each, after one short untimed stream).
+    ``pattern`` is a name of :func:`patterns`; where its codec is not available here, the first available
+    whole-clip pattern runs instead (``params.pattern`` says which, ``params.asked`` what was asked). Rows ``{repeat,
     beside, chunk, ms}``; ``consumer_ms``: the consumer's own ms per chunk; ``ratio``: beside / alone (median
     generator chunk, the first chunk with its prefill left out) with a bootstrap 95% interval."""
     import torch
@@ -180,10 +190,17 @@ def consumer_contention(preset: str = "small", chunks: int = 60, *, pattern: str
     from .stats import ratio_ci
     from .stream import text_for
     fns, _ = patterns()
-    if pattern not in fns or fns[pattern] is None:
+    known = {n for n, f in fns.items() if f is not None} | {codec_pattern(n) for n in CODECS}
+    if pattern not in known:
+        raise ValueError(f"pattern must be one of {sorted(known)}, got {pattern!r}")
+    asked = pattern
+    if fns.get(pattern) is None:  # a codec this libsndfile lacks
         pattern = next(n for n, f in fns.items() if f is not None and "whole clip" in n)
     model = build_voxcpm2(preset, seed=seed, device=str(device), dtype=dtype)
     silence_progress()
+    warm = min(chunks, 8)
+    for _ in model.generate_streaming(text_for(warm), min_len=warm, max_len=warm, inference_timesteps=2):
+        pass  # untimed: the first stream after a build pays one-off costs that would bias "alone"
     rows, consumer_ms = [], []
     for r in range(repeats):
         for beside in ((False, True) if r % 2 == 0 else (True, False)):
@@ -193,7 +210,8 @@ def consumer_contention(preset: str = "small", chunks: int = 60, *, pattern: str
                      enumerate(_timed_beside(gen, fns[pattern] if beside else None, model.sample_rate, consumer_ms))]
     alone, with_ = ([x["ms"] for x in rows if x["beside"] is b and x["chunk"] > 0] for b in (False, True))
     ci = ratio_ci(with_, alone, paired=False)
-    params = {"preset": preset, "chunks": chunks, "pattern": pattern, "repeats": repeats, "dtype": dtype}
+    params = {"preset": preset, "chunks": chunks, "pattern": pattern, "asked": asked, "repeats": repeats,
+              "dtype": dtype}
     return record("consumer_contention", env=env_record(device, dtype), params=params, rows=rows,
                   consumer_ms=consumer_ms, ratio=statistics.median(with_) / statistics.median(alone),
                   ci=list(ci) if ci else None)
@@ -220,14 +238,16 @@ def _timed_beside(gen, fn, sr: int, consumer_ms: list) -> list:
     if thread:
         thread.start()
     out, t0 = [], time.perf_counter()
-    for chunk in gen:
-        out.append((time.perf_counter() - t0) * 1e3)
+    try:
+        for chunk in gen:
+            out.append((time.perf_counter() - t0) * 1e3)
+            if thread:
+                q.put(chunk.float().reshape(-1).numpy())
+            t0 = time.perf_counter()
+    finally:  # a generator that raises must not leave the consumer waiting for ever
         if thread:
-            q.put(chunk.float().reshape(-1).numpy())
-        t0 = time.perf_counter()
-    if thread:
-        q.put(None)
-        thread.join()
+            q.put(None)
+            thread.join()
     if failed:
         raise RuntimeError(f"the consumer thread failed: {failed[0]!r}") from failed[0]
     return out

@@ -236,4 +236,5 @@ def compile_counts(steps: int = 500, *, preset: str = "tiny", start: int = 16, d
                      "break_reasons": sorted(counters["graph_break"])[:3], "steps": steps})
     torch._dynamo.reset()
     return record("compile_counts", env=env_record(device, dt), rows=rows,
-                  params={"preset": preset, "steps": steps, "start": start, "dtype": dtype})
+                  params={"preset": preset, "steps": steps, "start": start, "dtype": dtype,
+                          "recompile_limit": getattr(torch._dynamo.config, "recompile_limit", None)})

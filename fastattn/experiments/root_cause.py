@@ -63,8 +63,10 @@ def _compile_line(c: Optional[dict]) -> str:
     """The CPU counterpart (``bench.compile_counts``): graphs dynamo compiled per variant over the same steps."""
     if not c:
         return "; on CPU, `python -m fastattn bench compile-counts` counts recompiles per step"
-    return f"; on CPU over {c['params']['steps']} steps, graphs compiled: " + ", ".join(
-        f"{r['variant']} {r['unique_graphs']}" for r in c["rows"])
+    limit = c["params"].get("recompile_limit")
+    return f"; on CPU over {c['params']['steps']} steps, graphs compiled: " + "; ".join(
+        f"{r['variant']} {r['unique_graphs']}" for r in c["rows"]) + \
+        (f" (dynamo stops recompiling a function at {limit} graphs and runs the rest eagerly)" if limit else "")
 
 
 def _attention_row(stream: dict, up: dict, comps: list) -> dict:
