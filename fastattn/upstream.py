@@ -35,8 +35,9 @@ from pathlib import Path
 from . import compat
 from .paths import data_dir
 
-__all__ = ["upstream_diff", "write_upstream_diff", "DIFF_NAME", "LAYOUTS", "KITS", "patched_sources",
-           "cache_source", "dtype_sources", "decode_attention_sources", "patched_copy", "decode_with_diff",
+__all__ = ["LIVE_ERROR_BOUND", "upstream_diff", "write_upstream_diff", "DIFF_NAME", "LAYOUTS", "KITS",
+           "patched_sources", "cache_source", "dtype_sources", "decode_attention_sources", "patched_copy",
+           "decode_with_diff",
            "live_decode_check", "run_in_patched_copy", "upstream_decode"]
 
 DIFF_NAME = "voxcpm-2.0.3-right-sized-decode.diff"
@@ -557,6 +558,11 @@ torch.save(res, out)
 """
 
 
+#: the decode-attention kit's accuracy contract: "live"'s worst step error against float64 is at most this many
+#: times "masked"'s (the bound its upstream tests assert)
+LIVE_ERROR_BOUND = 2
+
+
 def live_decode_check(preset: str, *, text: str, steps: int, dtype: str = "float32", seed: int = 0, device="cpu",
                       lengths=(1, 127, 128, 129, 255, 256, 257, 511, 512, 513, 1000)) -> dict:
     """The ``decode-attention`` kit itself (a patched copy of voxcpm in a fresh process): a whole decode with
@@ -567,9 +573,10 @@ def live_decode_check(preset: str, *, text: str, steps: int, dtype: str = "float
 
     Returns ``identical_off`` (off is ``torch.equal`` to upstream), ``max_abs_diff_on`` (on vs off: a
     free-running decode may diverge within rounding), ``deterministic_on`` (two decodes on, the same bits),
-    ``step_errors`` ({mode: [max abs error per length]}), ``error_ratio`` (live's worst over masked's worst; the
-    kit's tests bound it by 2), ``rows`` (the compiled decode's graphs: one per LM) and ``max_abs_diff_compiled``
-    (compiled "live" vs eager "live": FlexAttention against the slice, within rounding)."""
+    ``step_errors`` ({mode: [max abs error per length]}), ``error_ratio`` (live's worst over masked's worst),
+    ``error_bound`` (:data:`LIVE_ERROR_BOUND`, what the kit's tests bound it by), ``rows`` (the compiled
+    decode's graphs: one per LM) and ``max_abs_diff_compiled`` (compiled "live" vs eager "live": FlexAttention
+    against the slice, within rounding)."""
     import json
 
     import torch
@@ -588,7 +595,7 @@ def live_decode_check(preset: str, *, text: str, steps: int, dtype: str = "float
             if res["live_compiled"].shape == res["live"].shape else float("inf"),
             "deterministic_on": bool(torch.equal(res["live"], res["live_again"])),
             "step_errors": err, "lengths": list(lengths),
-            "error_ratio": max(err["live"]) / max(max(err["masked"]), 1e-300),
+            "error_ratio": max(err["live"]) / max(max(err["masked"]), 1e-300), "error_bound": LIVE_ERROR_BOUND,
             "rows": res["rows"], "device": device, "dtype": dtype, "steps": steps}
 
 

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from typing import Optional
 
+from ..bench.stats import fmt_ci
+
 __all__ = ["diagnosis", "reply_293", "RULES_OUT", "REPRODUCES", "NEEDS", "NOT_MEASURED", "ASK"]
 
 RULES_OUT, REPRODUCES, NEEDS, NOT_MEASURED = ("rules out", "reproduces the shape", "needs the reporter's machine",
@@ -109,7 +111,7 @@ def _prompt_row(prompts: Optional[dict]) -> dict:
 def _contention_line(c: Optional[dict]) -> str:
     if not c:
         return ""
-    ci = f" (95% CI [{c['ci'][0]:.2f}, {c['ci'][1]:.2f}])" if c.get("ci") else ""
+    ci = f" (95% CI {fmt_ci(c['ci'])})" if c.get("ci") else ""
     return (f"; run in a thread beside the generator ({c['params']['pattern']}, {c['params']['chunks']} chunks), "
             f"the generator's own chunks took {c['ratio']:.2f}x{ci}")
 
