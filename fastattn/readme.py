@@ -231,10 +231,11 @@ DTYPE_BEGIN, DTYPE_END = "<!-- dtype:begin -->", "<!-- dtype:end -->"
 FORMS_BEGIN, FORMS_END = "<!-- forms:begin -->", "<!-- forms:end -->"
 
 
-def forms_answer(rec: dict) -> str:
-    """One line from a ``decode_forms`` record: the winner, the runner-up's time over it, decided or not."""
+def forms_answer(rec: dict, verdict: dict | None = None) -> str:
+    """One line from a ``decode_forms`` record (and its :func:`~fastattn.experiments.decode_forms.form_verdict`,
+    computed here where not given): the winner, the runner-up's time over it, decided or not."""
     from .experiments.decode_forms import form_verdict
-    v = form_verdict(rec)
+    v = verdict or form_verdict(rec)
     if v["runner_up"] is None:
         return f"`{v['winner']}` (the only eligible form)" if v["winner"] else "no eligible form"
     lo = min(x["ratio"] for x in v["per_position"].values())
@@ -258,10 +259,11 @@ def forms_machines(results: Path) -> str:
            "|---|---|---|---|"]
     for path in paths:
         rec = load_record(path)
-        won = next((c for c in rec["checks"] if c["form"] == form_verdict(rec)["winner"]), None)
+        verdict = form_verdict(rec)
+        won = next((c for c in rec["checks"] if c["form"] == verdict["winner"]), None)
         err = f"{won['max_err']:.3g} ({won['reference_err']:.3g})" if won else "n/a"
         out.append(f"| `{path.parent.name}`: {rec['env'].get('device_name', '')} | {rec['params']['dtype']} | "
-                   f"{forms_answer(rec)} | {err} |")
+                   f"{forms_answer(rec, verdict)} | {err} |")
     return "\n".join(out) + "\n"
 
 
