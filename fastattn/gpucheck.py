@@ -371,8 +371,9 @@ def opt_in_section(forms: Optional[list], kit: Optional[list]) -> list:
     from .experiments.decode_forms import form_lines, kit_lines
     out = ["", "## The CUDA opt-in: which decode form upstream should carry", ""]
     if not forms:
-        out += ["Not measured in this run: the decode_forms step runs on CUDA only, and did not run or failed here "
-                "(the table above says which). Until a GPU has run it, the CUDA choice is unmeasured.", ""]
+        out += ["Not measured in this run: the decode_forms step runs on CUDA only, and here it was skipped or "
+                "stopped with an error (the table above says which). Until a GPU has run it, the CUDA choice is "
+                "unmeasured.", ""]
     for rec in forms or []:
         out += [f"### {rec['params']['dtype']}, positions {rec['params']['positions']}", ""] + form_lines(rec) + [""]
     for rec in kit or []:
