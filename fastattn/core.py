@@ -19,8 +19,9 @@ from typing import Union
 import torch
 import torch.nn.functional as F
 
-__all__ = ["Length", "sdpa", "causal_mask", "window_for", "f64_attention", "check_tensors", "check_bucket",
-           "check_length_int", "check_length_tensor", "length_kind", "host_length", "capturing_or_compiling"]
+__all__ = ["Length", "random_decode", "sdpa", "causal_mask", "window_for", "f64_attention", "check_tensors",
+           "check_bucket", "check_length_int", "check_length_tensor", "length_kind", "host_length",
+           "capturing_or_compiling"]
 
 Length = Union[int, torch.Tensor]
 
@@ -117,6 +118,17 @@ def f64_attention(q, k, v, length: int) -> torch.Tensor:
     rows = torch.arange(lq, device=q.device).view(-1, 1) + (length - lq)
     s = s.masked_fill(torch.arange(length, device=q.device).view(1, -1) > rows, float("-inf"))
     return torch.softmax(s, -1) @ vv
+
+
+def random_decode(device, dtype, *, hq: int, hkv: int, head_dim: int, capacity: int, lq: int = 1, batch: int = 1,
+                  seed: int = 0) -> tuple:
+    """Seeded random decode data: q (B, Hq, Lq, D) and K, V (B, Hkv, capacity, D), views of one
+    (2, B, Hkv, capacity, D) tensor as voxcpm's caches hold them. Drawn on CPU, so every device gets the
+    same numbers."""
+    g = torch.Generator().manual_seed(seed)
+    q = torch.randn(batch, hq, lq, head_dim, generator=g).to(device=device, dtype=dtype)
+    kv = torch.randn(2, batch, hkv, capacity, head_dim, generator=g).to(device=device, dtype=dtype)
+    return q, kv[0], kv[1]
 
 
 def causal_mask(n_keys: int, lq: int, length: Length, device) -> torch.Tensor:

@@ -44,7 +44,7 @@ from typing import Callable, Optional
 import torch
 import torch.nn.functional as F
 
-from .bench.timing import time_interleaved
+from .clock import interleaved
 from .core import capturing_or_compiling, causal_mask, f64_attention, sdpa
 from .devices import device_key, dtype_name
 from .static import choose_graph_form
@@ -143,18 +143,17 @@ def _key(q, k) -> tuple:
 
 
 def _time(fns: dict, q, k, v, lengths: list, device, repeats: int = 7, warmup: int = 2) -> dict:
-    """Median seconds per candidate, each sample one call at every probe length; candidates interleaved
-    call by call (bench's timer: shuffled order, CUDA events on CUDA). Every sample uses key counts no
-    earlier sample used (each length less one more key per call): a kernel that builds a plan per key count
-    (cuDNN's graph cache on Hopper) pays for it here as it would in a real decode, where every step adds a key."""
+    """Median seconds per candidate, each sample one call at every probe length, candidates interleaved
+    (:func:`fastattn.clock.interleaved`). Every sample uses key counts no earlier sample used (each length less
+    one more key per call): a kernel that builds a plan per key count (cuDNN's graph cache on Hopper) pays for
+    it here as it would in a real decode, where every step adds a key."""
     def run(fn):
         shift = iter(range(1, 1 << 30))
         def call():
             i = next(shift)
             return [fn(q, k[:, :, :max(q.shape[2], n - i)], v[:, :, :max(q.shape[2], n - i)]) for n in lengths]
         return call
-    times = time_interleaved({name: run(fn) for name, fn in fns.items()}, repeats=repeats, warmup=warmup,
-                             device=device)
+    times = interleaved({name: run(fn) for name, fn in fns.items()}, repeats=repeats, warmup=warmup, device=device)
     return {name: statistics.median(t) for name, t in times.items()}
 
 

@@ -40,7 +40,8 @@ from typing import Callable, NamedTuple, Optional
 import torch
 import torch.nn.functional as F
 
-from .core import causal_mask, f64_attention, sdpa, window_for
+from .clock import interleaved
+from .core import causal_mask, f64_attention, random_decode, sdpa, window_for
 
 __all__ = ["FLEX_BLOCK", "FORMS", "Form", "slice_live", "bucketed_window", "flex_decode", "upstream_masked",
            "decode_block_mask", "flex_available", "sweep_lengths", "check_form",
@@ -188,10 +189,7 @@ def _error_line(exc: BaseException) -> str:
 def decode_data(device, dtype, hq, hkv, head_dim, capacity, seed):
     """Random q (1, Hq, 1, D) and K, V caches (1, Hkv, capacity, D), seeded, on ``device`` in ``dtype``. K and V
     are views of one (2, 1, Hkv, capacity, D) tensor, as voxcpm's caches hold them."""
-    g = torch.Generator().manual_seed(seed)
-    q = torch.randn(1, hq, 1, head_dim, generator=g).to(device=device, dtype=dtype)
-    kv = torch.randn(2, 1, hkv, capacity, head_dim, generator=g).to(device=device, dtype=dtype)
-    return q, kv[0], kv[1]
+    return random_decode(device, dtype, hq=hq, hkv=hkv, head_dim=head_dim, capacity=capacity, seed=seed)
 
 
 @torch.no_grad()
@@ -275,14 +273,13 @@ def fresh_calls(calls: dict, p: int, capacity: int) -> dict:
 @torch.no_grad()
 def _time_forms(names, device, dtype, hq, hkv, head_dim, capacity, bucket, positions, repeats, backend,
                 seed) -> dict:
-    """Median ms per position per form, compiled, interleaved call by call (bench's timer), each call one more
-    key count (:func:`fresh_calls`)."""
-    from .bench.timing import time_interleaved
+    """Median ms per position per form, compiled, interleaved (:func:`fastattn.clock.interleaved`), each call
+    one more key count (:func:`fresh_calls`)."""
     q, kc, vc = decode_data(device, dtype, hq, hkv, head_dim, capacity, seed)
     calls = {n: form_caller(n, compile_form(FORMS[n], backend), q, kc, vc, bucket) for n in names}
     out = {}
     for p in positions:
-        times = time_interleaved(fresh_calls(calls, p, capacity), repeats=repeats, warmup=2, device=device)
+        times = interleaved(fresh_calls(calls, p, capacity), repeats=repeats, warmup=2, device=device)
         out[p] = {n: statistics.median(t) * 1e3 for n, t in times.items()}
     return out
 

@@ -3,13 +3,11 @@ random order each repeat), after warm-up; medians with p10/p90; CUDA events on C
 
 from __future__ import annotations
 
-import random
 import statistics
 import time
 from typing import Optional, Sequence
 
-import torch
-
+from ..clock import interleaved, sync
 from .noise import delta, disturbed, host_counters, others_busy, quantile
 
 
@@ -20,61 +18,39 @@ def progress_bar(it, enabled: bool, desc: str):
     return tqdm(it, desc=desc, leave=False)
 
 
-def sync_device(device):
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
+sync_device = sync
 
 
 def time_interleaved(fns: dict, *, repeats: int = 7, warmup: int = 2, device="cpu", seed: int = 0,
                      host: Optional[dict] = None) -> dict:
-    """Time each callable ``repeats`` times, interleaved, after ``warmup`` rounds.
-
-    Each repeat runs every variant once, in an order shuffled afresh (seeded): a call pays for what the call
-    before it left in the caches, so a fixed or merely rotated order (which keeps every variant behind the
-    same neighbour) would charge one variant for another's traffic every time; shuffled, each variant follows
-    each other one about equally often. Returns ``{name: [seconds, ...]}`` (sample ``i`` of every variant from
-    repeat ``i``). On CUDA each sample uses CUDA events around the call and one synchronisation.
+    """:func:`fastattn.clock.interleaved` (``{name: [seconds, ...]}``, paired rounds, shuffled order) with the
+    host counters read around every call and round.
 
     ``host``, a dict, receives ``{name: {"cpu_s": [...], "switches": [...], "machine_s": [...],
     "others_busy": [...]}}``: the process's CPU time, involuntary context switches and the machine's busy CPU
     during each sample, and whether other processes took the cores during that sample's round (:mod:`.noise`),
     from which :func:`stats_ms` flags the samples another process disturbed.
     """
-    if repeats < 1 or warmup < 0:
-        raise ValueError(f"repeats must be >= 1 and warmup >= 0, got {repeats}, {warmup}")
-    device = torch.device(device)
-    names = list(fns)
-    for _ in range(warmup):
-        for n in names:
-            fns[n]()
-    sync_device(device)
-    out = {n: [] for n in names}
-    counters = {n: {"cpu_s": [], "switches": [], "machine_s": []} for n in names}
-    rounds = []  # (wall, own CPU, machine busy) of each repeat: the repeats follow each other in time
-    rng = random.Random(seed)
-    for _ in range(repeats):
-        order = rng.sample(names, len(names))
+    counters = {n: {"cpu_s": [], "switches": [], "machine_s": []} for n in fns}
+    rounds = []  # (wall, own CPU, machine busy) of each round: the rounds follow each other in time
+
+    def on_call(name):
+        h0 = host_counters()
+        return lambda: [counters[name][k].append(v) for k, v in delta(h0, host_counters()).items()]
+
+    def on_round():
         r0, w0 = host_counters(), time.perf_counter()
-        for n in order:
-            h0 = host_counters()
-            if device.type == "cuda":
-                a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-                a.record()
-                fns[n]()
-                b.record()
-                b.synchronize()
-                out[n].append(a.elapsed_time(b) / 1e3)
-            else:
-                t0 = time.perf_counter()
-                fns[n]()
-                out[n].append(time.perf_counter() - t0)
-            for k, v in delta(h0, host_counters()).items():
-                counters[n][k].append(v)
-        d = delta(r0, host_counters())
-        rounds.append((time.perf_counter() - w0, d["cpu_s"], d["machine_s"]))
+
+        def end():
+            d = delta(r0, host_counters())
+            rounds.append((time.perf_counter() - w0, d["cpu_s"], d["machine_s"]))
+        return end
+
+    out = interleaved(fns, repeats=repeats, warmup=warmup, device=device, seed=seed, on_call=on_call,
+                      on_round=on_round)
     if host is not None:
         busy = others_busy(*zip(*rounds)) if rounds else []  # a round others took the cores in marks all its samples
-        for n in names:
+        for n in fns:
             counters[n]["others_busy"] = list(busy)
         host.update(counters)
     return out

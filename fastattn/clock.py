@@ -1,0 +1,66 @@
+"""The one loop that times calls: variants interleaved in a fresh seeded order each round, after warm-up; CUDA
+events on CUDA. The runtime's choices (``fast``'s probe, the graph form) call it bare; the measuring layer
+(:func:`fastattn.bench.timing.time_interleaved`) adds the host counters through the hooks. Imports nothing from
+fastattn."""
+
+from __future__ import annotations
+
+import random
+import statistics
+import time
+from typing import Callable, Optional
+
+import torch
+
+__all__ = ["interleaved", "medians", "sync"]
+
+
+def sync(device) -> None:
+    if torch.device(device).type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def _timed(fn: Callable, cuda: bool) -> float:
+    if cuda:
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        fn()
+        b.record()
+        b.synchronize()
+        return a.elapsed_time(b) / 1e3
+    t0 = time.perf_counter()
+    fn()
+    return time.perf_counter() - t0
+
+
+def interleaved(fns: dict, *, repeats: int = 7, warmup: int = 2, device="cpu", seed: int = 0,
+                on_call: Optional[Callable] = None, on_round: Optional[Callable] = None) -> dict:
+    """``{name: [seconds per repeat]}``: each callable once per round, ``repeats`` rounds after ``warmup``.
+
+    The order is shuffled afresh each round (seeded): a call pays for what the call before it left in the
+    caches, so each variant should follow each other one about equally often. Sample ``i`` of every variant
+    comes from round ``i`` (paired). ``on_call(name)`` returns a function called after that call;
+    ``on_round()`` likewise around each round (the measuring layer's host counters)."""
+    if repeats < 1 or warmup < 0:
+        raise ValueError(f"repeats must be >= 1 and warmup >= 0, got {repeats}, {warmup}")
+    device, names = torch.device(device), list(fns)
+    for _ in range(warmup):
+        for n in names:
+            fns[n]()
+    sync(device)
+    out, rng = {n: [] for n in names}, random.Random(seed)
+    for _ in range(repeats):
+        end_round = on_round() if on_round else None
+        for n in rng.sample(names, len(names)):
+            end_call = on_call(n) if on_call else None
+            out[n].append(_timed(fns[n], device.type == "cuda"))
+            if end_call:
+                end_call()
+        if end_round:
+            end_round()
+    return out
+
+
+def medians(fns: dict, **kw) -> dict:
+    """``{name: median seconds}`` of :func:`interleaved`."""
+    return {n: statistics.median(t) for n, t in interleaved(fns, **kw).items()}
