@@ -73,8 +73,8 @@ def doctor(calibrate: bool = True) -> dict:
 def fastest_dtype_measured(reports=None) -> Optional[str]:
     """The dtype the newest run of 05 under ``reports`` (default ``reports/``) measured fastest on this machine,
     with its ratio and the run's name; None where no run has a whole-decode dtype comparison."""
+    from .bench.metrics import dtype_recommendation
     from .bench.records import load_record
-    from .experiments.profiling import dtype_recommendation
     from .paths import reports_dir
     found = sorted(Path(reports or reports_dir()).glob("*/05_profiling/records/dtype_decode*.json"))
     for path in reversed(found):

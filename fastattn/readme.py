@@ -12,9 +12,10 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Optional
 
+from .bench.metrics import step_ratio
 from .bench.records import find_row, load_record
+from .claims import math_fallback_reason
 from .devices import runtime_dtype
-from .experiments.backend_selection import math_fallback_reason
 from .paths import data_dir, repo_root
 
 BEGIN, END = "<!-- findings:begin -->", "<!-- findings:end -->"
@@ -29,11 +30,6 @@ def _ci(t: dict) -> str:
                                       f" (95% CI {fmt_ci((t['ci_low'], t['ci_high']))}, n={t['n']})")
 
 
-def _step_ratio(rec, position=256) -> float:
-    return find_row(rec["rows"], variant="patched", position=position)["median_ms"] / \
-        find_row(rec["rows"], variant="upstream", position=position)["median_ms"]
-
-
 def _saving(rows, slow: dict, fast: dict, key: str = "median_ms") -> Optional[float]:
     """``slow[key] - fast[key]`` of two rows; None where either figure was not measured (on CUDA the in-step
     kernel time is not profiled)."""
@@ -44,7 +40,7 @@ def _saving(rows, slow: dict, fast: dict, key: str = "median_ms") -> Optional[fl
 def reference_findings(ref: Path, other: Optional[Path] = None) -> str:
     """The findings block for README from the record folder ``ref`` (and ``other``, a second machine).
     Every figure and every verdict word is read from the records (or from :data:`bench.GOALS`)."""
-    from .bench.decode import time_shares
+    from .bench.metrics import time_shares
     from .bench.targets import GOALS
     rec = lambda n: load_record(ref / f"{n}.json")  # noqa: E731
     tr = rec("targets")
@@ -141,8 +137,8 @@ def reference_findings(ref: Path, other: Optional[Path] = None) -> str:
            if costs["ratios"]["SDPA over the slice"] > costs["ratios"]["bare GEMM q @ k^T"] else "."),
         f"* A real-width decode step ({layers} layers, hidden {dp['hidden']}) at position 256: {_ci(t['decode_bf16'])} "
         f"in bf16, {_ci(t['decode_fp32'])} in fp32"
-        + (f" (Xeon: {_step_ratio(xo('decode_step_bfloat16')):.2f}x, {_step_ratio(xo('decode_step_float32')):.2f}x)"
-           if xo else "") + ".",
+        + (f" (Xeon: {step_ratio(xo('decode_step_bfloat16')).value:.2f}x, "
+           f"{step_ratio(xo('decode_step_float32')).value:.2f}x)" if xo else "") + ".",
         f"* KV of a {kv['params']['prefill'] + kv['params']['steps']}-token request of the {kv['params']['preset']} "
         f"model, read from the cache objects: {kv['upstream_bytes'] / 1e6:.0f} MB to {kv['patched_bytes'] / 1e6:.0f} "
         + ("MB." if kv.get("right_sized", True) else f"MB ({kv['note']}).")
@@ -209,7 +205,7 @@ def findings_table(ref: Path) -> str:
          f"{kv['upstream_bytes'] / 1e6:.0f} MB -> {kv['patched_bytes'] / 1e6:.0f} MB"),
     ]
     if (ref / "dtype_decode_full.json").exists():
-        from .experiments.profiling import dtype_recommendation
+        from .bench.metrics import dtype_recommendation
         dd = rec("dtype_decode_full")
         r = dtype_recommendation(dd, dd.get("flags"))
         others = ", ".join(f"{d} {x:.2f}x" for d, x in r["others"].items() if d != r["default"])
@@ -271,7 +267,7 @@ def dtype_machines(results: Path) -> str:
     """``upstream-PR.md``'s table: per machine folder under ``results`` with a whole-decode dtype comparison
     (``dtype_decode_full.json``), its CPU, native bf16, each dtype's median step against voxcpm's default and the
     weights' memory."""
-    from .bench.decode import dtype_table
+    from .bench.metrics import dtype_table
     from .devices import native_bf16
     out = ["| machine | native bf16 | decode step, voxcpm's default | float32 / default (95% CI) | "
            "float32 + fix / default (95% CI) | weights GB |", "|---|---|---|---|---|---|"]

@@ -17,7 +17,8 @@ import math
 from pathlib import Path
 from typing import Optional
 
-from .bench.records import find_row
+from .bench.metrics import headlines, kv_mb
+from .bench.records import load_run
 
 __all__ = ["fmt", "short", "write_report", "compare", "compare_markdown", "compare_html", "main"]
 
@@ -63,11 +64,8 @@ def _load(path: Path) -> Optional[dict]:
 
 
 def _targets(run_dir: Path) -> list:
-    for p in sorted(run_dir.glob("*/records/targets*.json")):
-        rec = _load(p)
-        if rec and rec.get("rows"):
-            return rec["rows"]
-    return []
+    rec = load_run(run_dir).get("targets")
+    return rec["rows"] if rec else []
 
 
 def _environment(summary: dict) -> dict:
@@ -99,7 +97,7 @@ def _split_findings(nb: dict) -> tuple:
 
 def write_report(run_dir, summary: dict) -> tuple:
     """Write ``index.html`` and ``summary.md`` into ``run_dir``; return their paths."""
-    from .experiments.claims import claims_ledger
+    from .claims import claims_ledger
     from .paths import atomic_write_text
     run_dir = Path(run_dir)
     env, verdicts = _environment(summary), _verdict_rows(_targets(run_dir))
@@ -226,61 +224,30 @@ def _plan_md(summary: dict) -> list:
 
 
 # --------------------------------------------------------------------------- the hardware matrix
-def _records(folder: Path) -> list:
-    paths = list(folder.glob("*.json")) + list(folder.glob("*/records/*.json"))
-    return [r for r in (_load(p) for p in sorted(paths)) if isinstance(r, dict) and "kind" in r]
-
-
-def _att_ratio(recs, dtype, num, den, position):
-    for r in recs:
-        if r["kind"] == "attention" and r["params"].get("dtype") == dtype and r["params"].get("capacity") == 8192 \
-                and r["params"].get("caches", 1) == 1:
-            a, b = find_row(r["rows"], mode=num, position=position), find_row(r["rows"], mode=den, position=position)
-            if a and b:
-                return f"{a['median_ms'] / b['median_ms']:.3g}x"
-    return None
-
-
-def _measures(recs: list) -> dict:
-    """The headline measures one machine's records hold (absent ones are simply missing)."""
-    out = {}
-    for dt, label in (("float32", "fp32"), ("bfloat16", "bf16")):
-        for num, den, p in (("exact", "reference", 256), ("fast", "reference", 256), ("fast", "slice_fix", 4096)):
-            v = _att_ratio(recs, dt, num, den, p)
-            if v:
-                out[f"attention {label} p={p}: {num} / {den}"] = v
-        att = next((r for r in recs if r["kind"] == "attention" and r["params"].get("dtype") == dt
-                    and r["params"].get("caches", 1) == 1), None)
+def _measures(run) -> dict:
+    """The headline measures one machine's records hold (:data:`fastattn.bench.metrics.HEADLINES`, then what
+    ``fast`` chose, the cache growth and the stream verdicts); absent ones are simply missing."""
+    out = {k: f.text() for k, f in headlines(run).items()}
+    for dt in ("float32", "bfloat16"):
+        att = next((r for r in run.all("attention", dtype=dt) if r["params"].get("caches", 1) == 1), None)
         if att and att.get("fast_choice"):
-            out[f"fast's implementation, {label}"] = ", ".join(sorted({c["winner"] for c in att["fast_choice"]}))
+            out[f"fast's implementation, {dt}"] = ", ".join(sorted({c["winner"] for c in att["fast_choice"]}))
         if att and "exact_granularity" in att["params"]:
-            out[f"exact granularity, {label}"] = str(att["params"]["exact_granularity"])
-    for r in recs:
-        if r["kind"] == "attention" and r["params"].get("caches", 1) > 1:
-            fa = find_row(r["rows"], mode="fast", position=4096)
-            if fa:
-                out[f"attention {r['params']['dtype']} p=4096, K/V cold: fast x DRAM floor"] = f"{fa['x_floor']:.3g}x"
-        elif r["kind"] == "decode_step":
-            up, pa = find_row(r["rows"], variant="upstream", position=256), find_row(r["rows"], variant="patched",
-                                                                             position=256)
-            if up and pa:
-                out[f"decode step p=256 {r['params']['dtype']}: patched / upstream"] = \
-                    f"{pa['median_ms'] / up['median_ms']:.3g}x"
-        elif r["kind"] == "whole_decode":
-            p = r["params"]
-            out[f"whole decode {p['preset']} {p['dtype']} {p['steps']} steps: patched / upstream"] = \
-                f"{r['ratio']:.3g}x ({'bit-identical' if r['identical'] else 'differs'})"
-        elif r["kind"] == "kv_memory":
-            out["KV of a 300-token request, full model"] = \
-                f"{r['upstream_bytes'] / 1e6:.3g} MB -> {r['patched_bytes'] / 1e6:.3g} MB"
-        elif r["kind"] == "stream_profile":
-            for v, text in r.get("verdict", {}).items():
-                out[f"stream {r['params']['preset']} {r['params']['chunks']} chunks: {v}"] = text
+            out[f"exact granularity, {dt}"] = str(att["params"]["exact_granularity"])
+    whole, kv = run.get("whole_decode"), run.get("kv_memory", dtype="bfloat16")
+    if whole:
+        out["whole decode output"] = "bit-identical" if whole["identical"] else "differs"
+    if kv:
+        out["KV of a 300-token request, full model, bf16"] = "{:.3g} MB -> {:.3g} MB".format(*kv_mb(kv))
+    for r in run.all("stream_profile"):
+        for v, text in r.get("verdict", {}).items():
+            out[f"stream {r['params']['preset']} {r['params']['chunks']} chunks: {v}"] = text
     return out
 
 
-def _machine(recs: list, folder: Path) -> str:
-    env = next((r["env"] for r in recs if isinstance(r.get("env"), dict) and r["env"].get("device_name")), {})
+def _machine(run) -> str:
+    folder = run.folder
+    env = next((r["env"] for r in run.records if isinstance(r.get("env"), dict) and r["env"].get("device_name")), {})
     name = env.get("device_name") or folder.name
     return f"{name} · torch {env.get('torch', '?')} · {env.get('threads', '?')} threads ({folder.name})"
 
@@ -291,11 +258,11 @@ def compare(paths) -> dict:
     for p in map(Path, paths):
         if not p.is_dir():
             raise ValueError(f"{p}: not a run folder or a record folder")
-        recs = _records(p)
-        if not recs:
+        run = load_run(p)
+        if not run.records:
             raise ValueError(f"{p}: holds no fastattn records")
-        cols.append(_machine(recs, p))
-        per.append(_measures(recs))
+        cols.append(_machine(run))
+        per.append(_measures(run))
     names = list(dict.fromkeys(k for m in per for k in m))
     rows = [{"measure": n, **{c: m.get(n, "not measured") for c, m in zip(cols, per)}} for n in names]
     return {"machines": cols, "rows": rows}

@@ -13,6 +13,7 @@ from typing import Callable, Optional
 import torch
 
 from ..devices import resolve_device
+from .metrics import _quiet_steps, dtype_table, patched_is_upstream, time_shares  # noqa: F401 (re-exported)
 from .noise import delta, disturbed, host_counters, others_busy
 from .records import env_record, record
 from .timing import progress_bar, sync_device
@@ -208,22 +209,6 @@ def whole_decode(preset: str = "tiny", *, steps: int = 12, dtype="bfloat16", dev
                   median_wall_s=med, ratio=med["patched"] / med["upstream"], patched_granularity=granularity)
 
 
-def patched_is_upstream(whole: dict) -> bool:
-    """Whether a ``whole_decode`` record's patched decode was upstream's computation (its cache held every slot:
-    no exact window on the device). Records from before the field say nothing: False."""
-    return "patched_granularity" in whole and whole["patched_granularity"] is None
-
-
-def time_shares(whole: dict, variant: str = "upstream") -> dict:
-    """Median share of ``variant``'s wall time per component of a ``whole_decode`` record (``lm_attention``,
-    ``local_dit``, ...): Amdahl's inputs, computed in one place."""
-    rows = [r for r in whole["rows"] if r["variant"] == variant]
-    wall = statistics.median(r["wall_s"] for r in rows)
-    keys = [k[:-2] for k in rows[0] if k.endswith("_s") and k != "wall_s"]
-    return {k: statistics.median(r[f"{k}_s"] for r in rows) / wall for k in keys}
-
-
-
 def _peak_reset(device) -> bool:
     """Start a peak-memory window: CUDA's allocator peak, or the process's peak RSS (``/proc/self/clear_refs``,
     Linux). False where the CPU peak cannot be reset (then the peak read covers the process's whole life)."""
@@ -318,36 +303,3 @@ def dtype_decode(preset: str = "full", *, dtypes=("bfloat16", "float32"), steps:
                   flags=cpu_flags() if device.type == "cpu" else {},
                   sizing=sizing, step_s=step_s, measured_s=measured,
                   build_s=statistics.mean(o["build_s"] for o in out.values()), spent_s=spent)
-
-
-def _quiet_steps(whole: dict, variant: str) -> tuple:
-    """(quiet step seconds, disturbed count) of one variant of a :func:`whole_decode` record; every step where none
-    was quiet."""
-    pairs = [(s, f) for r in whole["rows"] if r["variant"] == variant
-             for s, f in zip(r["step_seconds"], r["step_disturbed"])]
-    quiet = [s for s, f in pairs if not f]
-    return quiet or [s for s, _ in pairs], len(pairs) - len(quiet)
-
-
-def dtype_table(rec: dict) -> list:
-    """One row per dtype and variant of a :func:`dtype_decode` record: median step s with its bootstrap 95%
-    interval (n quiet steps over both repeats; ``disturbed`` steps left out), the ratio to voxcpm's default
-    (the first dtype, upstream) with its interval, steps per generate, peak memory, and whether the patched
-    output equals upstream's in that dtype."""
-    from .stats import ratio_ci
-    base_dtype = rec["params"]["dtypes"][0]
-    base = _quiet_steps(rec["dtypes"][base_dtype]["decode"], "upstream")[0]
-    out = []
-    for dtype, o in rec["dtypes"].items():
-        for variant in ("upstream", "patched"):
-            s, n_disturbed = _quiet_steps(o["decode"], variant)
-            ci = ratio_ci(s, base, paired=False)
-            out.append({"dtype": dtype, "variant": variant, "step s": statistics.median(s), "n": len(s),
-                        "disturbed": n_disturbed,
-                        f"x {base_dtype} upstream": statistics.median(s) / statistics.median(base),
-                        "95% low": ci[0] if ci else None, "95% high": ci[1] if ci else None,
-                        "steps": o["decode"]["params"]["steps"],
-                        "peak GB": o["peak_bytes"] / 1e9 if o["peak_bytes"] else None,
-                        "weights GB": o["weights_bytes"] / 1e9,
-                        "patched equals upstream": o["decode"]["identical"] if variant == "patched" else None})
-    return out

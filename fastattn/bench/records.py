@@ -1,4 +1,5 @@
-"""Records: ``{kind, env, params, rows, ...}``, built by :func:`record`, written under names never reused."""
+"""Records: ``{kind, env, params, rows, ...}``, built by :func:`record`, written under names never reused, read
+back by :func:`load_run` (the one reader of a folder of records)."""
 
 from __future__ import annotations
 
@@ -62,3 +63,50 @@ def find_row(rows, **match) -> Optional[dict]:
 
 def load_record(path) -> dict:
     return json.loads(Path(path).read_text())
+
+
+def _read(path: Path) -> Optional[dict]:
+    try:
+        rec = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None  # a cut-short or foreign file is not a record
+    return rec if isinstance(rec, dict) and "kind" in rec else None
+
+
+class Run:
+    """The records of one folder: a run (``<notebook>/records/*.json``, ``<notebook>/findings.json``) or a
+    committed record folder (``<name>.json``). Records are matched by kind and params, never by file name."""
+
+    def __init__(self, folder):
+        self.folder = Path(folder)
+        paths = sorted(self.folder.glob("*.json")) + sorted(self.folder.glob("*/records/*.json"))
+        self.paths = {}
+        for p in paths:
+            rec = _read(p)
+            if rec is not None:
+                self.paths[p] = rec
+        self.records = list(self.paths.values())
+        self.findings = {}
+        for p in sorted(self.folder.glob("*/findings.json")):
+            self.findings.update(json.loads(p.read_text()))
+
+    def all(self, kind: str, notebook: Optional[str] = None, **params) -> list:
+        """Every record of ``kind`` whose params equal ``params`` (and that ``notebook`` wrote), in name order."""
+        return [r for p, r in self.paths.items() if r["kind"] == kind and (notebook is None or notebook in p.parts)
+                and all(r.get("params", {}).get(k) == v for k, v in params.items())]
+
+    def get(self, kind: str, notebook: Optional[str] = None, **params) -> Optional[dict]:
+        """The first record :meth:`all` finds, or None."""
+        return next(iter(self.all(kind, notebook, **params)), None)
+
+    def named(self, stem: str) -> dict:
+        """A committed folder's record by file name (``decode_step_bfloat16``); a clear error where it is missing."""
+        path = self.folder / f"{stem}.json"
+        if path not in self.paths:
+            raise FileNotFoundError(f"{self.folder} holds no record {stem}.json")
+        return self.paths[path]
+
+
+def load_run(folder) -> Run:
+    """:class:`Run` over ``folder`` (a ``reports/<run>/`` or a ``data/results/<machine>/`` folder)."""
+    return Run(folder)

@@ -1,8 +1,9 @@
-"""Confidence intervals for the ratios the targets judge: a bootstrap over the timed samples (scipy).
+"""The statistics every figure uses: one quiet-sample rule, one paired-ratio rule, one "decided" rule.
 
-Samples of two variants timed by :func:`time_interleaved` are paired: sample ``i`` of each comes from
-the same round, so a slow moment of the box hits both. The interval resamples rounds (``paired``), and
-the statistic is the ratio of the medians, the figure every table shows.
+Samples of two variants timed by :func:`.timing.time_interleaved` are paired: sample ``i`` of each comes from
+the same round. A ratio is the ratio of medians over the rounds neither variant was disturbed in, with a 95%
+bootstrap interval that resamples rounds. A verdict against a bound is "undecided" when its interval reaches
+the bound.
 """
 
 from __future__ import annotations
@@ -13,6 +14,15 @@ from typing import Optional, Sequence
 
 CONFIDENCE = 0.95
 RESAMPLES = 2000
+#: fewer quiet samples than this and a figure rests on all of them (and says how many were disturbed)
+MIN_QUIET = 3
+YES, NO, UNDECIDED = "yes", "no", "undecided"
+
+
+def quiet(samples: Sequence, flags: Optional[Sequence[bool]]) -> list:
+    """The samples not flagged disturbed; all of them where fewer than :data:`MIN_QUIET` are quiet."""
+    kept = [x for x, f in zip(samples, flags or [False] * len(samples)) if not f]
+    return kept if len(kept) >= MIN_QUIET else list(samples)
 
 
 def _bootstrap(data: tuple, statistic, *, paired: bool, seed: int) -> Optional[tuple]:
@@ -38,6 +48,43 @@ def ratio_ci(num: Sequence[float], den: Sequence[float], *, seed: int = 0,
 def scaled_ci(samples: Sequence[float], scale: float, *, seed: int = 0) -> Optional[tuple]:
     """95% bootstrap interval of ``median(samples) / scale`` (a time over a fixed floor)."""
     return _bootstrap((samples,), lambda a: statistics.median(a) / scale, paired=False, seed=seed)
+
+
+def quiet_pairs(num: dict, den: dict) -> tuple:
+    """The paired samples of two timed rows (``samples_ms``, ``disturbed_flags``), less every round either was
+    disturbed in; unpaired rows (other lengths) lose their own disturbed samples."""
+    a, b = num["samples_ms"], den["samples_ms"]
+    fa, fb = num.get("disturbed_flags") or [False] * len(a), den.get("disturbed_flags") or [False] * len(b)
+    if len(a) != len(b):
+        return [x for x, f in zip(a, fa) if not f], [x for x, f in zip(b, fb) if not f]
+    keep = [i for i in range(len(a)) if not (fa[i] or fb[i])]
+    return [a[i] for i in keep], [b[i] for i in keep]
+
+
+def quiet_ratio(num: dict, den: dict) -> tuple:
+    """``(ratio, ci, n, dropped)`` of two timed rows: the median ratio over their quiet rounds, its paired
+    interval (None without samples), n, and the rounds left out (all rounds where fewer than 3 are quiet)."""
+    if "samples_ms" not in num or "samples_ms" not in den:
+        return num["median_ms"] / den["median_ms"], None, min(num.get("n", 0), den.get("n", 0)), 0
+    a, b = quiet_pairs(num, den)
+    if min(len(a), len(b)) < MIN_QUIET:
+        a, b = num["samples_ms"], den["samples_ms"]
+    dropped = len(num["samples_ms"]) - len(a)
+    return statistics.median(a) / statistics.median(b), ratio_ci(a, b), min(len(a), len(b)), dropped
+
+
+def decided(ci: Optional[tuple], bound: float) -> Optional[bool]:
+    """Whether the interval lies wholly on one side of ``bound`` (None without an interval)."""
+    return None if not ci else bool(ci[1] < bound or ci[0] > bound)
+
+
+def judge(measured: float, ci: Optional[tuple], bound: float) -> str:
+    """A figure against the goal ``<= bound``: :data:`YES` or :data:`NO` where its interval decides it (or where
+    there is no interval: a count, a deterministic figure), :data:`UNDECIDED` where the interval reaches the
+    bound."""
+    if ci and not decided(ci, bound):
+        return UNDECIDED
+    return YES if measured <= bound else NO
 
 
 def fmt_ci(ci: Optional[tuple]) -> str:

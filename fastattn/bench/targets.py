@@ -1,19 +1,16 @@
 """The workbook's targets, stated before any result (:data:`GOALS`), judged from records.
 
-Every timing ratio a target judges carries its bootstrap 95% interval (paired over the interleaved rounds,
-:mod:`.stats`) and its sample count: ``{target, measured, goal, passed, ci_low, ci_high, n, note}``.
-``passed`` judges the median ratio; ``decided`` says whether the whole interval lies on the same side of
-the goal (a target met or missed within the box's noise reads ``decided: False``). A target that does not
-apply to the device's configuration (the KV and growth targets where no window is exact, as on CUDA) is a row
-with ``passed: None`` and a note that says why: shown, never counted (:func:`met_count`).
+Rows ``{id, target, measured, goal, verdict, passed, ci_low, ci_high, n, decided, note}``: every timing ratio
+carries its paired 95% interval and n (:mod:`.stats`); ``verdict`` is yes / no / undecided (the interval
+reaches the goal: :func:`.stats.judge`). A target that does not apply to the device's configuration (KV and
+growth where no window is exact, as on CUDA) has ``verdict: None`` and a note: shown, never counted.
 """
 
 from __future__ import annotations
 
-import statistics
-
+from .metrics import call_ratio, floor_x, step_ratio, time_shares, whole_ratio
 from .records import find_row
-from .stats import ratio_ci, scaled_ci
+from .stats import judge, quiet_pairs, quiet_ratio  # noqa: F401 (re-exported)
 
 #: id -> (what is judged, bound): every target of the workbook, fixed before it measures anything
 GOALS = {
@@ -48,29 +45,6 @@ def target_goals() -> list[dict]:
         [{"target": what, "goal": "True"} for what in MUST_HOLD.values()]
 
 
-def quiet_pairs(num: dict, den: dict) -> tuple:
-    """The paired samples of two rows timed in the same rounds, less every round either was disturbed in
-    (``disturbed_flags``, :func:`fastattn.bench.timing.stats_ms`): a ratio never rests on a busy moment."""
-    a, b = num["samples_ms"], den["samples_ms"]
-    fa, fb = num.get("disturbed_flags") or [False] * len(a), den.get("disturbed_flags") or [False] * len(b)
-    if len(a) != len(b):
-        return [x for x, f in zip(a, fa) if not f], [x for x, f in zip(b, fb) if not f]
-    keep = [i for i in range(len(a)) if not (fa[i] or fb[i])]
-    return [a[i] for i in keep], [b[i] for i in keep]
-
-
-def quiet_ratio(num: dict, den: dict) -> tuple:
-    """Median ratio of two timed rows over their quiet rounds, its paired bootstrap interval (None without
-    samples) and n (the quiet rounds; where fewer than 3 are quiet, all rounds, and the row says so)."""
-    if "samples_ms" not in num or "samples_ms" not in den:
-        return num["median_ms"] / den["median_ms"], None, min(num.get("n", 0), den.get("n", 0)), 0
-    a, b = quiet_pairs(num, den)
-    if min(len(a), len(b)) < 3:
-        a, b = num["samples_ms"], den["samples_ms"]
-    dropped = len(num["samples_ms"]) - len(a)
-    return statistics.median(a) / statistics.median(b), ratio_ci(a, b), min(len(a), len(b)), dropped
-
-
 def check_targets(records: dict) -> list[dict]:
     """The workbook's targets (:data:`GOALS`), judged from records.
 
@@ -84,34 +58,35 @@ def check_targets(records: dict) -> list[dict]:
     add_goal = lambda gid: f"<= {GOALS[gid][1]:g}" if gid in GOALS else "True"  # noqa: E731
 
     def add(gid, target, measured, note="", ci=None, n=None, at=None):
-        """One judged row; ``passed`` from GOALS' bound (or the bool itself for MUST_HOLD), ``id`` = gid[@at]."""
+        """One judged row; ``verdict`` by :func:`.stats.judge` against GOALS' bound (for MUST_HOLD, the bool
+        itself), ``passed`` True only for a met verdict (None where undecided), ``id`` = gid[@at]."""
         bound = GOALS[gid][1] if gid in GOALS else None
-        passed = bool(measured) if bound is None else measured <= bound
-        decided = None if not ci or bound is None else (ci[1] <= bound) if passed else (ci[0] > bound)
+        verdict = ("yes" if measured else "no") if bound is None else judge(measured, ci, bound)
         out.append({"id": gid if at is None else f"{gid}@{at}", "target": target, "measured": measured,
-                    "goal": f"<= {bound:g}" if bound is not None else "True", "passed": bool(passed),
-                    "ci_low": ci[0] if ci else None, "ci_high": ci[1] if ci else None, "n": n, "decided": decided,
-                    "note": note})
+                    "goal": f"<= {bound:g}" if bound is not None else "True", "verdict": verdict,
+                    "passed": {"yes": True, "no": False}.get(verdict), "ci_low": ci[0] if ci else None,
+                    "ci_high": ci[1] if ci else None, "n": n, "decided": verdict != "undecided", "note": note})
 
     def not_applicable(gid, target, why):
         """A target this device's configuration cannot be judged on: shown, never counted as met or missed."""
-        out.append({"id": gid, "target": target, "measured": None, "goal": add_goal(gid), "passed": None,
-                    "ci_low": None, "ci_high": None, "n": None, "decided": None, "note": "not applicable here: " + why})
+        out.append({"id": gid, "target": target, "measured": None, "goal": add_goal(gid), "verdict": None,
+                    "passed": None, "ci_low": None, "ci_high": None, "n": None, "decided": None,
+                    "note": "not applicable here: " + why})
 
-    def add_ratio(gid, target, num, den, note="", at=None):
-        r, ci, n, dropped = quiet_ratio(num, den)
-        busy = f"{dropped} disturbed rounds left out" if dropped else ""
-        add(gid, target, r, "; ".join(x for x in (note, busy) if x), ci, n, at)
+    def add_ratio(gid, target, fig, note="", at=None):
+        """A timing ratio (:class:`.metrics.Figure`), or nothing where its rows were not measured."""
+        if fig is not None:
+            busy = f"{fig.dropped} disturbed rounds left out" if fig.dropped else ""
+            add(gid, target, fig.value, "; ".join(x for x in (note, busy) if x), fig.ci, fig.n, at)
 
     _attention_targets(records, add, add_ratio)
     _floor_targets(records, add)
     _cache_targets(records, add, not_applicable)
-    for key, gid in (("decode_bf16", "decode_bf16"), ("decode_fp32", "decode_fp32")):
-        rec = records.get(key) or {"rows": []}
-        up, pa = (find_row(rec["rows"], variant=v, position=256) for v in ("upstream", "patched"))
-        if up and pa:
+    for gid in ("decode_bf16", "decode_fp32"):
+        rec = records.get(gid)
+        if rec:
             add_ratio(gid, f"decode step p=256 ({rec['params']['dtype']}, hidden {rec['params']['hidden']}): "
-                      "patched / upstream", pa, up)
+                      "patched / upstream", step_ratio(rec, 256))
     _whole_targets(records.get("whole"), add)
     _dtype_target(records.get("dtypes"), add, not_applicable)
     return out
@@ -123,7 +98,7 @@ def _dtype_target(rec, add, not_applicable):
     if not rec:
         return
     from ..devices import native_bf16
-    from .decode import dtype_table
+    from .metrics import dtype_table
     target = GOALS["dtype_opt_in"][0]
     if str(rec.get("env", {}).get("device", "cpu")) != "cpu" or native_bf16(rec.get("flags") or {}) is not False:
         not_applicable("dtype_opt_in", target, "this CPU has native bf16 (or this is not a CPU run)")
@@ -138,20 +113,19 @@ def _dtype_target(rec, add, not_applicable):
 def _attention_targets(records, add, add_ratio):
     att = records.get("attention_fp32")
     if att:
-        ref, ex, fa = (find_row(att["rows"], mode=m, position=256) for m in ("reference", "exact", "fast"))
-        if ref and ex and fa:
-            add_ratio("exact_p256", "attention p=256, cap 8192, fp32: exact / reference", ex, ref)
-            add_ratio("fast_p256", "attention p=256, cap 8192, fp32: fast / reference", fa, ref)
+        add_ratio("exact_p256", "attention p=256, cap 8192, fp32: exact / reference", call_ratio(att, "exact",
+                                                                                                 "reference"))
+        add_ratio("fast_p256", "attention p=256, cap 8192, fp32: fast / reference", call_ratio(att, "fast",
+                                                                                               "reference"))
     for key, gid in (("attention_fp32", "fast_slice_fp32"), ("attention_bf16", "fast_slice_bf16")):
         rec = records.get(key)
         if not rec:
             continue
         dtname = rec.get("params", {}).get("dtype") or {"attention_fp32": "float32", "attention_bf16": "bfloat16"}[key]
         for p in (2048, 4096):
-            fa, sl = find_row(rec["rows"], mode="fast", position=p), find_row(rec["rows"], mode="slice_fix", position=p)
-            if fa and sl:
-                add_ratio(gid, f"attention p={p}, {dtname}: fast / slice fix (seed 000)", fa, sl,
-                          "fast chose " + ", ".join(c["winner"] for c in rec.get("fast_choice", [])), at=p)
+            add_ratio(gid, f"attention p={p}, {dtname}: fast / slice fix (seed 000)",
+                      call_ratio(rec, "fast", "slice_fix", p),
+                      "fast chose " + ", ".join(c["winner"] for c in rec.get("fast_choice", [])), at=p)
         errs = [(find_row(rec["rows"], mode="fast", position=p), find_row(rec["rows"], mode="reference", position=p))
                 for p in sorted({r["position"] for r in rec["rows"]})]
         errs = [(f["max_err_f64"], r["max_err_f64"]) for f, r in errs if f and r and "max_err_f64" in f]
@@ -159,11 +133,6 @@ def _attention_targets(records, add, add_ratio):
             worst = max(f / r if r else (0.0 if f == 0 else float("inf")) for f, r in errs)
             add("fast_error", f"attention {dtname}: fast's error vs float64 / reference's (worst position)",
                 worst, "deterministic: the same random data in every run", at=dtname)
-
-
-def _floor_ratio(row: dict) -> tuple:
-    ci = scaled_ci(row["samples_ms"], row["floor_ms"]) if "samples_ms" in row else None
-    return row["x_floor"], ci, row.get("n")
 
 
 def _floor_targets(records, add):
@@ -177,7 +146,7 @@ def _floor_targets(records, add):
     far = [r for r in att["rows"] if r["mode"] == "fast" and r["position"] >= 1024]
     if far:
         worst = max(far, key=lambda r: r["x_floor"])
-        x, ci, n = _floor_ratio(worst)
+        x, ci, n, _ = floor_x(att, worst["position"])
         cached = [r["position"] for r in far if r["floor_meaningful"] is False]
         where += "; this device's last-level cache size is unknown" if any(
             r["floor_meaningful"] is None for r in far) else ""
@@ -186,7 +155,7 @@ def _floor_targets(records, add):
                                                            "DRAM floor does not bind there" if cached else ""), ci, n)
     fa = find_row(att["rows"], mode="fast", position=4096)
     if fa:
-        x, ci, n = _floor_ratio(fa)
+        x, ci, n, _ = floor_x(att, 4096)
         gemm = find_row(att["rows"], mode="gemm_floor", position=4096)
         note = where + (f"; the two bare GEMMs alone (torch's BLAS, no softmax) take {gemm['median_ms']:.3g} ms = "
                         f"{gemm['x_floor']:.2g}x the floor: fast is {fa['median_ms'] / gemm['median_ms']:.2g}x them"
@@ -218,23 +187,22 @@ def _cache_targets(records, add, not_applicable):
 
 
 def met_count(targets: list) -> str:
-    """``"met/judged"`` over the targets that apply here (a not-applicable row counts in neither)."""
-    judged = [t for t in targets if t["passed"] is not None]
-    return f"{sum(bool(t['passed']) for t in judged)}/{len(judged)}"
+    """``"met/judged"`` over the targets that apply here, and how many are undecided (their interval reaches the
+    goal); a not-applicable row counts in none."""
+    v = [t.get("verdict", {True: "yes", False: "no"}.get(t["passed"])) for t in targets]
+    judged, undecided = sum(x in ("yes", "no") for x in v), v.count("undecided")
+    return f"{v.count('yes')}/{judged}" + (f", {undecided} undecided" if undecided else "")
 
 
 def _whole_targets(whole, add):
     if not whole:
         return
-    from .decode import time_shares
-    up = [r for r in whole["rows"] if r["variant"] == "upstream"]
-    pa = [r for r in whole["rows"] if r["variant"] == "patched"]
     share = time_shares(whole)
     bound = 1 - share["lm_attention"]
     note = (f"Amdahl: upstream's LM decode attention is {share['lm_attention']:.0%} of its wall time and the local "
             f"DiT {share['local_dit']:.0%}; removing all attention time alone would leave about {bound:.2f}. The "
             "target needs attention to be over half of a step, which it is not on this device" if bound > 0.5 else "")
-    wp = whole["params"]
+    wp, fig = whole["params"], whole_ratio(whole)
     add("whole", f"whole decode ({wp['preset']}, {wp['dtype']}, {wp['steps']} steps): patched / upstream wall",
-        whole["ratio"], note, ratio_ci([r["wall_s"] for r in pa], [r["wall_s"] for r in up]), min(len(up), len(pa)))
+        fig.value, note, fig.ci, fig.n)
     add("whole_identical", "whole decode output bit-identical", whole["identical"])

@@ -2,35 +2,12 @@
 
 from __future__ import annotations
 
-from typing import Optional
-
 import torch
 
+from ..claims import MATH_OP, math_fallback_verdict  # noqa: F401 (02 shows the ledger's verdict)
 from ..devices import runtime_dtype
 
-__all__ = ["check_claims", "math_fallback_verdict", "math_fallback_reason", "findings", "key_findings", "MATH_OP"]
-
-
-MATH_OP = "aten::_scaled_dot_product_attention_math"
-
-
-def math_fallback_reason(up: dict, no_gqa: Optional[dict]) -> tuple:
-    """``(holds, why)`` for "a bool attn_mask makes SDPA fall back to the math kernel", from the matrix's
-    upstream row and its "bool mask, no enable_gqa" row (same mask, K/V repeated): where upstream's call runs
-    MATH but the same mask without GQA runs a fused kernel, GQA is the cause, not the mask."""
-    if up["kernel"] != MATH_OP:
-        return False, f"a fused kernel takes the bool mask, but still reads all {up['keys']} keys"
-    if no_gqa is not None and no_gqa["kernel"] != MATH_OP:
-        return False, (f"the math kernel runs, but the same bool mask without enable_gqa (K/V repeated) runs "
-                       f"{no_gqa['kernel']}: the fallback is caused by GQA, not by the mask")
-    return True, "the bool mask forces the math kernel" + ("" if no_gqa is None else ", with or without GQA")
-
-
-def math_fallback_verdict(up: dict, no_gqa: Optional[dict]) -> tuple:
-    """``(verdict, evidence)`` of the same claim, as the ledger and 02 print it."""
-    holds, why = math_fallback_reason(up, no_gqa)
-    return ("holds" if holds else "does not hold",
-            f"{up['dtype']} upstream call ran {up['kernel']} (dispatcher: {up['backend']}): {why}")
+__all__ = ["check_claims", "findings", "key_findings"]
 
 
 def _rows_of(rows: list, device) -> tuple:

@@ -3,9 +3,7 @@ attention calls, and bf16 vs fp32. Pure functions of records; they measure nothi
 
 from __future__ import annotations
 
-from typing import Optional
-
-from ..bench.decode import dtype_table, patched_is_upstream, time_shares
+from ..bench.metrics import call_ratio, dtype_recommendation, patched_is_upstream, step_ratio, time_shares, whole_ratio
 from ..bench.records import find_row
 from ..bench.targets import met_count
 
@@ -94,25 +92,19 @@ def headline_key(items: dict) -> list[str]:
 
 
 def headline(att: dict, dec: dict, whole: dict, targets: list, position: int = 256) -> dict:
-    """The profiling notebook's findings, read from its records: ratios at ``position``, the whole-decode
-    ratio and identity, the LMs' decode-attention share of wall time, and how many targets were met."""
-    def at(rec, key, value):
-        row = find_row(rec["rows"], **{key: value, "position": position})
-        return row["median_ms"] if row else float("nan")
-
+    """The profiling notebook's findings, read from its records (:mod:`fastattn.bench.metrics`): ratios at
+    ``position``, the whole-decode ratio and identity, the LMs' decode-attention share, targets met."""
+    val = lambda fig: fig.value if fig else float("nan")  # noqa: E731
     a, d16, d32 = att["float32"], dec["bfloat16"], dec["float32"]
     share = {v: time_shares(whole, v)["lm_attention"] for v in ("upstream", "patched")}
     p = whole["params"]
-    reps = sum(r["variant"] == "upstream" for r in whole["rows"])
     return {
-        f"attention fp32 at p={position}: exact / reference": at(a, "mode", "exact") / at(a, "mode", "reference"),
-        f"attention fp32 at p={position}: fast / reference": at(a, "mode", "fast") / at(a, "mode", "reference"),
-        f"decode step bf16 at p={position}: patched / upstream":
-            at(d16, "variant", "patched") / at(d16, "variant", "upstream"),
-        f"decode step fp32 at p={position}: patched / upstream":
-            at(d32, "variant", "patched") / at(d32, "variant", "upstream"),
-        f"whole decode ({p['preset']}, {p['dtype']}, {p['steps']} steps, n={reps}): patched / upstream wall":
-            whole["ratio"],
+        f"attention fp32 at p={position}: exact / reference": val(call_ratio(a, "exact", "reference", position)),
+        f"attention fp32 at p={position}: fast / reference": val(call_ratio(a, "fast", "reference", position)),
+        f"decode step bf16 at p={position}: patched / upstream": val(step_ratio(d16, position)),
+        f"decode step fp32 at p={position}: patched / upstream": val(step_ratio(d32, position)),
+        f"whole decode ({p['preset']}, {p['dtype']}, {p['steps']} steps, n={whole_ratio(whole).n}): patched / "
+        "upstream wall": whole_ratio(whole).value,
         "whole decode output bit-identical": whole["identical"],
         "LM decode attention share of wall time (upstream, patched)":
             f"{share['upstream']:.2f}, {share['patched']:.2f}",
@@ -192,63 +184,6 @@ def whole_dtypes(device, dtype: str) -> tuple:
     from ..devices import runtime_dtype
     extra = ("float32", dtype) + (("float16",) if torch.device(device).type == "cuda" else ())
     return tuple(dict.fromkeys((runtime_dtype(device),) + extra))
-
-
-def dtype_recommendation(rec: dict, flags: Optional[dict] = None) -> dict:
-    """Which dtype (and patch) this machine should run, from a ``dtype_decode`` record, with its price.
-
-    The default is voxcpm's own (the record's first dtype, upstream). Another configuration is recommended only
-    where its step is faster with the whole 95% interval below 1; a change of dtype changes the output's
-    rounding, so it is an opt-in, never a default, and ``line`` says so. ``flags``: the CPU's features
-    (:func:`fastattn.devices.cpu_flags`), named where they explain the result.
-    """
-    from ..devices import native_bf16
-    rows = dtype_table(rec)
-    default = rows[0]
-    best = min(rows, key=lambda r: r["step s"])
-    ci = (best["95% low"], best["95% high"]) if best["95% low"] is not None else None
-    decided = best is not default and ci is not None and ci[1] < 1
-    pick = best if decided else default
-    mem = {r["dtype"]: r["peak GB"] for r in rows if r["variant"] == "upstream"}
-    weights = {r["dtype"]: r["weights GB"] for r in rows if r["variant"] == "upstream"}
-    native = native_bf16(flags) if flags else None
-    out = {"dtype": pick["dtype"], "patched": pick["variant"] == "patched", "ratio": pick[default_key(rows)],
-           "ci": ci if decided else None, "decided": decided, "default": default["dtype"], "native_bf16": native,
-           "peak_gb": mem, "weights_gb": weights, "changes_results": pick["dtype"] != default["dtype"],
-           "others": {x["dtype"]: x[default_key(rows)] for x in rows if x["variant"] == "upstream"}}
-    out["line"] = _recommendation_line(out, best, rows)
-    return out
-
-
-def _ci_text(row: dict) -> str:
-    return "n/a" if row["95% low"] is None else f"{row['95% low']:.2f}-{row['95% high']:.2f}"
-
-
-def default_key(rows: list) -> str:
-    """The ratio column of :func:`fastattn.bench.dtype_table`'s rows (``x <default dtype> upstream``)."""
-    return next(k for k in rows[0] if k.startswith("x "))
-
-
-def _recommendation_line(r: dict, best: dict, rows: list) -> str:
-    why = {True: "this CPU has native bf16", False: "this CPU has no native bf16 (no avx512_bf16, amx_bf16 or "
-           "Arm bf16): torch's bf16 kernels convert to fp32 and back", None: ""}[r["native_bf16"]]
-    why = f" ({why})" if why else ""
-    cfg = f"{r['dtype']}{' with the patch' if r['patched'] else ''}"
-    if not r["decided"]:
-        alt = f"{best['dtype']}{' patched' if best['variant'] == 'patched' else ''}"
-        return (f"Keep voxcpm's default ({r['default']}){why}: no other configuration's decode step is faster with its "
-                f"whole 95% interval below 1 (the fastest, {alt}, {best[default_key(rows)]:.2f}x, "
-                f"interval {_ci_text(best)}).")
-    price = ""
-    if r["changes_results"]:
-        price = (f" Price: weights {r['weights_gb'][r['default']]:.1f} -> {r['weights_gb'][r['dtype']]:.1f} GB"
-                 + (f", peak {r['peak_gb'][r['default']]:.1f} -> {r['peak_gb'][r['dtype']]:.1f} GB"
-                    if r["peak_gb"].get(r["dtype"]) and r["peak_gb"].get(r["default"]) else "")
-                 + f"; {r['dtype']} rounds differently from {r['default']}, so the audio changes: an opt-in "
-                 f"(VOXCPM_CPU_DTYPE={r['dtype']} with the proposed upstream override), never a silent default.")
-    others = ", ".join(f"{d} {x:.2f}x" for d, x in r["others"].items() if d != r["default"])
-    return (f"Run {cfg}{why}: its decode step takes {r['ratio']:.2f}x of voxcpm's default ({r['default']}, "
-            f"upstream), 95% interval {r['ci'][0]:.2f}-{r['ci'][1]:.2f} (upstream in {others}).{price}")
 
 
 def dtype_findings(r: dict) -> dict:

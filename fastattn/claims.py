@@ -10,36 +10,52 @@ installed source); nothing is typed in. Tolerances are per dtype.
 from __future__ import annotations
 
 import inspect
-import json
 import threading
 from pathlib import Path
 from typing import Optional
 
 import torch
 
-from ..bench.decode import patched_is_upstream
-from ..bench.records import find_row
-from ..devices import runtime_dtype
-from .backend_selection import math_fallback_verdict
+from .bench.metrics import patched_is_upstream, step_ratio
+from .bench.records import find_row, load_run
+from .devices import runtime_dtype
 
-__all__ = ["claims_ledger", "HOLDS", "FAILS", "NOT_HERE", "NOT_RUN"]
+__all__ = ["claims_ledger", "math_fallback_reason", "math_fallback_verdict", "MATH_OP", "HOLDS", "FAILS", "NOT_HERE",
+           "NOT_RUN"]
 
 HOLDS, FAILS, NOT_HERE, NOT_RUN = "holds", "does not hold", "not measurable here", "not measured in this run"
 
 
+MATH_OP = "aten::_scaled_dot_product_attention_math"
+
+
+def math_fallback_reason(up: dict, no_gqa: Optional[dict]) -> tuple:
+    """``(holds, why)`` for "a bool attn_mask makes SDPA fall back to the math kernel", from the matrix's
+    upstream row and its "bool mask, no enable_gqa" row (same mask, K/V repeated): where upstream's call runs
+    MATH but the same mask without GQA runs a fused kernel, GQA is the cause, not the mask."""
+    if up["kernel"] != MATH_OP:
+        return False, f"a fused kernel takes the bool mask, but still reads all {up['keys']} keys"
+    if no_gqa is not None and no_gqa["kernel"] != MATH_OP:
+        return False, (f"the math kernel runs, but the same bool mask without enable_gqa (K/V repeated) runs "
+                       f"{no_gqa['kernel']}: the fallback is caused by GQA, not by the mask")
+    return True, "the bool mask forces the math kernel" + ("" if no_gqa is None else ", with or without GQA")
+
+
+def math_fallback_verdict(up: dict, no_gqa: Optional[dict]) -> tuple:
+    """``(verdict, evidence)`` of the same claim, as the ledger and 02 print it."""
+    holds, why = math_fallback_reason(up, no_gqa)
+    return (HOLDS if holds else FAILS,
+            f"{up['dtype']} upstream call ran {up['kernel']} (dispatcher: {up['backend']}): {why}")
+
+
 def _gather(run_dir: Optional[Path]) -> tuple:
-    recs, finds = {}, {}
+    """``({kind: [records]}, findings)`` of a run folder (:func:`fastattn.bench.records.load_run`)."""
     if run_dir is None:
-        return recs, finds
-    for p in sorted(Path(run_dir).glob("*/records/*.json")):
-        try:
-            r = json.loads(p.read_text())
-        except ValueError:
-            continue
-        recs.setdefault(r.get("kind"), []).append(r)
-    for p in sorted(Path(run_dir).glob("*/findings.json")):
-        finds.update(json.loads(p.read_text()))
-    return recs, finds
+        return {}, {}
+    run, recs = load_run(run_dir), {}
+    for r in run.records:
+        recs.setdefault(r["kind"], []).append(r)
+    return recs, run.findings
 
 
 def _first(recs, kind, **params):
@@ -150,10 +166,7 @@ def _per_position(recs, finds):
     if variant is None:
         return NOT_RUN, (f"this run's patched step is upstream's own call on {_device(d)} (no exact window) and "
                          "the slice fix's step was not timed (decode_step_sweep(slice_fix=True) times it)")
-    sp = []
-    for p in d["params"]["positions"]:
-        up, pa = find_row(d["rows"], variant="upstream", position=p), find_row(d["rows"], variant=variant, position=p)
-        sp.append((p, up["median_ms"] / pa["median_ms"]))
+    sp = [(p, step_ratio(d, p, num="upstream", den=variant).value) for p in d["params"]["positions"]]
     inside = [p for p, s in sp if 2.5 <= s <= 3.5]
     text = ", ".join(f"p={p}: {s:.3g}x" for p, s in sp)
     who = "the slice fix" if variant == "slice_fix" else "fastattn's exact step (the slice fix was not timed here)"
@@ -274,7 +287,7 @@ def _zero_fill_cost(recs, finds):
 
 
 def _default_dtype(recs, finds):
-    from .profiling import dtype_recommendation
+    from .bench.metrics import dtype_recommendation
     d = recs.get("dtype_decode")
     if not d:
         return NOT_RUN, "05_profiling measures it (bench.dtype_decode)"

@@ -1,0 +1,211 @@
+"""The headline numbers, each computed once from records by one function here; every report prints what these
+return (targets, the ledger, findings, index, ``summary.md``, README, ``docs/results.md``).
+
+A timing ratio is :class:`Figure` ``(value, ci, n, dropped)`` by :func:`.stats.quiet_ratio` (paired rounds, the
+disturbed ones left out). :data:`HEADLINES` names the figures a run's reports quote, each a function of a
+:class:`.records.Run`.
+"""
+
+from __future__ import annotations
+
+import statistics
+from typing import NamedTuple, Optional
+
+from .records import Run, find_row
+from .stats import YES, fmt_ci, judge, quiet_ratio, ratio_ci, scaled_ci
+
+
+class Figure(NamedTuple):
+    value: float
+    ci: Optional[tuple] = None
+    n: Optional[int] = None
+    dropped: int = 0
+
+    def text(self, unit: str = "x") -> str:
+        """``0.361x (95% CI [0.316, 0.373], n=15)``: 3 significant digits, the interval and n where there are."""
+        return f"{self.value:.3g}{unit}" + ("" if self.ci is None else f" (95% CI {fmt_ci(self.ci)}, n={self.n})")
+
+
+def ratio(num: dict, den: dict) -> Figure:
+    """Two timed rows of one interleaved timing: :func:`.stats.quiet_ratio`."""
+    return Figure(*quiet_ratio(num, den))
+
+
+def _rows_ratio(rec: dict, key: str, num: str, den: str, position: int) -> Optional[Figure]:
+    a, b = find_row(rec["rows"], **{key: num, "position": position}), find_row(rec["rows"], **{key: den,
+                                                                                               "position": position})
+    return ratio(a, b) if a and b else None
+
+
+def call_ratio(att: dict, num: str, den: str, position: int = 256) -> Optional[Figure]:
+    """One attention call (an ``attention`` sweep's rows): mode ``num`` over mode ``den`` at ``position``."""
+    return _rows_ratio(att, "mode", num, den, position)
+
+
+def step_ratio(dec: dict, position: int = 256, num: str = "patched", den: str = "upstream") -> Optional[Figure]:
+    """One decode step (a ``decode_step`` sweep's rows): variant ``num`` over ``den`` at ``position``."""
+    return _rows_ratio(dec, "variant", num, den, position)
+
+
+def whole_ratio(whole: dict) -> Figure:
+    """A ``whole_decode`` record's patched / upstream wall time, paired by repeat."""
+    up, pa = ([r["wall_s"] for r in whole["rows"] if r["variant"] == v] for v in ("upstream", "patched"))
+    return Figure(statistics.median(pa) / statistics.median(up), ratio_ci(pa, up), min(len(up), len(pa)))
+
+
+def floor_x(att: dict, position: int, mode: str = "fast") -> Optional[Figure]:
+    """A mode's time over the DRAM floor at ``position`` (``x_floor``), with its interval."""
+    row = find_row(att["rows"], mode=mode, position=position)
+    if not row:
+        return None
+    ci = scaled_ci(row["samples_ms"], row["floor_ms"]) if "samples_ms" in row else None
+    return Figure(row["x_floor"], ci, row.get("n"))
+
+
+def time_shares(whole: dict, variant: str = "upstream") -> dict:
+    """Median share of ``variant``'s wall time per component of a ``whole_decode`` record (``lm_attention``,
+    ``local_dit``, ...): Amdahl's inputs."""
+    rows = [r for r in whole["rows"] if r["variant"] == variant]
+    wall = statistics.median(r["wall_s"] for r in rows)
+    keys = [k[:-2] for k in rows[0] if k.endswith("_s") and k != "wall_s"]
+    return {k: statistics.median(r[f"{k}_s"] for r in rows) / wall for k in keys}
+
+
+def amdahl_bound(whole: dict) -> float:
+    """The whole decode's patched / upstream wall if the LMs' decode attention cost nothing (Amdahl)."""
+    return 1 - time_shares(whole)["lm_attention"]
+
+
+def kv_mb(kv: dict) -> tuple:
+    """A ``kv_memory`` record's (upstream, patched) MB, both LMs."""
+    return kv["upstream_bytes"] / 1e6, kv["patched_bytes"] / 1e6
+
+
+def patched_is_upstream(whole: dict) -> bool:
+    """Whether a ``whole_decode`` record's patched decode was upstream's computation (its cache held every slot:
+    no exact window on the device). Records from before the field say nothing: False."""
+    return "patched_granularity" in whole and whole["patched_granularity"] is None
+
+
+def _att(run: Run, dtype: str, cold: bool = False) -> Optional[dict]:
+    return next((r for r in run.all("attention", dtype=dtype) if (r["params"].get("caches", 1) > 1) == cold
+                 and r["params"].get("capacity") == 8192), None)
+
+
+def _dec(run: Run, dtype: str) -> Optional[dict]:
+    return run.get("decode_step", dtype=dtype)
+
+
+def _maybe(fn, *recs):
+    return fn(*recs) if all(r is not None for r in recs) else None
+
+
+#: name -> fn(run): the figures every report quotes, from a run's or a committed folder's records
+HEADLINES = {
+    **{f"{num} / reference, one call, p=256, {short}": (lambda run, num=num, dt=dt: _maybe(
+        lambda a: call_ratio(a, num, "reference"), _att(run, dt)))
+       for dt, short in (("float32", "fp32"), ("bfloat16", "bf16")) for num in ("exact", "fast")},
+    **{f"fast / slice fix, one call, p=4096, {short}": (lambda run, dt=dt: _maybe(
+        lambda a: call_ratio(a, "fast", "slice_fix", 4096), _att(run, dt)))
+       for dt, short in (("float32", "fp32"), ("bfloat16", "bf16"))},
+    **{f"fast x DRAM floor, one call, p=4096, {short}, K/V cold": (lambda run, dt=dt: _maybe(
+        lambda a: floor_x(a, 4096), _att(run, dt, cold=True))) for dt, short in (("float32", "fp32"),
+                                                                                 ("bfloat16", "bf16"))},
+    **{f"patched / upstream, decode step, p=256, {short}": (lambda run, dt=dt: _maybe(step_ratio, _dec(run, dt)))
+       for dt, short in (("bfloat16", "bf16"), ("float32", "fp32"))},
+    "patched / upstream, whole decode": lambda run: _maybe(whole_ratio, run.get("whole_decode")),
+}
+
+
+def headlines(run: Run) -> dict:
+    """``{name: Figure}`` of :data:`HEADLINES` that the run's records hold (absent ones are left out)."""
+    return {k: v for k, v in ((k, fn(run)) for k, fn in HEADLINES.items()) if v is not None}
+
+
+def _quiet_steps(whole: dict, variant: str) -> tuple:
+    """(quiet step seconds, disturbed count) of one variant of a :func:`whole_decode` record; every step where none
+    was quiet."""
+    pairs = [(s, f) for r in whole["rows"] if r["variant"] == variant
+             for s, f in zip(r["step_seconds"], r["step_disturbed"])]
+    quiet = [s for s, f in pairs if not f]
+    return quiet or [s for s, _ in pairs], len(pairs) - len(quiet)
+
+
+def dtype_table(rec: dict) -> list:
+    """One row per dtype and variant of a :func:`dtype_decode` record: median step s with its bootstrap 95%
+    interval (n quiet steps over both repeats; ``disturbed`` steps left out), the ratio to voxcpm's default
+    (the first dtype, upstream) with its interval, steps per generate, peak memory, and whether the patched
+    output equals upstream's in that dtype."""
+    base_dtype = rec["params"]["dtypes"][0]
+    base = _quiet_steps(rec["dtypes"][base_dtype]["decode"], "upstream")[0]
+    out = []
+    for dtype, o in rec["dtypes"].items():
+        for variant in ("upstream", "patched"):
+            s, n_disturbed = _quiet_steps(o["decode"], variant)
+            ci = ratio_ci(s, base, paired=False)
+            out.append({"dtype": dtype, "variant": variant, "step s": statistics.median(s), "n": len(s),
+                        "disturbed": n_disturbed,
+                        f"x {base_dtype} upstream": statistics.median(s) / statistics.median(base),
+                        "95% low": ci[0] if ci else None, "95% high": ci[1] if ci else None,
+                        "steps": o["decode"]["params"]["steps"],
+                        "peak GB": o["peak_bytes"] / 1e9 if o["peak_bytes"] else None,
+                        "weights GB": o["weights_bytes"] / 1e9,
+                        "patched equals upstream": o["decode"]["identical"] if variant == "patched" else None})
+    return out
+
+
+def dtype_recommendation(rec: dict, flags: Optional[dict] = None) -> dict:
+    """Which dtype (and patch) this machine should run, from a ``dtype_decode`` record, with its price.
+
+    The default is voxcpm's own (the record's first dtype, upstream). Another configuration is recommended only
+    where its step is faster with the whole 95% interval below 1; a change of dtype changes the output's
+    rounding, so it is an opt-in, never a default, and ``line`` says so. ``flags``: the CPU's features
+    (:func:`fastattn.devices.cpu_flags`), named where they explain the result.
+    """
+    from ..devices import native_bf16
+    rows = dtype_table(rec)
+    default = rows[0]
+    best = min(rows, key=lambda r: r["step s"])
+    ci = (best["95% low"], best["95% high"]) if best["95% low"] is not None else None
+    decided = best is not default and ci is not None and judge(best[default_key(rows)], ci, 1.0) == YES
+    pick = best if decided else default
+    mem = {r["dtype"]: r["peak GB"] for r in rows if r["variant"] == "upstream"}
+    weights = {r["dtype"]: r["weights GB"] for r in rows if r["variant"] == "upstream"}
+    native = native_bf16(flags) if flags else None
+    out = {"dtype": pick["dtype"], "patched": pick["variant"] == "patched", "ratio": pick[default_key(rows)],
+           "ci": ci if decided else None, "decided": decided, "default": default["dtype"], "native_bf16": native,
+           "peak_gb": mem, "weights_gb": weights, "changes_results": pick["dtype"] != default["dtype"],
+           "others": {x["dtype"]: x[default_key(rows)] for x in rows if x["variant"] == "upstream"}}
+    out["line"] = _recommendation_line(out, best, rows)
+    return out
+
+
+def _ci_text(row: dict) -> str:
+    return "n/a" if row["95% low"] is None else f"{row['95% low']:.2f}-{row['95% high']:.2f}"
+
+
+def default_key(rows: list) -> str:
+    """The ratio column of :func:`fastattn.bench.dtype_table`'s rows (``x <default dtype> upstream``)."""
+    return next(k for k in rows[0] if k.startswith("x "))
+
+
+def _recommendation_line(r: dict, best: dict, rows: list) -> str:
+    why = {True: "this CPU has native bf16", False: "this CPU has no native bf16 (no avx512_bf16, amx_bf16 or "
+           "Arm bf16): torch's bf16 kernels convert to fp32 and back", None: ""}[r["native_bf16"]]
+    why = f" ({why})" if why else ""
+    cfg = f"{r['dtype']}{' with the patch' if r['patched'] else ''}"
+    if not r["decided"]:
+        alt = f"{best['dtype']}{' patched' if best['variant'] == 'patched' else ''}"
+        return (f"Keep voxcpm's default ({r['default']}){why}: no other configuration's decode step is faster with its "
+                f"whole 95% interval below 1 (the fastest, {alt}, {best[default_key(rows)]:.2f}x, "
+                f"interval {_ci_text(best)}).")
+    price = ""
+    if r["changes_results"]:
+        price = (f" Price: weights {r['weights_gb'][r['default']]:.1f} -> {r['weights_gb'][r['dtype']]:.1f} GB"
+                 + (f", peak {r['peak_gb'][r['default']]:.1f} -> {r['peak_gb'][r['dtype']]:.1f} GB"
+                    if r["peak_gb"].get(r["dtype"]) and r["peak_gb"].get(r["default"]) else "")
+                 + f"; {r['dtype']} rounds differently from {r['default']}, so the audio changes: an opt-in "
+                 f"(VOXCPM_CPU_DTYPE={r['dtype']} with the proposed upstream override), never a silent default.")
+    others = ", ".join(f"{d} {x:.2f}x" for d, x in r["others"].items() if d != r["default"])
+    return (f"Run {cfg}{why}: its decode step takes {r['ratio']:.2f}x of voxcpm's default ({r['default']}, "
+            f"upstream), 95% interval {r['ci'][0]:.2f}-{r['ci'][1]:.2f} (upstream in {others}).{price}")
