@@ -1,16 +1,9 @@
 """fastattn: VoxCPM2's full-cache decode attention, proved, fixed and measured.
 
-Core (torch only): :func:`attention_step`, :class:`MaskInfo` / :func:`attention`,
-:class:`RightSizedKVCache`. Backend proof: :func:`explain_sdpa`,
-:func:`backend_matrix`. voxcpm side (imported on first use): :func:`patch_voxcpm`,
-:func:`patch_status`, :func:`build_voxcpm2`, :func:`load_voxcpm2`, :func:`optimize`.
-Measuring and drawing live in :mod:`fastattn.bench` and :mod:`fastattn.plots`.
-
-Importing fastattn engages a torchaudio placeholder only where the real
-torchaudio cannot be imported, so that ``import voxcpm`` works on a CPU-only
-install, and, where ``ATEN_CPU_CAPABILITY`` forces a CPU build, gives that build
-its own inductor cache (torch's is not keyed by it; see :mod:`fastattn.compat`).
-"""
+Runtime: :func:`attention_step`, :class:`MaskInfo` / :func:`attention`, :class:`RightSizedKVCache`; voxcpm side
+(imported on first use): :func:`patch_voxcpm`, :func:`patch_status`, :func:`build_voxcpm2`, :func:`optimize`.
+Measuring in :mod:`fastattn.bench`, reports above it (docs/design.md, "Layers"). Importing fastattn engages the
+:mod:`fastattn.compat` workarounds only where they are needed."""
 
 from importlib import import_module
 
@@ -19,11 +12,11 @@ from . import compat as _compat
 _compat.ensure_torchaudio()
 _compat.separate_inductor_cache()
 
-from .attention import MODES, attention_step, check_exactness, window_for  # noqa: E402
 from .cache import RightSizedKVCache  # noqa: E402
 from .exactness import calibrate_exact, exactness_report, reset_exactness_cache  # noqa: E402
 from .fast import fast_report, reset_fast_cache  # noqa: E402
-from .masks import MaskInfo, attention  # noqa: E402  (the function; the module is fastattn.attention in sys.modules)
+from .masks import MaskInfo, attention  # noqa: E402
+from .step import MODES, attention_step, check_exactness, window_for  # noqa: E402
 
 __version__ = "0.1.0"
 
@@ -39,7 +32,8 @@ __all__ = ["MODES", "attention_step", "calibrate_exact", "check_exactness", "exa
            "MaskInfo", "attention", *_LAZY]
 
 
-_SUBMODULES = {"core", "modes", "masks", "cache", "exactness", "fast", "backends", "devices", "doctor",
+_SUBMODULES = {"core", "clock", "step", "modes", "masks", "cache", "exactness", "fast", "static", "backends", "devices",
+               "doctor", "claims", "readme", "budget",
                "patch", "steps", "inflight", "models", "graphs", "upstream", "compat", "bench", "plots", "report",
                "workbook", "gpucheck", "experiments", "paths"}
 

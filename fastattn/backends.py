@@ -1,24 +1,7 @@
-"""Which SDPA kernel runs for a call, and why: proof from the running torch, not from quotes.
-
-:func:`explain_sdpa` answers four questions about one ``scaled_dot_product_attention`` call:
-
-``backend``
-    what SDPA's dispatcher picks (``torch._fused_sdp_choice``);
-``ops``
-    the aten ops that actually ran, from the profiler (the kernel op and helpers
-    such as ``aten::where`` that turns a bool mask into -inf, or
-    ``aten::repeat_interleave`` for GQA without ``enable_gqa``);
-``eligibility``
-    for each backend the device has, whether it may run this call and torch's
-    own reason if not (CUDA: ``torch.backends.cuda.can_use_*(params, debug=True)``
-    warnings; CPU has no public check, so forcing the backend answers it);
-``forced``
-    for each backend, forcing it with ``torch.nn.attention.sdpa_kernel``: the op
-    that ran, or the exact error.
-
-:func:`backend_matrix` runs it over the cases that matter for VoxCPM2's decode step.
-Nothing here changes process state except inside ``sdpa_kernel`` blocks, which restore it.
-"""
+"""Which SDPA kernel runs for a call, and why, from the running torch: :func:`explain_sdpa` reports the dispatcher's
+``backend``, the aten ``ops`` that ran (profiler), each backend's ``eligibility`` with torch's own reason, and what
+``forced`` each backend gives; :func:`backend_matrix` runs it over VoxCPM2's decode cases. Process state changes
+only inside ``sdpa_kernel`` blocks, which restore it."""
 
 from __future__ import annotations
 

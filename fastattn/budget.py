@@ -1,22 +1,7 @@
-"""Sizing the default workbook to this machine: a probe, a plan, and what was scaled and why.
-
-The workbook promises its five notebooks in ``BUDGET_S`` seconds on a 2-core x86-64 CPU, with or without native
-bf16. Most of its time goes to two measurements whose size is a choice: 01's stream (``chunks`` per stream) and
-05's whole decodes of the full model (``steps`` per ``generate``, in two dtypes). Everything else is fixed work.
-
-* :func:`probe` times a few streamed chunks of the ``small`` preset in each dtype on this machine (seconds).
-* :func:`plan` turns a probe into parameters: the defaults where they fit, else the sized measurements (01's
-  stream, 05's whole decodes and 05's sweep repeats) scaled by one factor down to their minimums, each change with
-  its reason. The fixed work and the full model's step are
-  estimated from the calibration (``data/budget-calibration.json``: a run on a reference machine, written by
-  ``python -m fastattn budget --calibrate RUN``), scaled by this machine's probe against the reference's.
-* :func:`notebook_budget` is what 05 may take once the notebooks before it have run: the runner passes it as
-  05's ``budget_s``; 05 runs its whole decodes last and gives them what is left
-  (:func:`fastattn.workbook.time_left`), and :func:`fastattn.bench.dtype_decode` sizes their steps from its own
-  warm-up step (building the full model alone costs more than the whole probe, so it is not probed up front).
-
-A parameter the user gives (``-p``) is never changed. The plan is pure: tests feed it CPU- and GPU-shaped probes.
-"""
+"""Sizing the default workbook to this machine: :func:`probe` (a few streamed chunks per dtype), :func:`plan`
+(defaults where they fit, else the sized measurements scaled to their minimums, each change with its reason),
+:func:`notebook_budget` (what a notebook may take once those before it ran). A ``-p`` parameter is never changed;
+the plan is pure (docs/design.md, "The time budget")."""
 
 from __future__ import annotations
 

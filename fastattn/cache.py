@@ -1,47 +1,10 @@
-"""A KV cache sized to the request: a drop-in for voxcpm's ``StaticKVCache``.
+"""A KV cache sized to the request: a drop-in for voxcpm's ``StaticKVCache`` (docs/design.md, "The right-sized
+cache").
 
-Upstream allocates ``(2, layers, B, Hkv, max_length=8192, D)`` per LM and zeroes
-all of it on every request (``fill_caches`` -> ``kv_cache.zero_()``). For a
-reply of a few hundred tokens that is the whole 8192-slot allocation resident
-(``bench.kv_memory`` measures it) and a full-capacity memset per request.
-
-:class:`RightSizedKVCache` keeps the same interface and semantics but holds
-``capacity`` slots, a multiple of the granularity ``bucket`` (or ``max_length``).
-The sizing policy is three pure functions, :func:`fill_capacity`,
-:func:`step_capacity` and :func:`window_slots`; the upstream diff's
-``StaticKVCache`` is generated from the same functions
-(:mod:`fastattn.upstream`), so the library and the diff size every request alike:
-
-* a request starts (``fill_caches``) with its prefill plus one slot, rounded up
-  to the granularity; the capacity it inherits is kept only when it is enough and
-  at most ``max(2 * prefill, bucket)``, so a shorter later request shrinks it back;
-* ``step()`` doubles the capacity when the next position does not fit (rounded
-  to the granularity, clamped to ``max_length``): a request of N steps moves its
-  storage O(log N) times, not N / bucket times; past ``max_length`` it raises
-  ``ValueError("KV cache is full")`` like upstream.
-
-Bound, after every ``fill_caches`` and every ``step()``:
-``capacity <= min(max(2 * current_length, bucket), max_length)`` (a ``reserve()``
-for the coming request may hold more, until the next request).
-
-``get_layer_cache(i)`` returns views over the current *window*: the first
-``ceil(current_length / bucket) * bucket`` slots (clamped to capacity). Keys
-past ``current_length`` inside the window are zeros; upstream's masked
-``forward_step`` over these views is therefore exactly ``exact`` mode, and
-with the calibrated granularity (``fastattn.exactness``) bit-identical to the
-8192-slot call. Slots are cleared only where an earlier request wrote (a
-high-water mark), so even a cache that holds all of ``max_length`` (where no
-window is exact) never zero-fills it per request.
-
-Fresh views: growth moves the storage. Views returned by ``get_layer_cache``
-before a growth point into the old storage, which is filled with NaN when it
-is replaced: a computation that keeps using a stale view produces NaN instead
-of plausible numbers, and what it writes is lost with the old tensor. Fetch
-views after ``step()`` (voxcpm's decode loop fetches them every step, through
-``get_layer_cache``). ``generation`` counts storage moves (compiled graphs and
-CUDA graphs key their captures on the storage). (Releasing the old storage
-with ``resize_(0)`` was tried: writes then raise, but reads segfault.)
-"""
+Storage ``(2, layers, B, Hkv, capacity, D)``, ``capacity`` a multiple of ``bucket`` (or ``max_length``), sized by
+three pure functions the upstream diff shares. Invariants after every ``fill_caches`` and ``step()``:
+``capacity <= min(max(2 * current_length, bucket), max_length)``; slots past ``current_length`` are zero; a view
+fetched before a growth reads NaN (fetch views after ``step()``, as voxcpm's loop does)."""
 
 from __future__ import annotations
 

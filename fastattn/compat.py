@@ -1,34 +1,6 @@
-"""Two workarounds for the environment, each engaged only where it is needed.
-
-**An inductor cache per forced CPU build** (:func:`separate_inductor_cache`): torch's inductor
-keeps generated kernels on disk under a key that leaves out ``ATEN_CPU_CAPABILITY``. Run once
-natively, then with a narrower forced build, and a kernel generated for the host's widest vectors
-is reused and compiled with the narrower ones: measured on an AVX-512 host with torch 2.13, a
-compiled masked SDPA returns NaN under ``ATEN_CPU_CAPABILITY=avx2`` and fails to compile under
-``=default``; with a fresh cache both are exact. Where ``ATEN_CPU_CAPABILITY`` is set and
-``TORCHINDUCTOR_CACHE_DIR`` is not, the cache moves to a folder of that build's own.
-
-**A placeholder for torchaudio**, engaged only where torchaudio cannot be imported.
-
-``import voxcpm`` imports ``voxcpm.model.voxcpm`` (the VoxCPM 1 model), which
-does ``import torchaudio`` at module level although VoxCPM2 inference never
-calls it. On a CPU-only pip install torchaudio is either absent (fastattn's
-install path) or the registry's CUDA-linked wheel, which fails to load beside a
-CPU torch (``OSError: libc10_cuda.so``). Either way ``import voxcpm`` would fail.
-
-:func:`ensure_torchaudio` checks whether the real torchaudio imports. Only when
-it does not, it registers a placeholder module under ``sys.modules["torchaudio"]``
-that:
-
-* carries a real ``ModuleSpec`` (transformers probes
-  ``importlib.util.find_spec("torchaudio")``, which raises ``ValueError`` on a
-  module whose ``__spec__`` is None);
-* raises :class:`TorchaudioUnavailable` (an AttributeError), naming the
-  attribute and the reason the real package did not load, as soon as anything
-  in it is used (``torchaudio.load``, ``torchaudio.functional.resample``...).
-
-Nothing on disk is touched; :func:`disengage` removes the placeholder.
-"""
+"""Two environment workarounds, each engaged only where it is needed: an inductor cache per forced
+``ATEN_CPU_CAPABILITY`` build (torch's on-disk key leaves it out), and a torchaudio placeholder where the real one
+cannot be imported (``import voxcpm`` imports it; VoxCPM2 never calls it). See docs/design.md."""
 
 from __future__ import annotations
 

@@ -1,15 +1,8 @@
-"""The decode primitives every other attention module builds on: one SDPA call, the causal window mask, the
-window rule, the float64 reference and the argument checks. This module imports nothing from fastattn.
+"""The decode primitives every other attention module builds on: one SDPA call, the causal mask, the window rule, the
+float64 reference, the random decode data and the argument checks. Imports nothing from fastattn.
 
-Shapes (SDPA's layout)::
-
-    q        (B, Hq,  Lq,       D)
-    k, v     (B, Hkv, capacity, D)   Hq % Hkv == 0 (grouped-query attention)
-
-``length`` is the number of valid keys; query row ``i`` sees keys ``j <= length - Lq + i`` (bottom-right causal).
-Above it: :mod:`fastattn.exactness` (which windows are exact) and :mod:`fastattn.fast` (the fastest accurate
-form), then :mod:`fastattn.modes` (the registry), then :mod:`fastattn.attention` (``attention_step``).
-"""
+Shapes (SDPA's layout): q ``(B, Hq, Lq, D)``, k and v ``(B, Hkv, capacity, D)``, ``Hq % Hkv == 0``. ``length``
+valid keys; query row ``i`` sees keys ``j <= length - Lq + i`` (bottom-right causal)."""
 
 from __future__ import annotations
 

@@ -1,12 +1,6 @@
-"""Devices, dtypes and the environment facts every record carries. One place; everyone uses it.
-
-* :func:`resolve_device`: ``"auto"`` (CUDA when present, else CPU), ``"cpu"``,
-  ``"cuda"`` / ``"cuda:N"``, ``"mps"``; anything else, or a device this machine
-  lacks, is a ``ValueError`` naming the argument and what is expected.
-* :func:`dtype_of` / :func:`dtype_name`: ``"bfloat16"`` <-> ``torch.bfloat16``.
-* :func:`package_version`: a distribution's version, or ``"not installed"``.
-* :func:`env_facts`: what a record needs to be compared across machines.
-"""
+"""Devices, dtypes and the environment facts every record carries: :func:`resolve_device` (``auto``, ``cpu``,
+``cuda[:N]``, ``mps``; anything else is a ValueError naming the argument), :func:`dtype_of` / :func:`dtype_name`,
+:func:`env_facts`."""
 
 from __future__ import annotations
 

@@ -1,34 +1,9 @@
-"""Where a key window gives upstream's bits: exactness by construction, confirmed by measurement.
+"""Which key windows give upstream's bits: by construction (the CPU flash kernel's 512-key block), confirmed by
+measurement (:func:`calibrate_exact`).
 
-``exact`` mode attends over keys ``[0, W)`` with the mask kept inside the
-window, instead of over the whole capacity. Whether that changes a single bit
-depends on how the kernel that runs walks the keys:
-
-* torch's CPU flash kernel (``aten/src/ATen/native/cpu/FlashAttentionKernel.cpp``,
-  the kernel SDPA picks on CPU for upstream's masked call) processes keys in
-  blocks of ``kvSplitSize = 512`` (or the whole key count when shorter), one
-  block after another, with an online softmax per query row. A window that is a
-  multiple of 512 hands it the same blocks with the same contents as the
-  full-capacity call; the full call's extra blocks are fully masked and add
-  exact zeros (``exp(-inf) = 0``, a rescale by ``exp(0) = 1``). Any other
-  window changes the last block's shape, and with it the reduction order: the
-  results then agree within rounding, not bit for bit (measured: a 256 window
-  with Lq > 1 on an AMD EPYC, ``data/results/*/exactness_calibration.json``;
-  windows that are not multiples of 512 even for Lq = 1 on a Xeon).
-* Every other kernel (CUDA's flash/efficient/cuDNN/math, CPU's math) has no such
-  argument here: ``exact`` attends over the full capacity there. That is
-  upstream's computation exactly, minus upstream's per-request zero-fill.
-
-:func:`calibrate_exact` confirms the construction on the device: several random
-draws (in the batch dimension), every length around each block edge, the
-call's real capacity and query length, against the full-capacity call, for
-each candidate granularity. The smallest candidate that is both eligible by
-construction and measured identical becomes the granularity of the default
-``exact`` call (``bucket=None``). Calibrations are cached per process, keyed by
-device, dtype, head geometry, capacity, query length, thread count and the
-identity of ``torch.nn.functional.scaled_dot_product_attention`` (a replaced
-kernel is recalibrated); :func:`exactness_report` lists them.
-"""
+A window that is a multiple of the kernel's key block hands it the same blocks as the full call; any other changes
+the reduction order (docs/design.md, "Exactness"). Calibrations are cached per process, keyed by device, dtype,
+geometry, capacity, query length, threads and the identity of SDPA; :func:`exactness_report` lists them."""
 
 from __future__ import annotations
 

@@ -1,37 +1,9 @@
-"""``fast`` mode: the fastest decode attention on the device that is as accurate as upstream, chosen by measurement.
+"""``fast`` mode: the fastest decode attention on the device that is within twice ``reference``'s error against
+float64, chosen by measurement at first use (docs/design.md, "fast").
 
-``fast`` trades bit-identity for speed (opt-in). It attends over exactly the
-live keys ``[0, length)`` with one of several implementations, a chain in the
-spirit of a backend chain:
-
-``sdpa_slice``
-    SDPA over the sliced cache, no mask for Lq = 1 (the public slice fix:
-    seed 000, upstream PRs #199/#395). On CUDA the dispatcher's flash / cuDNN /
-    efficient kernels can run.
-``grouped_fp32``
-    the queries of one KV head as a (group * Lq, D) matrix: ``q @ k^T``, softmax,
-    ``@ v``, computed in float32, no repeat of K/V. On CPU one query per head
-    leaves SDPA's flash kernel latency-bound (and far slower in bf16: ``bench.dtype_costs``); two
-    GEMMs over the live K/V are close to the memory floor.
-(A third form, the grouped GEMMs in bf16 with the softmax in float32, was measured and left out:
-scores rounded to bf16 before the softmax put it close to the bound of twice ``reference``'s error.)
-``sdpa_flash`` / ``sdpa_cudnn`` / ``sdpa_efficient`` (CUDA only, probe only)
-    SDPA over the slice forced to one backend with ``sdpa_kernel``: measured and reported, never chosen,
-    since ``sdpa_kernel`` flips process-wide flags (another thread's SDPA would run with one backend).
-
-A compiled or CUDA-graph decode cannot slice by the position for free; its candidates are the
-static-shape forms of :mod:`fastattn.static` (the slice with an unbacked length, a bucketed window,
-FlexAttention with a block mask, upstream's call), checked compiled with ``fullgraph=True`` for
-accuracy, graph count and determinism, then timed: :func:`graph_choice`, the chain's ``graph`` class.
-
-At first use per (device, dtype, Hq, Hkv, D, Lq class: 1 or > 1, key-count
-class: up to 512, up to 2048, more keys) every
-candidate runs on random data: a candidate whose max error against a float64
-reference exceeds twice ``reference`` mode's error on the same data is dropped,
-a candidate that raises (other than out of memory) is marked broken for that
-call shape and logged once, and the fastest of the rest by an interleaved timing
-wins. The choice is cached per process; :func:`fast_report` lists them.
-"""
+:data:`CANDIDATES` run over exactly the live keys; the choice is cached per (device, dtype, heads, head dim, Lq
+class, key-count class) and listed by :func:`fast_report`. A candidate that raises is marked broken and the next
+takes over. :func:`graph_choice` is the chain's class for compiled decodes (:mod:`fastattn.static`)."""
 
 from __future__ import annotations
 

@@ -1,10 +1,5 @@
-"""Which decodes are running now: a behaviour-neutral counter around voxcpm's decode generators.
-
-Every generate / streaming / prompt-cache entry point of voxcpm runs one ``_inference``
-generator per request. :func:`track_requests` wraps it (class level, once per process) so
-that :mod:`fastattn.patch` can refuse to patch, or defer a revert, while a request runs:
-the patch must never change a request already running.
-"""
+"""Which decodes are running now: a behaviour-neutral counter around voxcpm's ``_inference`` generators, so that
+:mod:`fastattn.patch` can refuse to patch, or defer a revert, while a request runs."""
 
 from __future__ import annotations
 

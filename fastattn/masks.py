@@ -1,16 +1,7 @@
-"""Structured masks: describe a mask by its structure so the kernel can be chosen from it.
+"""Structured masks: describe a mask by its structure (:class:`MaskInfo`) so :func:`attention` can skip keys no query
+sees and drop the mask where nothing kept is masked, with the dense mask's semantics.
 
-A dense bool mask tells SDPA nothing about its shape: a decode step over a
-prefix, right-padded batches and causal blocks all look like an arbitrary
-(B, 1, Lq, Lk) tensor, which blocks fused CUDA kernels and makes every kernel
-scan every key. :class:`MaskInfo` says what the mask *is*; :func:`attention`
-keeps the dense mask's semantics but uses the structure to skip keys that no
-query can see and to drop the mask when nothing inside the kept keys is masked.
-
-Conventions: True = attend. Lq queries, Lk keys. Causal and window are
-bottom-right aligned (the KV-cache case): query ``i`` is the token at absolute
-position ``i + Lk - Lq``.
-"""
+True = attend. Causal and window are bottom-right aligned: query ``i`` is the token at ``i + Lk - Lq``."""
 
 from __future__ import annotations
 

@@ -1,15 +1,6 @@
-"""Real ``voxcpm`` VoxCPM2 models: random weights from a preset, or a local checkpoint. Never the network.
-
-Presets (``data/voxcpm2_architecture.json``, with provenance):
-
-* ``tiny``: a few thousand parameters per block, for tests (builds in well under a second);
-* ``small``: the real LM width and head geometry (hidden 2048, intermediate 6144,
-  16 query heads, 2 KV heads, head_dim 128) with 4 base and 2 residual layers and a
-  reduced local encoder, DiT and AudioVAE, so one layer's decode cost is real;
-* ``full``: the real VoxCPM2 architecture (~2.4 B parameters; ~5 GB in bf16, ~10 GB in fp32).
-
-The longrope factors of the real model are not public here: they are all 1.0.
-"""
+"""Real ``voxcpm`` VoxCPM2 models: random weights from a preset (``data/voxcpm2_architecture.json``: ``tiny`` for
+tests, ``small`` with the real LM width and head geometry, ``full`` the real ~2.4 B architecture), or a local
+checkpoint. Never the network. The longrope factors of the real model are not public here: they are all 1.0."""
 
 from __future__ import annotations
 

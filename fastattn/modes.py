@@ -1,13 +1,6 @@
-"""The attention modes, as data: one registry the step, the patch, the benchmarks and every message read.
-
-Each :class:`Mode` names its implementation (``attend``), how many cache keys
-the model step hands its layers (``keys``), and what it promises: ``masked``
-(a bool mask keeps keys past the length out, so the layers may see more slots),
-``windowed`` (the keys are a window whose granularity exactness calibrates),
-``exact`` (bit-identical to upstream on the device), ``graph_safe`` (compiles
-into one graph across windows) and a ``note`` for reports. Adding a mode is one
-entry here, its implementation, and its tests.
-"""
+"""The attention modes, as data (:data:`REGISTRY`): each :class:`Mode` names its implementation, how many cache keys
+the model step hands its layers, and what it promises (``masked``, ``windowed``, ``exact``, ``graph_safe``).
+Adding a mode is one entry here, its implementation and its tests."""
 
 from __future__ import annotations
 

@@ -1,29 +1,8 @@
 """Apply fastattn's decode attention and right-sized cache to the installed ``voxcpm``, reversibly.
 
-What :func:`patch_voxcpm` replaces, at class level (so every MiniCPM model,
-VoxCPM 1 and 2, built before or after, gets it):
-
-* ``MiniCPMAttention.forward_step``, ``MiniCPMModel.forward_step`` and, with
-  ``cache=True``, ``MiniCPMModel.setup_cache`` (the replacements live in
-  :mod:`fastattn.steps`; :data:`TARGETS` is the one table of what is replaced).
-
-Granularity (``bucket=None``, the default): calibrated per model geometry,
-device and dtype when a cache is built or converted
-(:func:`fastattn.exactness.exact_granularity`: on CPU the flash kernel's
-512-key block). The right-sized cache's windows end on that granularity, so
-``exact`` stays bit-identical to upstream's 8192-slot call. Where no window is
-provably exact (CUDA), the cache holds ``max_length`` slots allocated once and
-cleared only where a request wrote, and ``exact`` attends over all of them:
-upstream's computation without its per-request full zero-fill.
-:func:`patch_status` reports each choice.
-
-Safety: each patched function's installed source is fingerprinted and must
-match a version verified here (voxcpm 2.0.3), else the patch refuses unless
-``force=True``. A model whose ``forward_step`` was already wrapped by
-``torch.compile`` (voxcpm's ``optimize()``) is refused: a class patch would be
-silently ignored by the compiled function. ``revert()`` restores the original
-function objects (identity) and gives converted models upstream caches again.
-"""
+:func:`patch_voxcpm` replaces :data:`TARGETS` at class level, refuses an unverified source (fingerprints) or a
+model ``optimize()`` already compiled, and ``revert()`` restores the original function objects by identity
+(docs/design.md, "The patch and its lifecycle")."""
 
 from __future__ import annotations
 

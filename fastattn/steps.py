@@ -1,16 +1,7 @@
-"""The decode step and cache setup that :func:`fastattn.patch_voxcpm` installs in voxcpm's MiniCPM classes.
-
-* ``MiniCPMAttention.forward_step``: upstream's projections, rotary embedding
-  and cache write, then the mode's attention (:mod:`fastattn.modes`) over the
-  views the model step hands it (no ``.contiguous()`` except on MPS, where
-  upstream needs it for pytorch#163597). A mode without a mask never attends
-  past the position, even when called directly with longer views.
-* ``MiniCPMModel.forward_step``: upstream's loop, handing each layer cache
-  views cut to what the mode needs (its ``keys`` rule), from the cache's own
-  bookkeeping: no device-to-host sync per layer or per step.
-* ``MiniCPMModel.setup_cache``: a :class:`fastattn.RightSizedKVCache` in the
-  calibrated granularity instead of an 8192-slot ``StaticKVCache``.
-"""
+"""The functions :func:`fastattn.patch_voxcpm` installs in voxcpm's MiniCPM classes: ``MiniCPMAttention.forward_step``
+(upstream's projections, rotary and cache write, then the mode's attention; ``.contiguous()`` only on MPS, as
+upstream needs for pytorch#163597), ``MiniCPMModel.forward_step`` (views cut to the mode's keys from the cache's
+host-side bookkeeping: no sync per layer) and ``MiniCPMModel.setup_cache`` (a :class:`fastattn.RightSizedKVCache`)."""
 
 from __future__ import annotations
 

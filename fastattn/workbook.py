@@ -1,16 +1,8 @@
 """The headless runner (``python -m fastattn workbook``) and the helpers every notebook calls.
 
-Runner: executes ``notebooks/NN_*.ipynb`` in order with papermill's Python API,
-on a kernel that is *this* interpreter (a kernelspec written into the run
-folder, so a user's global ``python3`` kernel never substitutes another torch),
-into a new folder ``reports/<UTC time>-<device>/`` that is never reused. It
-writes the executed notebooks, an HTML rendering of each, every notebook's
-figures and records (``<stem>/``), ``summary.json`` and ``index.html``.
-
-Notebook helpers: :func:`check_params` (fail early, clearly), :func:`provenance`
-(doctor summary, commit, parameters, random-weights statement), :func:`save_figure`,
-:func:`save`, :func:`findings` (the closing cell, written for the summary).
-"""
+The runner executes ``notebooks/NN_*.ipynb`` with papermill on a kernel that is this interpreter, into a new
+``reports/<UTC time>-<device>/`` (never reused): executed notebooks and their HTML, figures and records per
+notebook, ``summary.json``, ``index.html``, ``summary.md``."""
 
 from __future__ import annotations
 

@@ -10,7 +10,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import fastattn
-from fastattn.attention import attention_step, check_exactness, window_for
+from fastattn.step import attention_step, check_exactness, window_for
 
 from .helpers import rand_cache
 

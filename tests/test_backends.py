@@ -150,8 +150,9 @@ def test_window_claim_verdict_follows_the_measurement(monkeypatch):
 
 def test_claims_ledger_verdicts_come_from_measurements(tmp_path):
     """Every seed claim gets one of four verdicts; direct measurements decide some; run records decide others."""
-    from fastattn import bench
     from fastattn.experiments.claims import FAILS, HOLDS, NOT_HERE, NOT_RUN, claims_ledger
+
+    from fastattn import bench
     ledger = claims_ledger(None)
     assert len(ledger) == 19 and {r["verdict"] for r in ledger} <= {HOLDS, FAILS, NOT_HERE, NOT_RUN}
     by = {r["claim"]: r for r in ledger}

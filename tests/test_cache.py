@@ -7,8 +7,8 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
-from fastattn.attention import attention_step
 from fastattn.cache import RightSizedKVCache
+from fastattn.step import attention_step
 
 
 def make(max_length=8192, bucket=256, layers=2, dtype=torch.float32, B=1):

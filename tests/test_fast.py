@@ -8,8 +8,8 @@ import torch
 import fastattn
 from fastattn import attention_step
 from fastattn import fast as FA
-from fastattn.attention import f64_attention
 from fastattn.devices import dtype_name
+from fastattn.step import f64_attention
 
 from .conftest import cuda
 from .helpers import rand_cache

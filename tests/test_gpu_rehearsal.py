@@ -11,8 +11,8 @@ import pytest
 from fastattn.backends import SDPAReport
 from fastattn.bench.records import find_row
 from fastattn.bench.targets import met_count
-from fastattn.experiments import backend_selection, profiling
 from fastattn.claims import FAILS, HOLDS, NOT_HERE, NOT_RUN, claims_ledger
+from fastattn.experiments import backend_selection, profiling
 
 from .gpu_shapes import PROFILES, REF, gpu_records, write_reference_folder, write_run_folder
 

@@ -1,23 +1,8 @@
-"""Measuring instruments: attention sweep, decode-step sweep, whole decode, memory, bandwidth floor, targets.
-
-Every function returns a *record* built by :func:`record`: ``{"kind", "env",
-"params", "rows", ...}`` that plots and target checks read and :func:`save_record`
-writes as JSON (+ CSV of the rows) under a name that is never reused. Timing is
-honest on a shared, noisy box: variants are interleaved call by call (rotating
-their order afresh each repeat, seeded), after warm-up, several repeats, and reported as median
-with p10/p90 spread; on CUDA every sample is bracketed by CUDA events and one
-synchronisation. No test asserts a time; :func:`check_targets` compares records
-with the workbook's targets and says pass or fail with the measured figure.
-
-Layout: ``timing`` (interleaving, statistics), ``floor`` (bandwidth, live bytes),
-``attention`` (one call per mode, fast's choice), ``steps`` (one decode step,
-eager and compiled), ``decode`` (a whole generate, split by component, and per dtype),
-``memory`` (KV bytes, allocations, fill and growth, peak RSS), ``stream`` (time per streamed chunk, per component),
-``consumers`` (what a caller that reprocesses the whole clip pays as it grows), ``prompts`` (calls whose prompt
-grows), ``forms`` (the static-shape decode forms of a compiled decode, side by side),
-``records``,
-``targets``, ``cli``.
-"""
+"""Measuring instruments. Every function returns a record (:func:`record`: ``{"kind", "env", "params", "rows",
+...}``) that :func:`save_record` writes under a name never reused and :func:`load_run` reads back. Two timers:
+:func:`time_interleaved` (calls, interleaved, quiet-flagged) and ``stream.time_chunks`` (a stream's chunks).
+Headline figures come from :mod:`.metrics`. Timing lives here, never in a test's assertion (tests marked
+``timing`` are benchmarks, outside ``make test``)."""
 
 from importlib import import_module
 

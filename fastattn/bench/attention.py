@@ -6,11 +6,11 @@ from typing import Optional, Sequence
 
 import torch
 
-from ..attention import attention_step
 from ..core import causal_mask, f64_attention, sdpa
 from ..devices import cpu_flags, dtype_name, resolve_device
 from ..devices import dtype_of as _dtype
 from ..modes import MODES, REGISTRY
+from ..step import attention_step
 from .floor import bandwidth, floor_binds, floor_ms, live_kv_bytes
 from .records import env_record, record
 from .timing import progress_bar, stats_ms, time_interleaved

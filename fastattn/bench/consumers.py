@@ -1,13 +1,5 @@
-"""The caller's side of a stream: what a consumer that reprocesses the whole clip every chunk costs as it grows.
-
-OpenBMB/VoxCPM #293 reports chunks slowing from ~0.3 s to 1-2 s after 400+ chunks. Nothing inside one
-``generate_streaming`` call grows with the chunk index (01 measures it per component), but a caller can: one that
-re-encodes, resamples or re-sends the whole clip each chunk pays for every sample so far. :func:`consumer_matrix`
-times each pattern on a clip of ``k`` chunks for several ``k`` (so a 600-chunk clip costs one call, not 600) and
-fits its cost per accumulated sample; a pattern whose extra cost reaches about a second by chunk 400 reproduces the
-reported shape. Patterns: appending (then one concatenation at the end), concatenating every chunk, WAV + base64 of
-the whole clip, resampling the whole clip (librosa), and each lossy codec libsndfile offers here (MP3, OGG).
-"""
+"""The caller's side of a stream (#293): what a consumer that reprocesses the whole clip every chunk costs as it
+grows (:func:`consumer_matrix`), and a consumer thread beside the generator (:func:`consumer_contention`)."""
 
 from __future__ import annotations
 

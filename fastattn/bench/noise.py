@@ -1,22 +1,7 @@
-"""Whether the machine was busy while a sample ran: the process's CPU time and involuntary context switches.
-
-A shared box lends its cores to other processes. When they take the cores, this process's OpenMP threads are
-descheduled: a step then costs several times its quiet time, far more than the share of CPU it lost. Two host
-counters show it (``resource.getrusage``): the process's CPU time over the sample's wall time falls well below its
-quiet level (close to the thread count while OpenMP threads run), and the involuntary context switches jump
-(``shared/RESEARCH.md`` section 11 has a quiet EPYC's figures). A third counter sees the neighbours themselves: the
-machine's busy CPU time (``/proc/stat``) less this process's is what other processes ran. It ticks in jiffies (10
-ms), so it is read over windows of at least a quarter second (consecutive samples pooled): a window where others
-ran more than ``OTHERS_MAX`` cores on average marks every sample in it. Unlike the first two it needs no quiet
-majority to compare against. None of them needs a privilege or a GPU; on CUDA they describe the host that launches
-the kernels, beside the CUDA events that time them.
-
-:func:`disturbed` flags samples against the quiet level of their own series, so it needs no threshold tuned per
-machine or workload: a sample whose CPU/wall falls below ``cpu_drop`` times the series' upper-quartile CPU/wall, or
-whose involuntary switches exceed ``switch_jump`` times what the series' median rate gives for its length (and at
-least ``min_switches``), was disturbed. The CPU level is the upper quartile, so it stays right even when nearly
-half the samples were disturbed; the neighbours' own CPU (above) needs no quiet majority at all.
-"""
+"""Whether the machine was busy while a sample ran, from host counters that need no privilege: the process's CPU time
+over wall time, its involuntary context switches, and the machine's busy CPU less this process's (``/proc/stat``).
+:func:`disturbed` judges each sample against its own series' quiet level (docs/design.md, "Measuring on a busy
+machine")."""
 
 from __future__ import annotations
 

@@ -1,13 +1,6 @@
-"""Calls whose prompt grows from call to call: a #293 hypothesis outside one ``generate_streaming`` call.
-
-A caller that keeps its voice stable by feeding each call's output back into the next prompt grows the prefix
-every decode step attends over. :func:`prompt_growth` loops short calls three ways, for upstream and the patched
-modes: a fixed prompt cache; ``merge_prompt_cache`` with each call's output (voxcpm's own API); and the growing
-clip fed back as the prompt wav, re-encoded on every call as ``generate(prompt_wav_path=...)`` (and
-``core.VoxCPM``, which calls it) does. Per call: the prefix length, the time to the first decode step (prefill
-and prompt encoding), the later steps' median, and the call at which the cache is full. Upstream's step reads
-all ``max_length`` slots whatever the prefix; the fix's steps grow with it, as its O(length) cost says.
-"""
+"""Calls whose prompt grows from call to call, a #293 hypothesis outside one ``generate_streaming`` call:
+:func:`prompt_growth` loops short calls three ways (:data:`WAYS`) per mode and records each call's prefix and step
+times, and where the cache fills."""
 
 from __future__ import annotations
 

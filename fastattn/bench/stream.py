@@ -1,11 +1,6 @@
-"""The symptom users report, measured: time per streamed chunk over a long ``generate_streaming`` run.
-
-OpenBMB/VoxCPM issue #293: streaming starts at ~0.3 s per chunk and slows to 1-2 s
-after 400+ chunks. :func:`stream_profile` times every chunk of the same stream
-(same text, seed and length) for upstream and the patched modes, alternately and
-repeated, marks the chunks other processes disturbed, and says from a robust trend over the repeats (quiet
-chunks only) whether the cost per chunk grows along the stream.
-"""
+"""The symptom users report (#293), measured: every chunk of a ``generate_streaming`` run timed
+(:func:`time_chunks`, the stream timer) per variant, alternated and repeated, disturbed chunks flagged, and a
+trend verdict over the repeats (:func:`stream_profile`)."""
 
 from __future__ import annotations
 

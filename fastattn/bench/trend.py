@@ -1,22 +1,6 @@
-"""Does a per-chunk cost grow along a stream? A robust slope with a bootstrap interval, over repeats, on quiet
-chunks only: a verdict one busy burst cannot flip.
-
-The slope is Tukey's resistant line (the median of the last third of the chunks against the median of the first
-third, over their median chunk indices): O(n), and a burst covering less than a third of the stream moves it
-little. It is fitted within each repeat and averaged (weights: quiet chunks), so repeats at different levels add
-no slope. Its 95% interval is a moving-block bootstrap over chunk indices (blocks keep neighbouring chunks
-together, since a busy stretch lasts many chunks), the same blocks for every repeat. Disturbed chunks
-(:mod:`.noise`) are left out before anything is computed.
-
-Verdicts, for a stream of ``span`` chunks at ``level`` ms per chunk and a relative ``tolerance``:
-
-* ``grows``: the whole interval is above zero, the estimated change over the stream exceeds ``tolerance``,
-  and every repeat on its own grows by more than half of it;
-* ``shrinks``: the mirror image;
-* ``flat``: the whole interval of the change over the stream lies within ``±tolerance``;
-* ``inconclusive``: anything else, fewer than two repeats, or too few quiet chunks (then it names the
-  disturbed stretches: "the machine was busy").
-"""
+"""Does a per-chunk cost grow along a stream? :func:`trend`: a resistant slope within each repeat, a moving-block
+bootstrap interval, disturbed chunks left out; verdict ``grows`` / ``shrinks`` / ``flat`` / ``inconclusive``
+against :data:`TOLERANCE` (docs/design.md, "Measuring on a busy machine")."""
 
 from __future__ import annotations
 

@@ -7,8 +7,8 @@ from typing import Optional, Sequence
 
 import torch
 
-from ..attention import attention_step, f64_attention
 from ..modes import MODES
+from ..step import attention_step, f64_attention
 
 __all__ = ["exactness_sweep", "sweep_summary", "gqa_check", "calibration_ladders", "padded_batch_check",
            "stale_nan_check"]

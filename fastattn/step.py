@@ -1,51 +1,8 @@
-"""One attention call of a decode step over a preallocated KV cache.
+"""``attention_step``: one attention call of a decode step over a preallocated KV cache, in one of three modes.
 
-Shapes (SDPA's layout)::
-
-    q        (B, Hq,  Lq,       D)
-    k_cache  (B, Hkv, capacity, D)   Hq % Hkv == 0 (grouped-query attention)
-    v_cache  (B, Hkv, capacity, D)
-
-``length`` is the number of valid keys (Lq <= length <= capacity). Throughout
-fastattn, *position p* is the 0-based index of the newest token, so
-``length = p + 1``. Causality is bottom-right aligned: query row ``i`` sees keys
-``j <= length - Lq + i``; for ``Lq == 1`` that is keys ``[0, length)``.
-
-Three modes:
-
-``reference``
-    upstream VoxCPM2's computation, reproduced exactly: a bool mask over the
-    whole capacity and SDPA with ``enable_gqa=True``. O(capacity) per call.
-``exact`` (default)
-    bit-identical to ``reference`` on the device it runs on, by construction.
-    Keys ``[0, W)`` with ``W = min(ceil(length / G) * G, capacity)`` and the
-    mask kept inside the window, where ``G`` is the granularity calibrated for
-    this device, dtype, head geometry, capacity and query length
-    (:mod:`fastattn.exactness`: on CPU the flash kernel's 512-key block,
-    confirmed by a dense random-data check at first use). Where no window is
-    provably exact (``G`` is ``None``: CUDA's kernels, CPU's math kernel),
-    ``exact`` attends over the whole capacity: upstream's computation. O(length
-    + G) where a window is exact. Shapes change only at ``G`` boundaries, so
-    the step is friendly to ``torch.compile`` and CUDA graphs. An explicit int
-    ``bucket`` overrides ``G`` (not guaranteed exact: a first-use self-check
-    warns where it is not).
-``fast``
-    keys sliced to exactly ``length``, no mask for ``Lq == 1``, computed by the
-    fastest implementation on the device that is at most twice as far from a
-    float64 reference as ``reference`` is (:mod:`fastattn.fast`: SDPA over the
-    slice, or a grouped GEMM form, chosen by measurement at first use). Equal to
-    ``reference`` within the dtype's rounding, not bit for bit. Opt-in.
-
-What lies past ``length`` in the cache: ``fast`` never reads it. ``reference``
-and ``exact`` read it under a False mask entry: finite values there cannot
-change the result, but a NaN or Inf there poisons the output (0 * NaN = NaN in
-the softmax-weighted sum). Keep the unused tail finite (zeros) —
-:class:`fastattn.RightSizedKVCache` does.
-
-Never used here: ``is_causal=True`` (top-left aligned: with Lq=1 it attends to
-key 0 only), ``.contiguous()`` on a sliced cache (a copy per call), a
-capacity-sized mask outside ``reference``.
-"""
+q ``(B, Hq, Lq, D)``, caches ``(B, Hkv, capacity, D)``, ``Hq % Hkv == 0``; ``length`` valid keys, bottom-right
+causal. ``exact`` (default) is bit-identical to ``reference`` (upstream's masked call) on the device;
+``fast`` (opt-in) is within rounding. The modes are docs/design.md's "The three modes"."""
 
 from __future__ import annotations
 
