@@ -32,8 +32,7 @@ def probe(device="cpu", *, chunks: int = 10, dtypes=DTYPES) -> dict:
     """Per dtype, the median wall ms of a ``small``-preset streamed chunk (the first two, the prefill's and the
     warm-up's, left out; ``inference_timesteps=2`` as 01's stream) and the build seconds. A few seconds on a 2-core
     CPU."""
-    from .bench.stream import text_for
-    from .bench.timing import sync_device
+    from .bench.stream import text_for, time_chunks
     from .devices import resolve_device
     from .models import build_voxcpm2, silence_progress
     device = resolve_device(device)
@@ -44,11 +43,7 @@ def probe(device="cpu", *, chunks: int = 10, dtypes=DTYPES) -> dict:
         build_s = time.perf_counter() - t0
         silence_progress()
         gen = model.generate_streaming(text_for(chunks), min_len=chunks, max_len=chunks, inference_timesteps=2)
-        times, t = [], time.perf_counter()
-        for _ in gen:
-            sync_device(device)
-            times.append((time.perf_counter() - t) * 1e3)
-            t = time.perf_counter()
+        times = [r["ms"] for r in time_chunks(gen, device)[1]]
         rows.append({"dtype": dtype, "chunk_ms": statistics.median(times[2:]), "n": len(times) - 2,
                      "build_s": build_s})
         del model

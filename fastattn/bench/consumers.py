@@ -8,12 +8,13 @@ import io
 import queue
 import statistics
 import threading
-import time
 from typing import Optional, Sequence
 
 import numpy as np
 
 from .records import env_record, record
+from .stream import time_chunks
+from .timing import time_interleaved
 from .trend import resistant_slope
 
 CHUNK_SAMPLES = 7680  # one VoxCPM2 chunk: a 4-frame patch, 160 ms at 48 kHz
@@ -96,12 +97,9 @@ def stream_audio(preset: str = "small", chunks: int = 30, *, device="cpu", dtype
 
 
 def _time(fn, repeats: int) -> float:
-    times = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times) * 1e3
+    """Median ms of ``fn`` over ``repeats`` calls (:func:`.timing.time_interleaved`, no warm-up: a pattern's first
+    call is part of its cost)."""
+    return statistics.median(time_interleaved({"fn": fn}, repeats=repeats, warmup=0)["fn"]) * 1e3
 
 
 def consumer_matrix(chunks: Optional[Sequence] = None, *, at: Sequence[int] = AT, sr: int = SAMPLE_RATE,
@@ -220,26 +218,20 @@ def _timed_beside(gen, fn, sr: int, consumer_ms: list) -> list:
             if failed:
                 continue  # drain: the generator must not block on a dead consumer
             prev, clip = clip, np.concatenate([clip, chunk])
-            t0 = time.perf_counter()
             try:
-                fn(prev, clip, chunk, sr)
+                consumer_ms.append(_time(lambda prev=prev, clip=clip, chunk=chunk: fn(prev, clip, chunk, sr), 1))
             except Exception as exc:  # noqa: BLE001 - raised in the caller's thread below
                 failed.append(exc)
-            consumer_ms.append((time.perf_counter() - t0) * 1e3)
     thread = threading.Thread(target=consume, daemon=True) if fn else None
     if thread:
         thread.start()
-    out, t0 = [], time.perf_counter()
+    feed = (lambda chunk: q.put(chunk.float().reshape(-1).numpy())) if thread else None
     try:
-        for chunk in gen:
-            out.append((time.perf_counter() - t0) * 1e3)
-            if thread:
-                q.put(chunk.float().reshape(-1).numpy())
-            t0 = time.perf_counter()
+        _, rows = time_chunks(gen, "cpu", on_chunk=feed)
     finally:  # a generator that raises must not leave the consumer waiting for ever
         if thread:
             q.put(None)
             thread.join()
     if failed:
         raise RuntimeError(f"the consumer thread failed: {failed[0]!r}") from failed[0]
-    return out
+    return [r["ms"] for r in rows]

@@ -16,7 +16,7 @@ from ..devices import resolve_device
 from .metrics import _quiet_steps, dtype_table, patched_is_upstream, time_shares  # noqa: F401 (re-exported)
 from .noise import delta, disturbed, host_counters, others_busy
 from .records import env_record, record
-from .timing import progress_bar, sync_device
+from .timing import progress_bar, sync_device, time_interleaved
 
 
 class Timers:
@@ -83,19 +83,13 @@ class Timers:
 
 
 def timer_overhead_us(n: int = 2000) -> float:
-    """Microseconds :meth:`Timers.wrap` adds to one call on CPU (a no-op timed ``n`` times, median of 5)."""
-    timers, noop = Timers("cpu"), (lambda: None)
-    timed = timers.wrap("x", noop)
-    runs = []
-    for _ in range(5):
-        t0 = time.perf_counter()
-        for _ in range(n):
-            timed()
-        t1 = time.perf_counter()
-        for _ in range(n):
-            noop()
-        runs.append(((t1 - t0) - (time.perf_counter() - t1)) / n * 1e6)
-    return statistics.median(runs)
+    """Microseconds :meth:`Timers.wrap` adds to one call on CPU: ``n`` timed no-ops against ``n`` bare ones,
+    interleaved (:func:`.timing.time_interleaved`, 5 rounds), the difference of the medians over ``n``."""
+    noop = lambda: None  # noqa: E731
+    timed = Timers("cpu").wrap("x", noop)
+    t = time_interleaved({"timed": lambda: [timed() for _ in range(n)], "bare": lambda: [noop() for _ in range(n)]},
+                         repeats=5, warmup=1)
+    return (statistics.median(t["timed"]) - statistics.median(t["bare"])) / n * 1e6
 
 
 @contextmanager

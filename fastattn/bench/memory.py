@@ -5,7 +5,6 @@ from __future__ import annotations
 import statistics
 import subprocess
 import sys
-import time
 from typing import Optional
 
 import torch
@@ -14,7 +13,8 @@ from ..devices import dtype_name, quiet_native_stderr, resolve_device
 from ..devices import dtype_of as _dtype
 from .records import env_record, record
 from .steps import lm_and_caches, random_prefill, start_request
-from .timing import stats_ms, sync_device, time_interleaved
+from .stream import time_chunks
+from .timing import stats_ms, time_interleaved
 
 
 def _granularity(preset: str, device, dt, max_length: int, bucket) -> int:
@@ -149,7 +149,6 @@ def cache_growth(preset: str = "full", *, prefill: int = 100, steps: int = 8000,
     else calibrated; ``max_length`` where no window is exact, so it never grows: ``summary["right_sized"]`` is
     False). Rows: the steps that moved the storage (position, ms, capacity); summary: total seconds in
     ``step()``, moves, the largest step, and the capacity bound checked at every step."""
-    from voxcpm.modules.minicpm4.cache import StaticKVCache
 
     from ..cache import RightSizedKVCache
     from ..models import voxcpm2_config
@@ -160,25 +159,25 @@ def cache_growth(preset: str = "full", *, prefill: int = 100, steps: int = 8000,
     cache = RightSizedKVCache(*geo, max_length=max_length, bucket=g)
     kv = [(torch.randn(1, geo[1], prefill, geo[2], dtype=dt, device=device),) * 2 for _ in range(geo[0])]
     cache.fill_caches(kv)
-    total, moves, worst, bound_ok = 0.0, [], 0.0, True
-    for _ in range(min(steps, max_length - prefill)):
-        gen = cache.generation
-        t0 = time.perf_counter()
-        pos = cache.step()
-        sync_device(device)
-        dt_s = time.perf_counter() - t0
-        total, worst = total + dt_s, max(worst, dt_s)
-        bound_ok &= cache.capacity <= min(max(2 * cache.current_length, g), max_length)
-        if cache.generation != gen:
-            moves.append({"position": pos, "ms": dt_s * 1e3, "capacity": cache.capacity})
-    up = StaticKVCache(*geo, max_length=max_length)
-    fill = time_interleaved({"upstream": lambda: up.fill_caches(kv)}, repeats=5, warmup=1, device=device)["upstream"]
+
+    def steps_of():  # one chunk per step(): its position and whether the storage moved
+        for _ in range(min(steps, max_length - prefill)):
+            gen = cache.generation
+            yield cache.step(), cache.generation != gen
+
+    bound = []  # checked outside the timed stretch, after every step
+    done, rows = time_chunks(steps_of(), device, after=lambda: {"capacity": cache.capacity}, on_chunk=lambda _: (
+        bound.append(cache.capacity <= min(max(2 * cache.current_length, g), max_length))))
+    moves = [{"position": p, "ms": r["ms"], "capacity": r["capacity"]} for (p, moved), r in zip(done, rows) if moved]
+    ms = [r["ms"] for r in rows]
+    total, worst, bound_ok = sum(ms) / 1e3, max(ms, default=0.0) / 1e3, all(bound)
+    fill = fill_cost(preset, prefill=prefill, dtype=dtype, device=device, max_length=max_length, repeats=5)
     return record("cache_growth", env=env_record(device, dt), rows=moves,
                   params={"preset": preset, "layers": geo[0], "prefill": prefill, "steps": steps, "granularity": g,
                           "dtype": dtype_name(dt), "max_length": max_length},
                   summary={"step_total_s": total, "moves": len(moves), "max_step_ms": worst * 1e3,
                            "bound_held_every_step": bool(bound_ok), "final_capacity": cache.capacity,
-                           "upstream_fill_ms": statistics.median(fill) * 1e3,
+                           "upstream_fill_ms": next(r for r in fill["rows"] if r["variant"] == "upstream")["median_ms"],
                            "right_sized": cache.windowed})
 
 

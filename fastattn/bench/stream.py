@@ -61,10 +61,10 @@ def _one_stream(model, variant: str, text: str, chunks: int, seed: int, inferenc
     return out, rows
 
 
-def time_chunks(gen, device, after=None) -> tuple:
+def time_chunks(gen, device, after=None, on_chunk=None) -> tuple:
     """``(chunks, rows)``: every chunk a generator yields, and per chunk its wall ms (the device synchronised),
     the host counters (:func:`.noise.delta`), what ``after()`` reads once it is out (position, graph counts, ...)
-    and whether it was ``disturbed``. The counters are read outside the timed stretch."""
+    and whether it was ``disturbed``. Counters, ``after`` and ``on_chunk(chunk)`` run outside the timed stretch."""
     device = torch.device(device)
     out, rows = [], []
     sync_device(device)
@@ -76,6 +76,8 @@ def time_chunks(gen, device, after=None) -> tuple:
         h1 = host_counters()
         out.append(chunk)
         rows.append({"ms": (t1 - t0) * 1e3, **delta(h0, h1), **(after() if after else {})})
+        if on_chunk:
+            on_chunk(chunk)
         h0 = host_counters()
         t0 = time.perf_counter()
     mark_disturbed(rows)
