@@ -1,7 +1,9 @@
 # Two commands on a fresh machine with python3 and make:
 #   make workbook   set up .venv and run the whole workbook headless
-#   make test       set up .venv and run the tests
-# Side checks (docs/install-matrix-notes.md):
+#   make test       set up .venv and run the tests (CI; at most 10 minutes on 2 cores)
+#   make check      lint and the fast tier (at most 3 minutes): the inner loop
+#   make test-timing  the benchmarks that assert timing outcomes, on a quiet machine
+# Side checks (docs/install.md):
 #   make torch-matrix TORCH=2.11.0 PY=3.12   core tests + gpu-check --device cpu --quick in .venv-torch<TORCH>-py<PY>
 #   make wheelhouse PY=3.12                  offline wheels for a GPU box that already has torch (wheelhouse-py<PY>/)
 #   make wheelhouse-test PY=3.12             the box's offline install + gpu-check --quick, rehearsed here
@@ -11,7 +13,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.fastattn-installed
 ARGS   ?=
 
-.PHONY: all setup workbook test lab doctor bench clean-venv torch-matrix wheelhouse wheelhouse-test
+.PHONY: all setup workbook test check test-timing lab doctor bench clean-venv torch-matrix wheelhouse wheelhouse-test
 all: test
 
 $(BIN)/python:
@@ -31,9 +33,18 @@ setup: $(STAMP)
 workbook: $(STAMP)
 	$(BIN)/python -m fastattn workbook $(ARGS)
 
+LINT = $(BIN)/ruff check fastattn tests data/upstream-tests
+
 test: $(STAMP)
-	$(BIN)/ruff check fastattn tests data/upstream-tests
-	$(BIN)/python -m pytest -q $(ARGS)
+	$(LINT)
+	$(BIN)/python -m pytest -q -m "not timing" --durations=25 $(ARGS)
+
+check: $(STAMP)
+	$(LINT)
+	$(BIN)/python -m pytest -q -m "not slow and not timing" $(ARGS)
+
+test-timing: $(STAMP)
+	$(BIN)/python -m pytest -q -m timing $(ARGS)
 
 # GPU boxes often run containers as root: JupyterLab refuses root without --allow-root.
 lab: $(STAMP)

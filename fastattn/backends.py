@@ -260,17 +260,10 @@ def decode_inputs(device, dtype, *, capacity: int = 8192, hq: int = 16, hkv: int
 def backend_matrix(device="cpu", dtype=None, *, capacity: int = 8192, position: int = 256, hq: int = 16,
                    hkv: int = 2, head_dim: int = 128, unsupported_head_dim: int = 512, seed: int = 0,
                    progress=None) -> list[dict]:
-    """``explain_sdpa`` over the cases that matter for VoxCPM2's decode step; one row (dict) per case.
-
-    Cases, for each dtype (``dtype`` or fp32/bf16/fp16 where the device runs them):
-    upstream masked full-cache decode (bool mask + GQA); the same with a float
-    additive mask; without ``enable_gqa`` (K/V repeated to Hq heads); fastattn's
-    ``exact`` window; the ``fast`` slice; ``is_causal=True`` with Lq=1 over the
-    live keys (top-left aligned: wrong). Plus upstream and fast at
-    ``unsupported_head_dim``. Each row has the dispatcher's backend, the kernel
-    op and helpers that ran, eligibility, forced results, and the max |error|
-    against a float64 reference of the *correct* decode attention.
-    """
+    """``explain_sdpa`` over VoxCPM2's decode cases, one row per case and dtype: upstream's masked call (bool mask +
+    GQA), a float additive mask, no ``enable_gqa`` (K/V repeated), ``exact``'s window, the ``fast`` slice,
+    ``is_causal=True`` with Lq = 1 (top-left aligned: wrong), and upstream and fast at ``unsupported_head_dim``. Each
+    row: the backend, kernel op and helpers, eligibility, forced results, and the max error against float64."""
     device = resolve_device(device)
     if not 0 <= position < capacity:
         raise ValueError(f"position must be in [0, capacity={capacity}), got {position}")

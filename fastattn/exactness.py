@@ -86,29 +86,18 @@ def _lengths(step: int, capacity: int, lq: int) -> list:
 @torch.no_grad()
 def calibrate_exact(device, dtype, *, hq: int, hkv: int, head_dim: int, capacity: int, lq: int = 1,
                     draws: int = 3, seed: int = 0, exhaustive: bool = True) -> dict:
-    """Measure which key-window granularity keeps ``exact`` bit-identical to the full-capacity call.
+    """Measure which window bucket keeps ``exact`` bit-identical to the full-capacity call.
 
-    For each candidate granularity ``c`` and each checked length ``L``, the
-    window ``min(ceil(L / c) * c, capacity)`` with the mask kept inside it is
-    compared (``torch.equal``) with upstream's call over all ``capacity`` keys,
-    on ``draws`` random draws at once (batch dimension), a fresh query per length.
+    For each candidate bucket and every checked length (around each block edge) the window with the mask kept is
+    compared (``torch.equal``) with upstream's call over all ``capacity`` keys on ``draws`` random draws (the batch),
+    a fresh query per length. ``hq, hkv, head_dim, capacity, lq`` are the real call's geometry. ``exhaustive``
+    measures every candidate at every length (the ladder a notebook shows); ``False`` (what ``exact`` uses at first
+    call) stops at the first eligible candidate found identical.
 
-    Args:
-        device, dtype: where and in what the real call runs.
-        hq, hkv, head_dim, capacity, lq: the real call's geometry (query heads,
-            KV heads, head dim, cache slots, queries per call).
-        draws: random draws per length (the batch of the probe).
-        exhaustive: measure every candidate at every length (the ladder a notebook
-            shows). ``False`` (what ``exact`` uses at first call) stops at the first
-            eligible candidate found identical and at a candidate's first difference.
-
-    Returns:
-        ``{"bucket", "ladder", "kernel", "key_block", ...}``: ``bucket`` is the smallest
-        candidate eligible by construction and measured identical, or ``None`` when only
-        the full capacity is (``exact`` then attends over all of it). Each ladder row:
-        ``candidate, eligible, reason, measured, bit_identical, max_abs_diff,
-        lengths_checked, draws, first_diff_length``.
-    """
+    Returns ``{"bucket", "ladder", "kernel", "key_block", ...}``: ``bucket`` is the smallest candidate eligible by
+    construction and measured identical, or None (``exact`` then attends over the whole capacity). Ladder rows:
+    ``candidate, eligible, reason, measured, bit_identical, max_abs_diff, lengths_checked, draws,
+    first_diff_length``."""
     _check_geometry(hq, hkv, head_dim, capacity, lq)
     if isinstance(draws, bool) or not isinstance(draws, int) or draws <= 0:
         raise ValueError(f"draws must be a positive int, got {draws!r}")

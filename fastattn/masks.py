@@ -113,33 +113,18 @@ class MaskInfo:
 
 # ---------------------------------------------------------------------- attention
 def attention(q, k, v, *, mask=None, mask_info: Optional[MaskInfo] = None, scale=None, enable_gqa=False, check=False):
-    """SDPA with the dense mask's semantics, computed along the cheapest path the structure allows.
+    """SDPA with the dense mask's semantics, along the cheapest path the structure allows.
 
     Args:
-        q: (B, Hq, Lq, D); k, v: (B, Hkv, Lk, D).
-        mask: optional bool mask broadcastable to (B, Hq, Lq, Lk), True = attend.
-        mask_info: optional :class:`MaskInfo` describing ``mask`` (or standing
-            for it when ``mask`` is None).
+        q: (B, Hq, Lq, D); k, v: (B, Hkv, Lk, D). mask: optional bool mask broadcastable to (B, Hq, Lq, Lk),
+            True = attend. mask_info: a :class:`MaskInfo` describing ``mask`` (or standing for it).
         scale, enable_gqa: as in ``F.scaled_dot_product_attention``.
-        check: verify that ``mask_info`` describes ``mask`` (and any padding
-            claim) and raise ValueError if not. Also on when the environment
-            variable ``FASTATTN_CHECK_MASKS=1``.
+        check: verify that ``mask_info`` describes ``mask`` (also on with ``FASTATTN_CHECK_MASKS=1``).
 
-    The path: keys that no query can see (before the window's first key,
-    after the last real key of right padding, before the first real key of
-    left padding) are sliced off, with slice edges rounded outward to
-    multiples of the CPU flash kernel's 512-key block (so a right-padded cut
-    with its mask kept is the dense call's bits on CPU; tested); the mask over
-    the kept keys is dropped when it is all True there. Everything kept goes
-    through one SDPA call.
-
-    Fully masked query rows (no visible key) return **zeros**, never NaN.
-
-    Host reads: whether the kept mask is all True (``bool(sub.all())``) and, with padding, the longest row
-    (``.item()``) are read back to the host on every call: one device-to-host sync each on CUDA. This function
-    is therefore not for CUDA-graph capture or a ``fullgraph`` compile (the decode step uses
-    :func:`fastattn.attention_step`, which reads nothing back).
-    """
+    Keys no query can see are sliced off, the cut rounded out to the CPU flash kernel's 512-key block (a right-padded
+    cut with its mask kept is then the dense call's bits on CPU); the mask is dropped where all True over the kept
+    keys. Fully masked rows return zeros, never NaN. Reads back whether the kept mask is all True (and, with padding,
+    the longest row): one sync each on CUDA, so not for CUDA-graph capture (the decode step uses ``attention_step``)."""
     for name, t in (("q", q), ("k", k), ("v", v)):
         if not isinstance(t, torch.Tensor) or t.dim() != 4:
             raise ValueError(f"{name} must be a 4-D tensor (B, H, L, D), got {getattr(t, 'shape', type(t).__name__)}")

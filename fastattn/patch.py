@@ -317,26 +317,16 @@ def _status(state: _Applied) -> dict:
 
 def patch_voxcpm(model=None, *, mode: str = "exact", cache: bool = True, force: bool = False,
                  bucket: Optional[int] = None):
-    """Patch voxcpm's MiniCPM decode step (and, with ``cache=True``, its KV cache) in place.
+    """Patch voxcpm's MiniCPM decode step (and, with ``cache=True``, its KV caches) in place; a :class:`VoxcpmPatch`.
 
     Args:
-        model: optional already-built VoxCPM/VoxCPM2 model: checked (not
-            compiled) and, with ``cache=True``, its LMs' 8192-slot caches are
-            replaced by right-sized ones. Models built after patching get them anyway.
-        mode: ``"exact"`` (default: bit-identical to upstream where the device
-            allows), ``"fast"`` (opt-in: within rounding) or ``"reference"``.
-        cache: also right-size the KV caches.
-        force: patch even if the installed voxcpm's sources are not a verified version.
-        bucket: window and cache granularity. ``None`` (default): calibrated per model
-            geometry, device and dtype, so ``exact`` stays bit-identical to upstream. An int
-            (a positive multiple of 16): that granularity, self-checked and warned about
-            where it is not bit-identical.
+        model: an already-built VoxCPM/VoxCPM2 model to check (not compiled) and, with ``cache``, convert; models
+            built later get the patch anyway.
+        mode: ``"exact"`` (default, bit-identical where the device allows), ``"fast"`` (opt-in) or ``"reference"``.
+        force: patch even an unverified voxcpm source. bucket: as in :func:`fastattn.attention_step`.
 
-    Returns a :class:`VoxcpmPatch` handle (a context manager). Handles nest: applying
-    again with the same settings adds a holder, and the patch goes away when the last
-    holder reverts. Different settings while applied raise :class:`PatchError`, and so
-    does patching while a decode is in flight (it would change a running request).
-    """
+    Handles nest (the same settings add a holder; the last revert removes the patch). Other settings while applied,
+    or patching while a decode is in flight, raise :class:`PatchError`."""
     global _STATE
     mode_spec(mode)
     if not isinstance(cache, bool):

@@ -44,37 +44,20 @@ def attention_step(
     bucket: Optional[int] = None,
     window: Optional[int] = None,
 ) -> torch.Tensor:
-    """Attention of ``q`` over the first ``length`` keys of a preallocated cache.
+    """Attention of ``q`` over the first ``length`` keys of a preallocated cache: (B, Hq, Lq, D) in q's dtype.
 
     Args:
-        q: (B, Hq, Lq, D) queries.
-        k_cache, v_cache: (B, Hkv, capacity, D); Hq must be a multiple of Hkv.
-            Only keys ``[0, length)`` are attended to (bottom-right causal
-            for Lq > 1).
-        length: valid keys, ``Lq <= length <= capacity``: a Python int, or a
-            one-element integer tensor on the cache's device (range-checked
-            like an int: on CPU at no cost, raising ValueError; on CUDA by a
-            device-side assert, ``torch._assert_async``, which does not raise a
-            ValueError here but fails the CUDA context for the rest of the
-            process: a bad length there means restarting it). A
-            tensor without ``window`` is read back to the host for a windowed
-            ``exact`` and for ``fast`` (one device-to-host sync on CUDA).
-        mode: ``"exact"`` (default, bit-identical to ``reference`` on this
-            device), ``"reference"`` (upstream), ``"fast"`` (opt-in, within
-            rounding). See the module docstring.
-        bucket: ``exact``'s window granularity. ``None`` (default): the
-            granularity calibrated for this call (exact by construction and
-            measurement; see :func:`fastattn.calibrate_exact`). An int (a positive
-            multiple of 16): that granularity, self-checked at first use and
-            warned about where it is not bit-identical.
-        window: ``exact`` only: the caller's bucketed key count (a Python int,
-            ``Lq <= window <= capacity``) so that a tensor ``length`` needs no
-            host sync. The caller guarantees ``length <= window``; keys past
-            ``length`` inside the window are masked.
-
-    Returns:
-        (B, Hq, Lq, D) in q's dtype.
-    """
+        q: (B, Hq, Lq, D). k_cache, v_cache: (B, Hkv, capacity, D), Hq a multiple of Hkv; keys ``[0, length)``
+            are attended to, bottom-right causal for Lq > 1.
+        length: ``Lq <= length <= capacity``: an int, or a one-element integer tensor on the cache's device
+            (checked on CPU for free; on CUDA by ``torch._assert_async``, which fails the CUDA context for the rest
+            of the process). A tensor without ``window`` is read back for a windowed ``exact`` and for ``fast``.
+        mode: ``"exact"`` (default, bit-identical to ``"reference"``, upstream's call, on this device) or
+            ``"fast"`` (opt-in, within rounding). See docs/design.md.
+        bucket: ``exact``'s window: None (calibrated, :func:`fastattn.calibrate_exact`) or a positive multiple of
+            16 (self-checked at first use, warned about where it is not bit-identical).
+        window: ``exact`` only: the caller's bucketed key count (an int, ``length <= window <= capacity``), so a
+            tensor ``length`` needs no host sync."""
     check_tensors(q, k_cache, v_cache)
     spec = mode_spec(mode)
     check_bucket(bucket, allow_none=True)

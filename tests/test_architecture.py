@@ -64,3 +64,26 @@ def test_the_import_graph_has_no_cycle():
     for m in sorted(graph):
         visit(m)
     assert not cycles, "\n".join(" -> ".join(c) for c in cycles)
+
+
+RUNTIME = ("core", "clock", "step", "modes", "masks", "exactness", "fast", "static", "cache", "patch", "steps")
+
+
+def test_no_runtime_module_imports_the_measuring_layer_or_a_notebooks_module():
+    """The runtime sits at the bottom: it times its own choices (fastattn.clock), never with fastattn.bench."""
+    bad = [f"{mod}:{line} imports {target}" for mod, edges in imports().items() if mod.split(".")[-1] in RUNTIME
+           and mod.count(".") == 1 for target, _, line in edges
+           if target.startswith(("fastattn.bench", "fastattn.experiments"))]
+    assert not bad, "\n".join(bad)
+
+
+def test_no_module_is_shadowed_by_a_function():
+    """``fastattn.<name>`` is the module of that name wherever one exists (the package's lazy names never hide
+    one): ``fastattn.attention`` is the structured-mask function because no module is called attention."""
+    import fastattn
+    modules = {p.stem for p in PKG.glob("*.py") if p.stem != "__init__"} | {p.name for p in PKG.iterdir()
+                                                                            if (p / "__init__.py").exists()}
+    assert not modules & set(fastattn._LAZY), modules & set(fastattn._LAZY)
+    assert not {n for n in vars(fastattn) if n in modules and not hasattr(getattr(fastattn, n), "__path__")
+                and type(getattr(fastattn, n)).__name__ != "module"}
+    assert modules <= fastattn._SUBMODULES | {"__main__"}, modules - fastattn._SUBMODULES

@@ -336,7 +336,7 @@ def test_compare_two_record_folders(tmp_path):
     assert len(m["machines"]) == 2
     kv = next(r for r in m["rows"] if r["measure"].startswith("KV of a 300-token"))
     assert kv[m["machines"][0]] == "not measured" and "MB" in kv[m["machines"][1]]
-    ex = next(r for r in m["rows"] if r["measure"] == "attention fp32 p=256: exact / reference")
+    ex = next(r for r in m["rows"] if r["measure"] == "exact / reference, one call, p=256, fp32")
     assert ex[m["machines"][0]].endswith("x")
     md = report.compare_markdown(m)
     assert md.startswith("| measure |") and "not measured" in md
@@ -360,13 +360,15 @@ def test_dtype_costs_names_every_op_in_both_dtypes():
     assert set(rec["flags"]) <= {"avx512f", "avx512_bf16", "amx_bf16", "avx2", "bf16"}
 
 
+@pytest.mark.slow
 def test_peak_rss_separates_the_caches_from_the_noise():
     rec = bench.peak_rss("tiny", steps=4, runs=1)
     up, pa = rec["variants"]["upstream"], rec["variants"]["patched"]
-    assert up["cache_bytes"] > pa["cache_bytes"] > 0
+    assert up["cache_bytes"] > pa["cache_bytes"] > 0  # read from the caches: not a measurement outcome
     assert rec["summary"]["cache_bytes_saved"] == up["cache_bytes"] - pa["cache_bytes"]
     for r in rec["rows"]:
-        assert r["trimmed_bytes"] <= r["resting_bytes"] and r["request_bytes"] == r["peak_bytes"] - r["trimmed_bytes"]
+        assert r["request_bytes"] == r["peak_bytes"] - r["trimmed_bytes"]
+        assert r["allocator_retained_bytes"] == r["resting_bytes"] - r["trimmed_bytes"]
 
 
 def test_profiling_readings_are_arithmetic_on_the_records():

@@ -23,18 +23,11 @@ def attention_sweep(positions: Sequence[int], *, capacity: int = 8192, dtype="fl
                     progress: bool = True) -> dict:
     """One ``attention_step`` call per mode at each position (length = position + 1), interleaved.
 
-    Rows: ``{mode, position, length, window, median_ms, p10_ms, p90_ms, min_ms, n, samples_ms,
-    max_err_f64, live_bytes, floor_ms, floor_meaningful, x_floor}``. ``caches`` > 1 rotates the calls over
-    that many distinct K/V caches (36: one per layer of both LMs, as in a real decode step), so each call
-    reads its K/V cache-cold, as a model step does; ``floor_meaningful`` says whether the K/V the calls
-    cycle through exceed the last-level cache (else the loop re-reads them warm and the DRAM floor does not
-    bind; None where the cache size is unknown). ``bucket=None`` measures the default ``exact`` (the calibrated
-    granularity, recorded in params).
-    With ``slice_fix``, a ``slice_fix`` row per position times the public slice fix (SDPA over
-    ``cache[:, :, :p+1]``, no mask: what ``fast`` was before it chose by measurement). In float32, with
-    ``gemm_floor``, a ``gemm_floor`` row times the two bare GEMMs of the grouped form (``q @ k^T``, ``p @ v``, softmax
-    precomputed): the best torch's BLAS does with these bytes. ``fast_choice`` records what ``fast`` picked.
-    """
+    Rows ``{mode, position, length, window, median_ms, ..., samples_ms, max_err_f64, live_bytes, floor_ms,
+    floor_meaningful, x_floor}``. ``caches`` > 1 rotates the calls over that many K/V caches (36: one per layer of
+    both LMs) so each reads its K/V cold, as a model step does; ``floor_meaningful`` says whether they exceed the
+    last-level cache (None where its size is unknown). ``slice_fix`` adds the public slice fix's rows;
+    ``gemm_floor`` (fp32) the two bare GEMMs of the grouped form, the best torch's BLAS does with these bytes."""
     from ..fast import fast_report
 
     device, dt = resolve_device(device), _dtype(dtype)

@@ -13,7 +13,7 @@ from typing import Callable, Optional
 import torch
 
 from ..devices import resolve_device
-from .metrics import _quiet_steps, dtype_table, patched_is_upstream, time_shares  # noqa: F401 (re-exported)
+from .metrics import dtype_table, patched_is_upstream, quiet_steps, time_shares  # noqa: F401 (re-exported)
 from .noise import delta, disturbed, host_counters, others_busy
 from .records import env_record, record
 from .timing import progress_bar, sync_device, time_interleaved
@@ -289,7 +289,7 @@ def dtype_decode(preset: str = "full", *, dtypes=("bfloat16", "float32"), steps:
         del model
         _release_memory()
         spent += time.perf_counter() - t0
-    step_s = {d: statistics.median(_quiet_steps(o["decode"], "upstream")[0]) for d, o in out.items()}
+    step_s = {d: statistics.median(quiet_steps(o["decode"], "upstream")[0]) for d, o in out.items()}
     params = {"preset": preset, "dtypes": list(dtypes), "steps": steps, "min_steps": min_steps,
               "inference_timesteps": inference_timesteps, "repeats": repeats, "budget_s": budget_s}
     from ..devices import cpu_flags

@@ -122,7 +122,7 @@ def headlines(run: Run) -> dict:
     return {k: v for k, v in ((k, fn(run)) for k, fn in HEADLINES.items()) if v is not None}
 
 
-def _quiet_steps(whole: dict, variant: str) -> tuple:
+def quiet_steps(whole: dict, variant: str) -> tuple:
     """(quiet step seconds, disturbed count) of one variant of a :func:`whole_decode` record; every step where none
     was quiet."""
     pairs = [(s, f) for r in whole["rows"] if r["variant"] == variant
@@ -137,11 +137,11 @@ def dtype_table(rec: dict) -> list:
     (the first dtype, upstream) with its interval, steps per generate, peak memory, and whether the patched
     output equals upstream's in that dtype."""
     base_dtype = rec["params"]["dtypes"][0]
-    base = _quiet_steps(rec["dtypes"][base_dtype]["decode"], "upstream")[0]
+    base = quiet_steps(rec["dtypes"][base_dtype]["decode"], "upstream")[0]
     out = []
     for dtype, o in rec["dtypes"].items():
         for variant in ("upstream", "patched"):
-            s, n_disturbed = _quiet_steps(o["decode"], variant)
+            s, n_disturbed = quiet_steps(o["decode"], variant)
             ci = ratio_ci(s, base, paired=False)
             out.append({"dtype": dtype, "variant": variant, "step s": statistics.median(s), "n": len(s),
                         "disturbed": n_disturbed,

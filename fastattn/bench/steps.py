@@ -75,17 +75,13 @@ def decode_step_sweep(positions: Sequence[int], *, preset: str = "small", layers
                       dtype="bfloat16", device="cpu", max_length: int = 8192, bucket: Optional[int] = None,
                       repeats: int = 7, warmup: int = 2, seed: int = 0, progress: bool = True,
                       slice_fix: bool = False) -> dict:
-    """One MiniCPM decode step (``MiniCPMModel.forward_step``, the preset's LM geometry), upstream vs patched.
+    """One MiniCPM decode step (``MiniCPMModel.forward_step``, the preset's LM geometry), upstream (voxcpm's
+    classes, an 8192-slot ``StaticKVCache``) against patched (``exact`` with a :class:`RightSizedKVCache`), and with
+    ``slice_fix`` the published slice fix on upstream's cache. Same weights and prefill, calls interleaved.
 
-    Upstream: voxcpm's own classes with an 8192-slot ``StaticKVCache``. Patched:
-    fastattn's ``exact`` step with a :class:`RightSizedKVCache`. With ``slice_fix``, a third variant: the
-    published slice fix (:func:`fastattn.steps.slice_fix_functions`) on upstream's cache, the step the seed's
-    per-position claims are about (on CUDA, where ``exact`` is upstream's own call, the only fix timed).
-    Same weights, same prefill, calls interleaved. Rows per variant and position: per-token
-    and per-layer medians, and ``attention_in_step_ms``: the SDPA kernel's time per layer inside the step
-    (profiled, CPU only: on CUDA the CPU-side op time is a launch, so it is None there).
-    ``params["granularity"]`` is the patched cache's window granularity (None: all ``max_length`` slots).
-    """
+    Rows per variant and position: per-token and per-layer medians, ``bit_identical``, and ``attention_in_step_ms``
+    (the SDPA kernel's time per layer inside the step, profiled; None on CUDA). ``params["granularity"]``: the
+    patched cache's bucket (None: all ``max_length`` slots)."""
     from ..patch import original_functions, swapped, variant_functions
     from ..steps import slice_fix_functions
 

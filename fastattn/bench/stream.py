@@ -119,23 +119,14 @@ def stream_profile(preset: str, chunks: int, *, dtype="bfloat16", device="cpu",
                    modes: Sequence[str] = VARIANTS, seed: int = 0, inference_timesteps: int = 2,
                    progress: bool = True, repeats: int = 2, model=None, retries: int = 1,
                    components: bool = False) -> dict:
-    """Every chunk of a ``generate_streaming`` run timed per variant (the same text, seed and length;
-    variants alternate, their order rotated each repeat, ``repeats`` times each), with whether each variant's
-    stream equals upstream's.
+    """Every chunk of a ``generate_streaming`` run timed per variant: the same text, seed and length, variants
+    alternated (order rotated each repeat), ``repeats`` each, and up to ``retries`` more for a variant the busy
+    machine left inconclusive.
 
-    Each chunk also carries the process's CPU time and involuntary context switches and whether it was ``disturbed``
-    (:mod:`.noise`). A variant whose trend is inconclusive because the machine was busy gets up to ``retries`` more
-    repeats. Returns ``{"kind": "stream_profile", "env", "params", "rows": [{"variant", "repeat", "chunk",
-    "position", "ms", "cpu_s", "switches", "machine_s", "disturbed"}, ...], "identical": {variant: bool}, "sixths":
-    {variant: [median ms of quiet chunks]}, "trend": {variant: trend dict}, "verdict": {variant: one line}}``.
-    Verdicts come from :func:`variant_trend` (a robust slope with a bootstrap interval over the repeats, quiet
-    chunks only), never from one run's sixths. The first chunk carries the prefill and is left out.
-
-    With ``components`` each row also carries ``components``: ms per :data:`COMPONENTS` (they add up to the chunk's
-    ms; ``other`` is the remainder; what the timers add per component call is measured, ``timer_overhead_us``), and
-    ``trend[variant][component]`` is that component's trend (slope in ms per 100 chunks, its 95% interval, verdict),
-    beside the whole chunk's trend fields.
-    """
+    Rows ``{variant, repeat, chunk, position, ms, cpu_s, switches, machine_s, disturbed}`` (with ``components``
+    also ``components``: ms per :data:`COMPONENTS`, ``other`` the remainder). ``identical[variant]``: the stream
+    equals upstream's. ``trend[variant]`` (and per component) from :func:`variant_trend` over the repeats, quiet
+    chunks only, the first chunk (with the prefill) left out; ``verdict`` its one line; ``sixths`` for figures."""
     from ..models import build_voxcpm2, silence_progress
 
     bad = [m for m in modes if m not in VARIANTS]
