@@ -38,8 +38,8 @@ def f64_reference(q, k, v, length):
 def test_exact_bit_identical_dense_sweep(dtype, hq, hkv):
     cap = 1024 if dtype == torch.bfloat16 else 2048
     q, k, v = rand_cache(1, hq, hkv, cap, 128, dtype)
-    step = 3 if dtype == torch.float32 else 5
-    for p in range(0, cap, step):
+    edges = {e + d for e in range(128, cap + 1, 128) for d in (-2, -1, 0)}  # lengths around every 128-key edge
+    for p in sorted(set(range(0, cap, 13)) | {e for e in edges if 0 <= e < cap}):
         qq = q * (1 + p % 7)  # vary the query without new allocations per position
         ref = attention_step(qq, k, v, p + 1, mode="reference")
         ex = attention_step(qq, k, v, p + 1, mode="exact")
