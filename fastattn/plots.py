@@ -327,8 +327,8 @@ def consumers(rec: dict, *, ax=None):
 
 
 def targets_table(targets: list) -> str:
-    """HTML table of judged targets: measured, its 95% interval and n, goal, met, whether the interval
-    decides (lies wholly on one side of the goal), note."""
+    """HTML table of judged targets: measured, its 95% interval and n, goal, verdict (yes / no / undecided where
+    the interval reaches the goal, n/a where the target does not apply), note."""
     from html import escape
 
     from .bench.stats import fmt_ci
@@ -336,11 +336,10 @@ def targets_table(targets: list) -> str:
 
     def row(t):
         ci = "" if t.get("ci_low") is None else fmt_ci((t["ci_low"], t["ci_high"]))
-        decided = "" if t.get("decided") is None else fmt(t["decided"])
-        met = {None: "n/a", True: "yes", False: "NO"}[t["passed"]]
-        cells = (t["target"], fmt(t["measured"]), ci, t.get("n") or "", t["goal"], met,
-                 decided, t.get("note", ""))
+        met = t.get("verdict", {True: "yes", False: "no"}.get(t["passed"])) or "n/a"
+        cells = (t["target"], fmt(t["measured"]), ci, t.get("n") or "", t["goal"], met.upper() if met == "no" else met,
+                 t.get("note", ""))
         return "<tr>" + "".join(f"<td>{escape(str(c))}</td>" for c in cells) + "</tr>"
     head = ("<table><tr><th>target</th><th>measured</th><th>95% CI</th><th>n</th><th>goal</th><th>met</th>"
-            "<th>interval decides</th><th>note</th></tr>")
+            "<th>note</th></tr>")
     return head + "".join(row(t) for t in targets) + "</table>"

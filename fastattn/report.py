@@ -74,7 +74,7 @@ def _environment(summary: dict) -> dict:
     return {k: env.get(k) for k in keys if env.get(k) is not None}
 
 
-_MET_CLASS = {True: "ok", False: "bad", None: ""}  # a target that does not apply here is neither
+_MET_CLASS = {"yes": "ok", "no": "bad", "undecided": "", None: ""}  # not applicable here: neither
 
 
 def _verdict_rows(targets: list) -> list:
@@ -84,7 +84,8 @@ def _verdict_rows(targets: list) -> list:
         from .bench.stats import fmt_ci
         ci = f" {fmt_ci((t['ci_low'], t['ci_high']))}" if t.get("ci_low") is not None else ""
         return fmt(t["measured"]) + ci + (f" (n={t['n']})" if t.get("n") else "")
-    return [{"claim": t["target"], "measured (95% CI)": measured(t), "goal": t["goal"], "met": t["passed"],
+    return [{"claim": t["target"], "measured (95% CI)": measured(t), "goal": t["goal"],
+             "met": t.get("verdict", {True: "yes", False: "no"}.get(t["passed"])),
              "note": short(t.get("note", ""), 200)} for t in targets]
 
 
@@ -124,13 +125,13 @@ def _index_html(run_dir: Path, summary: dict, env: dict, verdicts: list, ledger:
         out.append("<h2>Verdicts (targets judged in this run)</h2><table><tr><th>claim</th><th>measured (95% CI)</th>"
                    "<th>goal</th><th>met</th><th>note</th></tr>")
         out += [f"<tr><td>{e(v['claim'])}</td><td>{e(v['measured (95% CI)'])}</td><td>{e(v['goal'])}</td>"
-                f"<td class='{_MET_CLASS[v['met']]}'>{fmt(v['met'])}</td><td>{e(v['note'])}"
+                f"<td class='{_MET_CLASS[v['met']]}'>{e(v['met'] or 'n/a')}</td><td>{e(v['note'])}"
                 "</td></tr>" for v in verdicts]
         out.append("</table>")
     if ledger:
         out.append("<h2>The seeds' claims, judged on this device</h2><table><tr><th>source</th><th>claim</th>"
-                   "<th>verdict</th><th>evidence</th></tr>")
-        out += [f"<tr><td>{e(r['source'])}</td><td>{e(r['claim'])}</td><td class='"
+                   "<th>its scale</th><th>verdict</th><th>evidence</th></tr>")
+        out += [f"<tr><td>{e(r['source'])}</td><td>{e(r['claim'])}</td><td>{e(r.get('scale', ''))}</td><td class='"
                 f"{'ok' if r['verdict'] == 'holds' else 'bad' if r['verdict'] == 'does not hold' else ''}'>"
                 f"{e(r['verdict'])}</td><td>{e(r['evidence'])}</td></tr>" for r in ledger]
         out.append("</table>")
@@ -172,7 +173,7 @@ def _summary_md(run_dir: Path, summary: dict, env: dict, verdicts: list, ledger:
     lines = [f"## fastattn workbook: `{run_dir.name}` ({summary.get('status', '?')})", "",
              "Environment: " + ", ".join(f"{k} {fmt(v)}" for k, v in env.items()), ""]
     if verdicts:
-        lines += ["### Verdicts", ""] + _md_table([{**v, "met": "**no**" if v["met"] is False else fmt(v["met"])}
+        lines += ["### Verdicts", ""] + _md_table([{**v, "met": "**no**" if v["met"] == "no" else v["met"] or "n/a"}
                                                    for v in verdicts])
         lines.append("")
     if ledger:
