@@ -23,7 +23,7 @@ from .bench.stats import fmt_ci, quiet, ratio_ci, scaled_ci
 from .devices import runtime_dtype
 
 __all__ = ["claims_ledger", "math_fallback_reason", "math_fallback_verdict", "MATH_OP", "HOLDS", "FAILS", "NOT_HERE",
-           "NOT_RUN", "UNDECIDED", "PARTLY", "NOT_SCALE", "within"]
+           "NOT_RUN", "UNDECIDED", "PARTLY", "NOT_SCALE", "within", "position_cost"]
 
 HOLDS, FAILS, NOT_HERE, NOT_RUN = "holds", "does not hold", "not measurable here", "not measured in this run"
 UNDECIDED, PARTLY, NOT_SCALE = "undecided", "holds in part", "not measured at its scale"
@@ -261,29 +261,43 @@ def _default_exact(recs, finds):
     return (HOLDS if ok else FAILS), "; ".join(parts)
 
 
+def position_cost(att: dict, mode: str = "reference") -> dict:
+    """How one mode's call cost moves from the sweep's first to its last position: ``{first_ms, last_ms, growth,
+    ci, verdict, line}``; ``verdict`` is ``flat`` (the interval of last / first within 1.5x), ``grows`` (wholly
+    above) or ``undecided``. 01's conclusion under its figure and the ledger's seed-003 row both read it."""
+    ps = sorted(a for a in att["params"]["positions"])
+    first, last = (find_row(att["rows"], mode=mode, position=p) for p in (ps[0], ps[-1]))
+    growth, ci = _unpaired(last, first)
+    verdict = {HOLDS: "flat", FAILS: "grows", UNDECIDED: "undecided"}[within(ci, 0, 1.5)]
+    word = {"flat": "stays flat", "grows": "grows with the position",
+            "undecided": "neither stays within 1.5x nor clearly grows"}[verdict]
+    line = (f"{mode}'s call costs {first['median_ms']:.3g} ms at p={ps[0]} and {last['median_ms']:.3g} ms at "
+            f"p={ps[-1]} ({growth:.3g}x, 95% CI {fmt_ci(ci)}, capacity {att['params']['capacity']}): it {word}")
+    return {"first_ms": first["median_ms"], "last_ms": last["median_ms"], "growth": growth, "ci": ci,
+            "verdict": verdict, "line": line}
+
+
 def _o_max_length(recs, finds):
     """Two parts: a floor set by max_length (upstream's call at the first position against the slice fix there),
-    and growth with the position (upstream's last over its first position), each judged by its interval."""
+    and growth with the position (:func:`position_cost`), each judged by its interval."""
     a = next((r for r in recs.get("attention", []) if any(x["mode"] == "slice_fix" for x in r["rows"])), None) or \
         next((r for r in recs.get("attention", []) if r["params"]["modes"][:1] == ["reference"]), None)
     if not a:
         return NOT_RUN, "01_root_cause and 05_profiling measure it"
-    ps = sorted(a["params"]["positions"])
-    first, last = (find_row(a["rows"], mode="reference", position=p) for p in (ps[0], ps[-1]))
-    growth, gci = _unpaired(last, first)
-    grows = within(gci, 0, 1.5)  # HOLDS: flat within 1.5x, FAILS: it grows with the position too
-    text = f"upstream's call costs {first['median_ms']:.3g} ms at p={ps[0]} and {last['median_ms']:.3g} ms at " \
-           f"p={ps[-1]} ({growth:.3g}x {fmt_ci(gci)}, capacity {a['params']['capacity']})"
-    sl = find_row(a["rows"], mode="slice_fix", position=ps[0])
+    cost, p0 = position_cost(a), min(a["params"]["positions"])
+    grows = {"flat": HOLDS, "grows": FAILS, "undecided": UNDECIDED}[cost["verdict"]]
+    sl = find_row(a["rows"], mode="slice_fix", position=p0)
     if sl is None:
-        return (UNDECIDED if grows == HOLDS else grows), text + "; the slice fix was not timed: the floor is not judged"
-    floor, fci = _unpaired(sl, first)
-    text += f"; the slice fix at p={ps[0]} costs {floor:.2g}x {fmt_ci(fci)} of upstream's: the floor is max_length's"
+        return (UNDECIDED if grows == HOLDS else grows), cost["line"] + "; the slice fix was not timed: the floor " \
+            "is not judged"
+    floor, fci = _unpaired(sl, find_row(a["rows"], mode="reference", position=p0))
+    text = cost["line"] + f"; the slice fix at p={p0} costs {floor:.2g}x {fmt_ci(fci)} of upstream's: the floor is " \
+        "max_length's"
     floor_holds = within(fci, 0, 0.5)
     if floor_holds != HOLDS:
         return floor_holds, text
     return {HOLDS: HOLDS, FAILS: PARTLY, UNDECIDED: UNDECIDED}[grows], text + (
-        "; on top of it the cost grows with the position" if grows == FAILS else "")
+        ", and on top of it the cost grows with the position" if grows == FAILS else "")
 
 
 def _zero_fill_source(recs, finds):

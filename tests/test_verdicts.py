@@ -1,0 +1,107 @@
+"""Every verdict at its own scale, from planted records: the words follow the numbers, an interval that reaches
+its goal is undecided, a claim is judged only at the scale it speaks of, targets are judged against their bounds."""
+
+import json
+
+import pytest
+
+from fastattn.bench.stats import NO, UNDECIDED, YES, judge
+from fastattn.bench.targets import check_targets, met_count
+from fastattn.claims import FAILS, HOLDS, NOT_SCALE, PARTLY, claims_ledger, position_cost
+
+
+def timed(mode_or_variant: dict, position: int, ms: list) -> dict:
+    return {**mode_or_variant, "position": position, "median_ms": sorted(ms)[len(ms) // 2], "samples_ms": ms,
+            "disturbed_flags": [False] * len(ms), "n": len(ms)}
+
+
+def sweep(costs: dict, positions=(0, 4000, 8000)) -> dict:
+    """An attention record: ``costs[mode](position, i)`` gives sample i's ms."""
+    rows = [timed({"mode": m}, p, [f(p, i) for i in range(9)]) for m, f in costs.items() for p in positions]
+    return {"kind": "attention", "params": {"positions": list(positions), "capacity": 8192, "modes": list(costs),
+                                            "dtype": "float32", "caches": 1}, "rows": rows, "env": {"device": "cpu"}}
+
+
+FLAT = lambda p, i: 4.0 + 0.01 * i  # noqa: E731
+RISING = lambda p, i: 4.0 + p / 8000 * 5.5 + 0.01 * i  # noqa: E731  (4.46 ms -> 9.55 ms, as the EPYC run)
+SLICE = lambda p, i: 0.1 + p / 8000 * 3 + 0.01 * i  # noqa: E731
+
+
+@pytest.mark.parametrize("cost,verdict,word", [(FLAT, "flat", "stays flat"), (RISING, "grows", "grows with")])
+def test_the_cost_line_under_01s_figure_follows_the_numbers(cost, verdict, word):
+    r = position_cost(sweep({"reference": cost}))
+    assert r["verdict"] == verdict and word in r["line"] and f"{r['growth']:.3g}x" in r["line"]
+
+
+def test_noise_that_reaches_1_5x_leaves_the_cost_undecided():
+    noisy = lambda p, i: 4.0 * (1 + 0.5 * (p > 0) * (i % 3))  # noqa: E731  medians 1x, 1.5x ... 2x
+    assert position_cost(sweep({"reference": noisy}))["verdict"] == "undecided"
+
+
+def _run(tmp_path, *records) -> str:
+    rec_dir = tmp_path / "05_profiling" / "records"
+    rec_dir.mkdir(parents=True)
+    for i, r in enumerate(records):
+        (rec_dir / f"r{i}.json").write_text(json.dumps(r))
+    return tmp_path
+
+
+def _ledger(run) -> dict:
+    return {r["claim"]: r for r in claims_ledger(run)}
+
+
+def test_the_floor_and_the_growth_of_seed_003s_claim_are_judged_apart(tmp_path):
+    claim = "Decode attention cost scales with max_length, not with the sequence"
+    flat = _ledger(_run(tmp_path / "a", sweep({"reference": FLAT, "slice_fix": SLICE})))[claim]
+    rising = _ledger(_run(tmp_path / "b", sweep({"reference": RISING, "slice_fix": SLICE})))[claim]
+    assert flat["verdict"] == HOLDS and "stays flat" in flat["evidence"]
+    assert rising["verdict"] == PARTLY and "grows with the position" in rising["evidence"]
+    assert "the floor is max_length's" in rising["evidence"]
+
+
+def _stream(chunks: int, verdict: str) -> dict:
+    return {"kind": "stream_profile", "params": {"chunks": chunks, "preset": "small", "dtype": "bfloat16"},
+            "trend": {"upstream": {"verdict": verdict}}, "verdict": {"upstream": f"{verdict} (...)"},
+            "rows": [], "env": {"device": "cpu"}}
+
+
+@pytest.mark.parametrize("chunks,verdict,want", [(60, "flat", NOT_SCALE), (60, "grows", NOT_SCALE),
+                                                 (500, "flat", FAILS), (500, "grows", HOLDS)])
+def test_293s_row_is_judged_only_at_its_scale(tmp_path, chunks, verdict, want):
+    row = _ledger(_run(tmp_path, _stream(chunks, verdict)))[
+        "Streaming slows from ~0.3 s to 1-2 s per chunk after 400+ chunks (#293)"]
+    assert row["verdict"] == want and "400+" in row["scale"]
+    if want == NOT_SCALE:
+        assert row["evidence"].startswith(f"({chunks} of 400+ chunks)")
+
+
+@pytest.mark.parametrize("measured,ci,goal,want", [(0.943, (0.372, 1.6), 0.75, UNDECIDED),  # the issue's two rows
+                                                   (0.247, (0.17, 0.322), 0.2, UNDECIDED),
+                                                   (0.85, (0.8, 0.9), 0.75, NO), (0.6, (0.5, 0.7), 0.75, YES),
+                                                   (0.9, None, 0.75, NO)])
+def test_an_interval_that_reaches_its_goal_is_undecided(measured, ci, goal, want):
+    assert judge(measured, ci, goal) == want
+
+
+def test_no_target_reads_no_with_an_interval_that_reaches_its_goal():
+    a = sweep({"reference": FLAT, "exact": lambda p, i: 0.2 + 0.05 * i, "fast": lambda p, i: 0.1 + 0.2 * (i % 2)},
+              positions=(256,))
+    rows = {t["id"]: t for t in check_targets({"attention_fp32": a})}
+    assert rows["exact_p256"]["verdict"] == UNDECIDED and rows["exact_p256"]["passed"] is None
+    assert all(not (t["verdict"] == NO and t["ci_low"] is not None and t["ci_low"] <= float(t["goal"][3:]))
+               for t in rows.values())
+    assert "undecided" in met_count(list(rows.values()))
+
+
+def test_the_whole_decode_and_the_floor_are_judged_against_their_bounds():
+    whole = {"params": {"preset": "full", "dtype": "bfloat16", "steps": 12}, "identical": True,
+             "rows": [{"variant": v, "wall_s": w, "lm_attention_s": a, "local_dit_s": 5.0}
+                      for v, w, a in (("upstream", 18.9, 6.6), ("patched", 12.3, 0.3)) for _ in range(3)]}
+    w = next(t for t in check_targets({"whole": whole}) if t["id"] == "whole")
+    bound = 1 - 6.6 / 18.9
+    assert w["measured"] == pytest.approx(12.3 / 18.9 / bound) and "Amdahl's bound 0.65" in w["note"]
+    cold = sweep({"fast": lambda p, i: 1.2 + 0.01 * i, "gemm_floor": lambda p, i: 1.0 + 0.01 * i}, positions=(4096,))
+    for r in cold["rows"]:
+        r.update(floor_ms=0.26, x_floor=r["median_ms"] / 0.26, floor_meaningful=True)
+    f = next(t for t in check_targets({"attention_fp32_cold": cold}) if t["id"] == "fast_floor_4096")
+    assert f["measured"] == pytest.approx(1.2, rel=0.02) and f["verdict"] == YES and "DRAM floor 0.26 ms" in f["note"]
