@@ -126,11 +126,17 @@ def test_atomic_write_leaves_nothing_on_failure(tmp_path, monkeypatch):
 
 
 def test_failed_html_marks_the_notebook_failed(tmp_path, monkeypatch):
-    def no_space(executed):
+    """The HTML step is under test, not 02: papermill's execution is stubbed by a copy of the source notebook."""
+    import shutil
+
+    import papermill
+
+    def no_space(executed, *_):
         raise OSError(28, "No space left on device")
 
+    monkeypatch.setattr(papermill, "execute_notebook", lambda src, dst, **_: shutil.copy(src, dst))
     monkeypatch.setattr(wb, "_html", no_space)
-    run_dir, summary = wb.run_workbook({"capacity": 1024, "position": 100}, only=["02"], out=tmp_path,
+    run_dir, summary = wb.run_workbook({"capacity": 1024, "position": 100}, only=["02"], out=tmp_path, budget_s=None,
                                        log=lambda *_: None)
     nb = summary["notebooks"][0]
     assert summary["status"] == "failed" and nb["status"] == "failed" and "HTML" in nb["error"]
@@ -201,7 +207,7 @@ def test_tokenizer_config_alone_is_refused(saved, tmp_path):
 def test_notebook_checkpoint_path_with_a_saved_checkpoint(saved, tmp_path):
     """The path maintainers with real weights take: 04 with checkpoint_path, end to end."""
     run_dir, summary = wb.run_workbook({"checkpoint_path": str(saved[1]), "steps": 30}, only=["04"], out=tmp_path,
-                                       log=lambda *_: None)
+                                       budget_s=None, log=lambda *_: None)
     nb = summary["notebooks"][0]
     assert summary["status"] == "ok", nb.get("error")
     text = (run_dir / "04_patch_application.ipynb").read_text()

@@ -50,7 +50,7 @@ def test_notebook_structure(nb):
 def test_runner_executes_all_notebooks(tmp_path):
     """The whole workbook through the runner, smoke-sized, one notebook at a time with its own parameters."""
     for stem, params in SMOKE.items():
-        run_dir, summary = wb.run_workbook(params, only=[stem], out=tmp_path, log=lambda *_: None)
+        run_dir, summary = wb.run_workbook(params, only=[stem], out=tmp_path, log=lambda *_: None, budget_s=None)
         nb = summary["notebooks"][0]
         assert summary["status"] == "ok", nb.get("error")
         assert (run_dir / f"{stem}.ipynb").exists() and (run_dir / f"{stem}.html").exists()
