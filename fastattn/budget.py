@@ -14,8 +14,8 @@ from typing import Optional
 
 from .paths import atomic_write_text, data_dir
 
-__all__ = ["BUDGET_S", "SCALABLE", "probe", "calibration", "plan", "notebook_budget", "calibrate", "plan_lines",
-           "stream_seconds", "whole_seconds"]
+__all__ = ["BUDGET_S", "SCALABLE", "probe", "calibration", "plan", "replan", "notebook_budget", "calibrate",
+           "plan_lines", "stream_seconds", "whole_seconds"]
 
 BUDGET_S = 600.0
 #: the share of the budget the plan fills: the estimates are estimates (05 then sizes its last part to the time left)
@@ -86,16 +86,17 @@ def _estimates(probe_rec: dict, cal: dict) -> dict:
 
 
 def plan(probe_rec: dict, notebooks, *, given: Optional[dict] = None, budget_s: float = BUDGET_S,
-         cal: Optional[dict] = None) -> dict:
+         cal: Optional[dict] = None, drift: float = 1.0) -> dict:
     """The parameters that fit ``budget_s`` on the probed machine, for the selected ``notebooks`` (stems).
 
     Returns ``{"budget_s", "params": {name: value}, "scaled": [{"param", "default", "value", "why"}],
     "estimate_s": {stem: s}, "total_s", "speed", "sizes", "whole_s"}``. ``given`` holds the user's parameters:
-    never changed, and counted at their value.
+    never changed, and counted at their value. ``drift`` scales every estimate (:func:`replan`: what the notebooks
+    run so far took over what the plan gave them).
     """
     given = dict(given or {})
     cal = cal or calibration()
-    est = _estimates(probe_rec, cal)
+    est = _scaled(_estimates(probe_rec, cal), drift)
     stems = [Path(n).stem for n in notebooks]
     fixed = sum(est["fixed_s"].get(s, 0.0) for s in stems)
     sizes = {name: given.get(name, d) for name, (nb, d, _) in SCALABLE.items() if nb in stems}
@@ -114,7 +115,27 @@ def plan(probe_rec: dict, notebooks, *, given: Optional[dict] = None, budget_s: 
         per_nb[SCALABLE[n][0]] += cost(n, v)
     return {"budget_s": budget_s, "params": {s["param"]: s["value"] for s in scaled}, "scaled": scaled,
             "estimate_s": per_nb, "total_s": sum(per_nb.values()), "speed": est["speed"], "sizes": sizes,
-            "whole_s": cost("steps", sizes["steps"]) if "steps" in sizes else 0.0}
+            "whole_s": cost("steps", sizes["steps"]) if "steps" in sizes else 0.0, "drift": drift}
+
+
+def _scaled(est: dict, drift: float) -> dict:
+    """Every estimate of :func:`_estimates` times ``drift``."""
+    if drift == 1.0:
+        return est
+    times = lambda d: {k: v * drift for k, v in d.items()}  # noqa: E731
+    return dict(est, fixed_s=times(est["fixed_s"]), sweep_s=est["sweep_s"] * drift, chunk_ms=est["chunk_ms"] * drift,
+                full_step_s=times(est["full_step_s"]), full_build_s=est["full_build_s"] * drift)
+
+
+def replan(first: dict, done: dict, notebooks, *, given: Optional[dict] = None) -> dict:
+    """The plan for the notebooks left (``notebooks``, stems) once those in ``done`` (``{stem: seconds}``) have run:
+    the budget less the time spent, every estimate scaled by what the notebooks run took over what the plan gave
+    them (``drift``, clamped to 0.5-3), so a run that overran shrinks what comes after it."""
+    planned = sum(first["estimate_s"].get(s, 0.0) for s in done)
+    drift = min(3.0, max(0.5, sum(done.values()) / planned)) if planned > 0 else 1.0
+    out = plan(first["probe"], notebooks, given=given, budget_s=first["budget_s"] - sum(done.values()),
+               drift=drift)
+    return dict(out, probe=first["probe"], budget_s=first["budget_s"], left_s=first["budget_s"] - sum(done.values()))
 
 
 def _fit(free: set, sizes: dict, cost, room: float) -> tuple:

@@ -218,9 +218,9 @@ def _plan_md(summary: dict) -> list:
     plan = summary["plan"]
     out = [f"* {s['param']} {s['default']} -> {s['value']}: {s['why']}" for s in plan.get("scaled", [])] or \
         [f"* nothing: every measurement ran at its default within {fmt(plan['budget_s'])} s"]
-    took = {Path(n["name"]).stem: n.get("duration_s") for n in summary.get("notebooks", [])}
-    out += [f"* {stem}: planned about {fmt(est)} s, took {fmt(took.get(stem, float('nan')))} s"
-            for stem, est in plan.get("estimate_s", {}).items()]
+    for nb in summary.get("notebooks", []):  # the estimate at its start, after re-planning from the time left
+        est = nb.get("planned_s", plan.get("estimate_s", {}).get(Path(nb["name"]).stem))
+        out.append(f"* {Path(nb['name']).stem}: planned about {fmt(est)} s, took {fmt(nb.get('duration_s'))} s")
     return out
 
 

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Optional, Sequence
 
 from . import models as _models
-from .budget import BUDGET_S, SCALABLE, notebook_budget
+from .budget import BUDGET_S, SCALABLE, notebook_budget, replan
 from .devices import DTYPES
 from .paths import atomic_write_text, notebooks_dir, reports_dir
 
@@ -351,19 +351,21 @@ def _run_all(nbs, params, run_dir: Path, device: str, kernel: str, keep_going: b
 
     summary = {"run": run_dir.name, "parameters": params, "device": device, "started_utc":
                datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"), "notebooks": [], "plan": plan}
-    failed, elapsed = False, 0.0
-    for nb in nbs:
+    failed, elapsed, done = False, 0.0, {}
+    for i, nb in enumerate(nbs):
         declared = pm.inspect_notebook(str(nb))
         nb_params = {k: v for k, v in params.items() if k in declared}
-        nb_params.update(_planned(plan, params, declared, elapsed, nb.stem))
+        now = replan(plan, done, [n.stem for n in nbs[i:]], given=params) if plan and done else plan
+        nb_params.update(_planned(now, params, declared, elapsed, nb.stem))
         nb_out = run_dir / nb.stem
         nb_out.mkdir()
         if "out_dir" in declared:
             nb_params["out_dir"] = str(nb_out)
         executed = run_dir / nb.name
-        entry = {"name": nb.name, "executed": executed.name, "html": None, "parameters": nb_params}
-        left = f" (plan: about {plan['estimate_s'].get(nb.stem, 0):.0f} s; {plan['budget_s'] - elapsed:.0f} s of " \
-            f"the budget left)" if plan else ""
+        entry = {"name": nb.name, "executed": executed.name, "html": None, "parameters": nb_params,
+                 "planned_s": now["estimate_s"].get(nb.stem) if now else None}
+        left = f" (plan: about {entry['planned_s']:.0f} s; {plan['budget_s'] - elapsed:.0f} s of " \
+            f"the budget left)" if now else ""
         log(f"[fastattn] running {nb.name}{left} ...")
         t0 = time.perf_counter()
         try:
@@ -381,6 +383,7 @@ def _run_all(nbs, params, run_dir: Path, device: str, kernel: str, keep_going: b
             failed = True
         entry["duration_s"] = time.perf_counter() - t0
         elapsed += entry["duration_s"]
+        done[nb.stem] = entry["duration_s"]
         if executed.exists():
             try:
                 _findings_up_front(executed, nb_out)
