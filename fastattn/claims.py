@@ -88,8 +88,9 @@ def _symptom(recs, finds):
     if not s:
         return NOT_RUN, "01_root_cause measures it (bench.stream_profile)"
     t, n = s.get("trend", {}).get("upstream"), s["params"]["chunks"]
-    where = (f"upstream over {n} chunks ({s['params']['preset']} preset, {s['params']['dtype']}, "
-             f"{s['params'].get('weights', 'random')} weights, {_device(s)})")
+    sp = s["params"]
+    where = (f"upstream over {n} chunks ({sp.get('preset')} preset, {sp.get('dtype', 'bfloat16')}, "
+             f"{sp.get('weights', 'random')} weights, {_device(s)})")
     if n < SYMPTOM_CHUNKS:
         return NOT_SCALE, f"({n} of {SYMPTOM_CHUNKS}+ chunks) {where}: the claim is about chunk {SYMPTOM_CHUNKS} on"
     if t is None:  # a record from before the trend verdict: one run's sixths, which one burst decides

@@ -149,12 +149,12 @@ def test_window_claim_verdict_follows_the_measurement(monkeypatch):
 
 
 def test_claims_ledger_verdicts_come_from_measurements(tmp_path):
-    """Every seed claim gets one of four verdicts; direct measurements decide some; run records decide others."""
-    from fastattn.experiments.claims import FAILS, HOLDS, NOT_HERE, NOT_RUN, claims_ledger
-
+    """Every seed claim gets one of the ledger's verdicts; direct measurements decide some; run records others."""
     from fastattn import bench
+    from fastattn.claims import FAILS, HOLDS, NOT_HERE, NOT_RUN, NOT_SCALE, PARTLY, UNDECIDED, claims_ledger
     ledger = claims_ledger(None)
-    assert len(ledger) == 19 and {r["verdict"] for r in ledger} <= {HOLDS, FAILS, NOT_HERE, NOT_RUN}
+    assert len(ledger) == 19 and {r["verdict"] for r in ledger} <= {HOLDS, FAILS, NOT_HERE, NOT_RUN, UNDECIDED, PARTLY,
+                                                                     NOT_SCALE}
     by = {r["claim"]: r for r in ledger}
     assert by[".contiguous() on the layer caches is a no-op (no copy)"]["verdict"] == HOLDS
     assert by["sdpa_kernel switches SDPA's kernel for all threads (process-wide)"]["verdict"] == HOLDS
