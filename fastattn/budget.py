@@ -14,8 +14,8 @@ from typing import Optional
 
 from .paths import atomic_write_text, data_dir
 
-__all__ = ["BUDGET_S", "SCALABLE", "probe", "calibration", "plan", "replan", "notebook_budget", "calibrate",
-           "plan_lines", "stream_seconds", "whole_seconds"]
+__all__ = ["BUDGET_S", "SCALABLE", "probe", "calibration", "plan", "replan", "profile_estimate", "notebook_budget",
+           "calibrate", "plan_lines", "stream_seconds", "whole_seconds"]
 
 BUDGET_S = 600.0
 #: the share of the budget the plan fills: the estimates are estimates (05 then sizes its last part to the time left)
@@ -86,7 +86,7 @@ def _estimates(probe_rec: dict, cal: dict) -> dict:
 
 
 def plan(probe_rec: dict, notebooks, *, given: Optional[dict] = None, budget_s: float = BUDGET_S,
-         cal: Optional[dict] = None, drift: float = 1.0) -> dict:
+         cal: Optional[dict] = None, drift: float = 1.0, stream_preset: str = "small") -> dict:
     """The parameters that fit ``budget_s`` on the probed machine, for the selected ``notebooks`` (stems).
 
     Returns ``{"budget_s", "params": {name: value}, "scaled": [{"param", "default", "value", "why"}],
@@ -97,6 +97,8 @@ def plan(probe_rec: dict, notebooks, *, given: Optional[dict] = None, budget_s: 
     given = dict(given or {})
     cal = cal or calibration()
     est = _scaled(_estimates(probe_rec, cal), drift)
+    if stream_preset == "full":  # 01 streams the full model: its chunk is a full decode step, not the probe's
+        est["chunk_ms"] *= cal["full_over_small"]["bfloat16"]
     stems = [Path(n).stem for n in notebooks]
     fixed = sum(est["fixed_s"].get(s, 0.0) for s in stems)
     sizes = {name: given.get(name, d) for name, (nb, d, _) in SCALABLE.items() if nb in stems}
@@ -116,6 +118,13 @@ def plan(probe_rec: dict, notebooks, *, given: Optional[dict] = None, budget_s: 
     return {"budget_s": budget_s, "params": {s["param"]: s["value"] for s in scaled}, "scaled": scaled,
             "estimate_s": per_nb, "total_s": sum(per_nb.values()), "speed": est["speed"], "sizes": sizes,
             "whole_s": cost("steps", sizes["steps"]) if "steps" in sizes else 0.0, "drift": drift}
+
+
+def profile_estimate(probe_rec: dict, notebooks, sizes: dict, cal: Optional[dict] = None) -> dict:
+    """``{stem: seconds}`` of the notebooks at a profile's sizes (``{stem: {param: value}}``; nothing scaled)."""
+    given = {k: v for stem, ps in sizes.items() for k, v in ps.items() if k in SCALABLE and SCALABLE[k][0] == stem}
+    preset = sizes.get("01_root_cause", {}).get("preset", "small")
+    return plan(probe_rec, notebooks, given=given, budget_s=1e9, cal=cal, stream_preset=preset)["estimate_s"]
 
 
 def _scaled(est: dict, drift: float) -> dict:

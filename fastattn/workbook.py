@@ -18,7 +18,7 @@ from typing import Optional, Sequence
 from . import models as _models
 from .budget import BUDGET_S, SCALABLE, notebook_budget, replan
 from .devices import DTYPES
-from .paths import atomic_write_text, notebooks_dir, reports_dir
+from .paths import atomic_write_text, data_dir, notebooks_dir, reports_dir
 
 __all__ = ["check_params", "resolve_device", "time_left", "provenance", "save_figure", "save", "table", "findings",
            "run_workbook",
@@ -255,7 +255,7 @@ def _relative_paths(text: str, run_dir: Path) -> str:
 
 def run_workbook(params: Optional[dict] = None, *, only: Optional[list] = None, keep_going: bool = False,
                  out: Optional[Path] = None, timeout: int = 1800, log=print,
-                 budget_s: Optional[float] = BUDGET_S) -> tuple[Path, dict]:
+                 budget_s: Optional[float] = BUDGET_S, profile: Optional[str] = None) -> tuple[Path, dict]:
     """Run the notebooks; return (run folder, summary). A failure stops the run unless ``keep_going``.
 
     With ``budget_s`` (seconds of notebooks; None or 0: the notebooks' own defaults) the machine is probed first
@@ -263,12 +263,17 @@ def run_workbook(params: Optional[dict] = None, *, only: Optional[list] = None, 
     changed. The plan, what it scaled and why, and each notebook's estimate beside its duration go into the summary.
     """
     params = dict(params or {})
+    prof = load_profile(profile) if profile else {}
+    if prof:
+        budget_s = prof.get("budget") or None
     nbs = notebooks()
     if only:
         nbs = [p for p in nbs if any(p.name.startswith(o) or p.stem == o for o in only)]
         if not nbs:
             raise ValueError(f"--only {only}: no notebook matches (have: {', '.join(p.name for p in notebooks())})")
-    _validate_run(params, nbs)
+    per_nb = {nb.stem: {**prof.get("notebooks", {}).get(nb.stem, {}), **params} for nb in nbs}
+    for nb in nbs:
+        _validate_run(per_nb[nb.stem], [nb])
     device = resolve_device(str(params.get("device", "auto")))  # ValueError for cuda without CUDA
     import shutil
     import tempfile
@@ -277,13 +282,18 @@ def run_workbook(params: Optional[dict] = None, *, only: Optional[list] = None, 
     from .report import write_report
 
     plan = _plan(params, nbs, device, budget_s, log) if budget_s else None
+    if prof:
+        log(f"[fastattn] profile {profile}: " + "; ".join(profile_lines(prof, device)))
     run_dir = _new_run_dir(device, out)
     spec_root = Path(tempfile.mkdtemp(prefix="fastattn-kernel-"))
     kernel = _kernelspec(spec_root)
     saved_path = os.environ.get("JUPYTER_PATH")
     os.environ["JUPYTER_PATH"] = os.pathsep.join(p for p in (str(spec_root), saved_path) if p)
     try:
-        summary = _run_all(nbs, params, run_dir, device, kernel, keep_going, timeout, log, plan)
+        summary = _run_all(nbs, per_nb, run_dir, device, kernel, keep_going, timeout, log, plan)
+        if prof.get("bench") and summary["status"] == "ok":
+            summary["bench"] = _run_bench(prof["bench"], run_dir / "bench" / "records", device, log)
+        summary["parameters"], summary["profile"] = params, profile  # each notebook's own: its entry's
     finally:
         if saved_path is None:
             os.environ.pop("JUPYTER_PATH", None)
@@ -294,6 +304,51 @@ def run_workbook(params: Optional[dict] = None, *, only: Optional[list] = None, 
     atomic_write_text(run_dir / "summary.json", json.dumps(summary, indent=1, default=str))
     write_report(run_dir, summary)
     return run_dir, summary
+
+
+def load_profile(name: str) -> dict:
+    """``data/profiles/<name>.yaml``: ``{budget, notebooks: {stem: params}, bench: [what]}``; a clear error naming
+    the profiles there for anything else."""
+    import yaml
+    have = sorted(p.stem for p in (data_dir() / "profiles").glob("*.yaml"))
+    if name not in have:
+        raise ValueError(f"--profile {name!r}: expected one of {', '.join(have)}")
+    prof = yaml.safe_load((data_dir() / "profiles" / f"{name}.yaml").read_text()) or {}
+    bad = set(prof.get("bench", [])) - set(BENCH_EXTRAS)
+    if bad:
+        raise ValueError(f"profile {name}: bench {sorted(bad)} unknown (expected some of {sorted(BENCH_EXTRAS)})")
+    return prof
+
+
+def profile_lines(prof: dict, device: str) -> list:
+    """A profile's plan: each notebook's sizes and, from this machine's probe and the calibration, its seconds."""
+    from . import budget
+    stems = [p.stem for p in notebooks()]
+    est = budget.profile_estimate(budget.probe(device), stems, prof.get("notebooks", {}))
+    sizes = prof.get("notebooks", {})
+    return [f"{stem} about {t:.0f} s" + "".join(f", {k}={v}" for k, v in sizes.get(stem, {}).items())
+            for stem, t in est.items()] + [f"then bench {', '.join(prof.get('bench', [])) or 'nothing'}; in all "
+                                           f"about {sum(est.values()) / 60:.0f} min of notebooks"]
+
+
+#: what a profile's ``bench`` list may name: records no notebook makes
+BENCH_EXTRAS = ("compiled", "forms")
+
+
+def _run_bench(what: list, out: Path, device: str, log) -> list:
+    """The profile's extra records: the compiled decode step and the static-shape forms (both dtypes)."""
+    from .bench import compiled_step_sweep, form_sweep, save_record
+    written = []
+    for name in what:
+        log(f"[fastattn] bench {name} ...")
+        if name == "compiled":
+            written.append(save_record(compiled_step_sweep([0, 16, 256, 512, 1024], preset="tiny", device=device,
+                                                           progress=False), out, "compiled_step_tiny"))
+        else:
+            written += [save_record(form_sweep([0, 256, 1024, 2048, 4096, 6144, 8000], device=device, dtype=dt,
+                                               progress=False), out, f"decode_forms_{dt}")
+                        for dt in ("bfloat16", "float32")]
+    return [str(p.relative_to(out.parents[1])) for p in written]
 
 
 def _validate_run(params: dict, nbs: list) -> None:
@@ -344,16 +399,17 @@ def _planned(plan: Optional[dict], params: dict, declared: dict, elapsed_s: floa
     return out
 
 
-def _run_all(nbs, params, run_dir: Path, device: str, kernel: str, keep_going: bool, timeout: int, log,
+def _run_all(nbs, per_nb: dict, run_dir: Path, device: str, kernel: str, keep_going: bool, timeout: int, log,
              plan: Optional[dict] = None) -> dict:
     import papermill as pm
     from papermill.exceptions import PapermillExecutionError
 
+    params = next(iter(per_nb.values()), {})
     summary = {"run": run_dir.name, "parameters": params, "device": device, "started_utc":
                datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"), "notebooks": [], "plan": plan}
     failed, elapsed, done = False, 0.0, {}
     for i, nb in enumerate(nbs):
-        declared = pm.inspect_notebook(str(nb))
+        declared, params = pm.inspect_notebook(str(nb)), per_nb[nb.stem]
         nb_params = {k: v for k, v in params.items() if k in declared}
         now = replan(plan, done, [n.stem for n in nbs[i:]], given=params) if plan and done else plan
         nb_params.update(_planned(now, params, declared, elapsed, nb.stem))
@@ -457,6 +513,8 @@ def main(argv=None) -> int:
     ap.add_argument("--keep-going", action="store_true", help="continue after a failing notebook")
     ap.add_argument("--out", help="parent folder of the run folder (default: reports/)")
     ap.add_argument("--timeout", type=int, default=1800, help="per-cell timeout in seconds")
+    ap.add_argument("--profile", help="a named set of sizes (data/profiles/NAME.yaml), e.g. reference: the sizes "
+                                      "that decide the seeds' claims (about an hour on 2 cores); sets the budget")
     ap.add_argument("--budget", type=float, default=BUDGET_S, metavar="SECONDS",
                     help=f"seconds of notebooks to fit the sized measurements to after probing this machine "
                          f"(default {BUDGET_S:.0f}; 0: the notebooks' own defaults, unscaled); -p values are never "
@@ -469,7 +527,7 @@ def main(argv=None) -> int:
         if args.budget < 0:
             raise ValueError(f"--budget {args.budget:g}: expected seconds >= 0 (0: no sizing)")
         run_dir, summary = run_workbook(params, only=args.only, keep_going=args.keep_going, out=out,
-                                        timeout=args.timeout, budget_s=args.budget or None)
+                                        timeout=args.timeout, budget_s=args.budget or None, profile=args.profile)
     except (ValueError, OSError) as exc:
         print(f"[fastattn] error: {exc}", file=sys.stderr)
         return 2
