@@ -257,6 +257,49 @@ def headline_figure(ref: Path, path: Path) -> Path:
     return path
 
 
+MODULES_BEGIN, MODULES_END = "<!-- modules:begin -->", "<!-- modules:end -->"
+#: the layer of each top-level module, bottom up (bench/ is measuring, experiments/ one notebook each)
+LAYERS = {"runtime": ("core", "clock", "exactness", "fast", "static", "modes", "step", "masks", "cache"),
+          "voxcpm side": ("compat", "models", "steps", "inflight", "patch", "graphs", "upstream"),
+          "proof, devices": ("backends", "devices", "paths"),
+          "reports and running": ("claims", "report", "readme", "plots", "budget", "workbook", "doctor", "gpucheck",
+                                  "__main__")}
+
+
+def modules_table() -> str:
+    """docs/api.md's module map, read from the package: each module's layer, first docstring sentence, and the
+    fastattn modules and third-party roots (voxcpm, papermill, ...) it imports (AST: at module level or inside a
+    function). A module with no row here fails ``test_api_doc_is_the_package``."""
+    import ast
+    pkg = Path(__file__).resolve().parent
+    rows = []
+    for path in sorted(pkg.rglob("*.py")):
+        rel = path.relative_to(pkg).with_suffix("")
+        name = ".".join(rel.parts)
+        top = rel.parts[0]
+        layer = ("measuring" if top == "bench" else "one notebook" if top == "experiments" else
+                 next((k for k, v in LAYERS.items() if top in v), "package"))
+        tree = ast.parse(path.read_text())
+        doc = (ast.get_docstring(tree) or "").split("\n\n")[0].replace("\n", " ").split(". ")[0].rstrip(".")
+        for cut in (": ", " (", "; "):  # the gist: up to the first colon, bracket or semicolon past 60 characters
+            if len(doc) > 100 and cut in doc[60:]:
+                doc = doc[:60 + doc[60:].index(cut)]
+        ours, theirs = set(), set()
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom):
+                (ours if node.level else theirs).add((node.module or "").split(".")[0] if not node.level else
+                                                      (node.module or "").split(".")[0] or "(package)")
+            elif isinstance(node, ast.Import):
+                theirs |= {a.name.split(".")[0] for a in node.names}
+        third = sorted(t for t in theirs - {"__future__", "fastattn"} if t in ("voxcpm", "papermill", "nbformat",
+                                                                                "matplotlib", "scipy", "librosa"))
+        rows.append((layer, name, doc.replace("|", "\\|"), ", ".join(third) or "-"))
+    order = list(LAYERS) + ["measuring", "one notebook", "package"]
+    rows.sort(key=lambda r: (order.index(r[0]), r[1]))
+    return "\n".join(["| layer | module | what it owns | imports (beyond torch, numpy) |", "|---|---|---|---|"] +
+                     [f"| {a} | `{b}` | {c} | {d} |" for a, b, c, d in rows]) + "\n"
+
+
 def _readme() -> Path:
     return Path(repo_root()) / "README.md"
 
@@ -291,6 +334,7 @@ def main(argv=None) -> int:
         print(block, end="")
         return 0
     _replace_block(_readme(), block)
+    _replace_block(Path(repo_root()) / "docs" / "api.md", modules_table(), MODULES_BEGIN, MODULES_END)
     _replace_block(_results_md(), reference_findings(results / REFERENCE, results / OTHER))
     headline_figure(results / REFERENCE, results / HEADLINE)
     for name in PR_FILES:
