@@ -154,7 +154,7 @@ def _compiled(r: dict) -> Optional[str]:
 def reference_findings(ref: Path, other: Optional[Path] = None) -> str:
     """docs/results.md's block: every finding of the reference run in one table (figure, interval, n), the
     claims ledger, and the machines side by side (``other``: a second machine's records)."""
-    from .report import _md_table, compare, compare_markdown
+    from .report import compare, compare_markdown, md_table
     r = records(ref)
     run, t = r["run"], {x["id"]: x for x in r["targets"]["rows"]}
     dt, masked, no_gqa = _kernel(r)
@@ -177,7 +177,7 @@ def reference_findings(ref: Path, other: Optional[Path] = None) -> str:
              f"{r['targets']['env'].get('git_commit', '?')[:7]}.", "", "| finding | measured |", "|---|---|"]
     lines += [f"| {k} | {v} |" for k, v in rows]
     ledger = [{k: x[k] for k in ("source", "claim", "scale", "verdict", "evidence")} for x in claims_ledger(ref)]
-    lines += ["", "The seeds' claims, judged on this machine:", ""] + _md_table(ledger)
+    lines += ["", "The seeds' claims, judged on this machine:", ""] + md_table(ledger)
     if other:
         lines += ["", f"The machines side by side (`python -m fastattn compare data/results/{Path(ref).name} "
                       f"data/results/{Path(other).name}`):", "", compare_markdown(compare([ref, other])).rstrip("\n")]
@@ -275,7 +275,7 @@ def modules_table() -> str:
     rows = []
     for path in sorted(pkg.rglob("*.py")):
         rel = path.relative_to(pkg).with_suffix("")
-        name = ".".join(rel.parts)
+        name = ".".join(rel.parts[:-1] if rel.parts[-1] == "__init__" else rel.parts) or "fastattn"
         top = rel.parts[0]
         layer = ("measuring" if top == "bench" else "one notebook" if top == "experiments" else
                  next((k for k, v in LAYERS.items() if top in v), "package"))

@@ -20,7 +20,7 @@ from typing import Optional
 from .bench.metrics import headlines, kv_mb
 from .bench.records import load_run
 
-__all__ = ["fmt", "short", "write_report", "compare", "compare_markdown", "compare_html", "main"]
+__all__ = ["fmt", "short", "md_table", "write_report", "compare", "compare_markdown", "compare_html", "main"]
 
 CSS = ("body{font-family:system-ui,sans-serif;max-width:1100px;margin:2em auto;padding:0 1em;color:#222}"
        "table{border-collapse:collapse;margin:1em 0}td,th{border:1px solid #ccc;padding:4px 8px;text-align:left;"
@@ -160,7 +160,7 @@ def _index_html(run_dir: Path, summary: dict, env: dict, verdicts: list, ledger:
     return "\n".join(out)
 
 
-def _md_table(rows: list) -> list:
+def md_table(rows: list) -> list:
     if not rows:
         return []
     cols = list(rows[0])
@@ -173,11 +173,11 @@ def _summary_md(run_dir: Path, summary: dict, env: dict, verdicts: list, ledger:
     lines = [f"## fastattn workbook: `{run_dir.name}` ({summary.get('status', '?')})", "",
              "Environment: " + ", ".join(f"{k} {fmt(v)}" for k, v in env.items()), ""]
     if verdicts:
-        lines += ["### Verdicts", ""] + _md_table([{**v, "met": "**no**" if v["met"] == "no" else v["met"] or "n/a"}
+        lines += ["### Verdicts", ""] + md_table([{**v, "met": "**no**" if v["met"] == "no" else v["met"] or "n/a"}
                                                    for v in verdicts])
         lines.append("")
     if ledger:
-        lines += ["### The seeds' claims, judged on this device", ""] + _md_table(ledger) + [""]
+        lines += ["### The seeds' claims, judged on this device", ""] + md_table(ledger) + [""]
     dtype = next((c for c in ledger if c["source"] == "voxcpm" and "dtype" in c["claim"]), None)
     if dtype and dtype["verdict"] in ("holds", "does not hold"):
         lines += ["### Which dtype to run on this machine", "", dtype["evidence"], ""]
@@ -270,7 +270,7 @@ def compare(paths) -> dict:
 
 
 def compare_markdown(matrix: dict) -> str:
-    return "\n".join(_md_table(matrix["rows"])) + "\n"
+    return "\n".join(md_table(matrix["rows"])) + "\n"
 
 
 def compare_html(matrix: dict) -> str:
