@@ -18,12 +18,13 @@ ROOT = Path(__file__).resolve().parents[1]
 NOTEBOOKS = sorted((ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb"))
 
 SMOKE = {
-    "01_root_cause": {"positions": [0, 100, 500], "capacity": 1024, "repeats": 2, "preset": "tiny", "chunks": 30},
+    "01_root_cause": {"positions": [0, 100, 500], "capacity": 1024, "repeats": 2, "preset": "tiny", "chunks": 30,
+                      "consumer_at": [1, 25, 50], "contention_chunks": 10, "prompt_calls": 6},
     "02_backend_selection": {"capacity": 1024, "position": 100},
     "03_causality_checks": {"capacity": 512, "positions": list(range(0, 512, 16)), "interactive": True},
     "04_patch_application": {"dtype": "float32", "steps": 40},
     "05_profiling": {"positions": [0, 256], "capacity": 1024, "repeats": 2, "preset": "tiny", "steps": 4,
-                     "interactive": True},
+                     "interactive": True, "rss_runs": 1, "growth_steps": [400]},
 }
 
 
