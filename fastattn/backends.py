@@ -191,8 +191,7 @@ def _run_profiled(fn) -> list[str]:
 
 
 def _forced(backend: str, call) -> dict:
-    """Run ``call`` with only ``backend`` enabled: the kernel op that ran, or the error with the reasons
-    SDPA's selection gave (it warns them through Python's warnings before "No available kernel")."""
+    """Run ``call`` with only ``backend`` enabled: the kernel op that ran, or the error and SDPA's warned reasons."""
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         try:
@@ -207,9 +206,8 @@ def _forced(backend: str, call) -> dict:
 
 # --------------------------------------------------------------------------- public
 def explain_sdpa(q, k, v, *, attn_mask=None, is_causal=False, enable_gqa=False, scale=None) -> SDPAReport:
-    """Prove which SDPA backend and aten ops run for exactly this call (SDPA's arguments) on its device.
-
-    Returns an :class:`SDPAReport`; non-tensor or non-4-D inputs, or mixed devices, raise TypeError/ValueError."""
+    """Prove which SDPA backend and aten ops run for exactly this call (SDPA's arguments) on its device: an
+    :class:`SDPAReport`. Non-tensor or non-4-D inputs, or mixed devices, raise TypeError/ValueError."""
     _check(q, k, v, attn_mask)
 
     def call():

@@ -59,7 +59,6 @@ def _mark_dynamic(t: torch.Tensor, dim: int) -> None:
 
 class RightSizedKVCache:
     """voxcpm's ``StaticKVCache`` (same constructor and methods, plus ``bucket``) holding ``capacity`` slots.
-
     Adds ``bucket``, ``capacity``, ``window``, ``nbytes``, ``reserve()``, ``generation``. ``kv_cache`` is the window
     view ``(2, layers, B, Hkv, window, D)`` of the storage. Bad sizes raise ValueError, a bad dtype TypeError."""
 
@@ -96,10 +95,8 @@ class RightSizedKVCache:
         return t
 
     def _set_window(self) -> None:
-        """Point ``kv_cache`` at the storage's first ``window`` slots; its slot dim is dynamic where windows vary.
-
-        With ``static_address`` the view is marked too: a view of a marked storage is not, and CUDA graph trees
-        skip a step that mutates an unmarked input."""
+        """Point ``kv_cache`` at the storage's first ``window`` slots (slot dim dynamic where windows vary); with
+        ``static_address`` the view is marked too (a view of a marked storage is not, and CUDA graph trees skip it)."""
         w = window_slots(self.current_length, self.capacity, self.bucket)
         view = getattr(self, "kv_cache", None)
         if w != getattr(self, "window", None) or view is None or view.data_ptr() != self._storage.data_ptr():
@@ -152,9 +149,8 @@ class RightSizedKVCache:
             torch._dynamo.mark_static_address(self.kv_cache)
 
     def reserve(self, n_tokens: int) -> None:
-        """Hold >= ``n_tokens`` slots (bucket-rounded) through the next ``fill_caches``; never shrinks.
-
-        Raises ValueError for a negative count or one past ``max_length``."""
+        """Hold >= ``n_tokens`` slots (bucket-rounded) through the next ``fill_caches``; never shrinks. ValueError for
+        a negative count or one past ``max_length``."""
         if isinstance(n_tokens, bool) or not isinstance(n_tokens, int) or n_tokens < 0:
             raise ValueError(f"n_tokens must be a non-negative int, got {n_tokens!r}")
         if n_tokens > self.max_length:
@@ -186,7 +182,6 @@ class RightSizedKVCache:
 
     def fill_caches(self, kv_caches: List[Tuple[torch.Tensor, torch.Tensor]]) -> None:
         """Start a request from prefill K/V, per layer (B, Hkv, P, D) each, in the cache's dtype and device.
-
         All are checked before any write (a ValueError leaves the cache as it was); clears only slots earlier
         requests wrote: O(request), never O(max_length)."""
         n = self._check_prefill(kv_caches)

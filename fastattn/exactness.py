@@ -86,7 +86,6 @@ def _lengths(step: int, capacity: int, lq: int) -> list:
 def calibrate_exact(device, dtype, *, hq: int, hkv: int, head_dim: int, capacity: int, lq: int = 1,
                     draws: int = 3, seed: int = 0, exhaustive: bool = True) -> dict:
     """Measure which window bucket keeps ``exact`` bit-identical (``torch.equal``) to the full-capacity call.
-
     ``hq, hkv, head_dim, capacity, lq``: the real call's geometry; ``draws`` random batches. ``exhaustive`` measures
     every candidate at every length; False (``exact``'s first use) stops at the first eligible identical one.
     Returns ``{"bucket", "ladder", "kernel", "key_block", ...}``, ``bucket`` None where no window is exact; ladder

@@ -105,7 +105,6 @@ class MaskInfo:
 # ---------------------------------------------------------------------- attention
 def attention(q, k, v, *, mask=None, mask_info: Optional[MaskInfo] = None, scale=None, enable_gqa=False, check=False):
     """SDPA with the dense mask's semantics, along the cheapest path the structure allows.
-
     q (B, Hq, Lq, D); k, v (B, Hkv, Lk, D); ``mask`` bool, broadcastable to (B, Hq, Lq, Lk); ``mask_info`` describes
     or stands for it; ``check`` verifies that (also ``FASTATTN_CHECK_MASKS=1``). Unseen keys are cut in 512-key blocks
     (a right-padded cut keeps the dense call's bits on CPU); fully masked rows return zeros, never NaN. Host reads:

@@ -81,7 +81,6 @@ def _check_device(device: str) -> str:
 def build_voxcpm2(preset: str = "tiny", *, seed: int = 0, device: str = "cpu", dtype: str = "bfloat16",
                   max_length: int = 8192):
     """A real ``voxcpm.model.voxcpm2.VoxCPM2Model`` with random weights from ``preset``, built offline.
-
     The same preset, seed and dtype give the same weights; ``dtype`` as voxcpm's loader does it (AudioVAE kept
     float32). Bad dtype or ``max_length`` raise ValueError; ``model.fastattn_info`` says what was built."""
     if dtype not in DTYPES:
@@ -185,7 +184,6 @@ def _check_tokenizer(model, path: Path) -> None:
 
 def load_voxcpm2(path, *, device: Optional[str] = None):
     """Load a local VoxCPM2 checkpoint with voxcpm's ``from_local(..., optimize=False)`` (patchable), offline.
-
     ``path`` must hold ``config.json``, ``tokenizer.json``/``.model``, ``model.safetensors`` (or ``pytorch_model.bin``)
     and ``audiovae.safetensors`` (or ``.pth``), else FileNotFoundError names what is missing. Weights that do not
     cover the model exactly, or a tokenizer that encodes nothing, raise ValueError."""

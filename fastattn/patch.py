@@ -313,7 +313,6 @@ def _status(state: _Applied) -> dict:
 def patch_voxcpm(model=None, *, mode: str = "exact", cache: bool = True, force: bool = False,
                  bucket: Optional[int] = None):
     """Patch voxcpm's MiniCPM decode step (and, with ``cache=True``, its KV caches) in place; a :class:`VoxcpmPatch`.
-
     ``model``: a built VoxCPM/VoxCPM2 model to check (not compiled) and convert; later models get the patch anyway.
     ``mode``: ``"exact"`` (default), ``"fast"`` (opt-in) or ``"reference"``. ``force``: patch an unverified source.
     ``bucket``: as in :func:`fastattn.attention_step`. The same settings add a holder; other settings while applied,

@@ -22,7 +22,6 @@ def _rows(rec, **match):
 
 
 def _spread(ax, rows, label, color):
-    """Median with a p10-p90 bar for each row, against position."""
     ax.errorbar([r["position"] for r in rows], [r["median_ms"] for r in rows],
                 yerr=[[r["median_ms"] - r["p10_ms"] for r in rows], [r["p90_ms"] - r["median_ms"] for r in rows]],
                 marker="o", ms=4, capsize=2, label=label, color=color)
@@ -259,7 +258,6 @@ def graph_choice_table(choice: dict) -> str:
 
 
 def _finish_chunks(fig, ax, title: str):
-    """A per-chunk figure's axes (chunk index, ms per chunk from zero), then :func:`_finish`."""
     ax.set_xlabel("chunk (one decode step each)")
     ax.set_ylabel("ms per chunk")
     ax.set_ylim(bottom=0)

@@ -134,7 +134,6 @@ def _head_dim(config) -> int:
 
 
 def _granularity(config, device, dtype, max_length: int) -> Optional[int]:
-    """Calibrated exact window granularity for one decode step (Lq = 1) of this LM's geometry."""
     return exact_granularity(torch.device(device), dtype, hq=config.num_attention_heads,
                              hkv=config.num_key_value_heads, head_dim=_head_dim(config), capacity=max_length, lq=1)
 

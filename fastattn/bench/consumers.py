@@ -101,7 +101,6 @@ def _time(fn, repeats: int) -> float:
 def consumer_matrix(chunks: Optional[Sequence] = None, *, at: Sequence[int] = AT, sr: int = SAMPLE_RATE,
                     chunk_samples: int = CHUNK_SAMPLES, repeats: int = 3, seed: int = 0) -> dict:
     """Each consumer pattern's ms for the chunk that makes the clip ``k`` chunks long, for ``k`` in ``at``.
-
     ``chunks``: a stream's real chunks, repeated cyclically to length ``k`` (None: noise chunks of ``chunk_samples``).
     Rows ``{pattern, chunk, samples, ms}``; ``summary[pattern]``: ``us_per_ksample`` (resistant slope), ``ms_first``,
     ``ms_at_400``, ``chunk_at_1s`` (None past 100,000 chunks), ``reproduces_293`` (under 0.1 s first, +0.7 s by 400)."""

@@ -69,7 +69,6 @@ def _bootstrap(series: list, block: int, seed: int) -> list:
 def trend(repeats: Sequence[Sequence[tuple]], *, tolerance: float = TOLERANCE, min_quiet: float = 0.5,
           seed: int = 0) -> dict:
     """The trend of one variant's per-chunk cost over ``repeats``, each a sequence of ``(chunk, ms, disturbed)``.
-
     Returns ``{"slope_ms_per_100", "ci", "change", "change_ci", "level_ms", "per_repeat_change", "verdict", "why",
     "disturbed", "disturbed_chunks", "quiet_share", "repeats"}``; ``change`` is relative to the level. Chunk 0
     (the prefill) is left out."""

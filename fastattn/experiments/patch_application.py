@@ -12,10 +12,8 @@ __all__ = ["compare_with_upstream", "compile_demo", "naive_slice_forward_step", 
 
 def compare_with_upstream(model, *, text: str, steps: int, mode: str = "exact", cache: bool = True,
                           streaming: bool = False, seed: int = 0, inference_timesteps: int = 2) -> dict:
-    """Decode ``text`` for ``steps`` steps unpatched, then patched, and compare chunk by chunk; leaves it unpatched.
-
-    Returns ``identical``, ``chunks_identical``, ``first_diff_chunk``, ``max_abs_diff`` and both runs' KV bytes;
-    raises PatchError if a patch is already applied."""
+    """Decode ``text`` unpatched, then patched (left unpatched): ``identical``, ``chunks_identical``,
+    ``first_diff_chunk``, ``max_abs_diff``, both runs' KV bytes. PatchError if a patch is already applied."""
     if patch_status()["applied"]:
         raise PatchError("compare_with_upstream needs voxcpm unpatched to start; revert() the active patch first")
 
@@ -58,7 +56,6 @@ def naive_slice_forward_step(self, hidden_states, position_emb, position_id, kv_
 def compile_demo(variant: str, *, steps: int = 160, bucket: int = 16, text: str = "hello world " * 4,
                  seed: int = 0) -> dict:
     """Compile a fresh tiny model's base LM step like upstream's optimize() (fullgraph, eager backend) and decode.
-
     ``variant``: ``"upstream"``, ``"naive_slice"`` (seed 000's fix) or ``"patched"`` (exact, ``bucket``-slot cache).
     Returns graph counts, ``error`` (compile failure or None) and ``equal_to_eager``."""
     from ..models import build_voxcpm2, silence_progress

@@ -25,7 +25,6 @@ def warm_vs_cold(warm: dict, cold: dict) -> list[dict]:
 
 
 def _ratio_or_none(num, den):
-    """``num / den`` where the denominator is a resolved saving (> 0), else None: no ratio of noise."""
     return num / den if num is not None and den is not None and den > 0 else None
 
 
