@@ -130,8 +130,7 @@ def _params(q, k, v, attn_mask, is_causal, enable_gqa):
 
 
 def native_warnings(text: str) -> list[str]:
-    """The messages of c10's ``[W... file:line] Warning: <message> (function <name>)`` lines in ``text``
-    (what torch's C++ ``TORCH_WARN`` prints on stderr where no Python warning handler is installed)."""
+    """The messages of c10's ``[W... file:line] Warning: <msg> (function <name>)`` lines (C++ ``TORCH_WARN``)."""
     out = []
     for line in text.splitlines():
         _, sep, msg = line.partition("Warning: ")
@@ -157,9 +156,8 @@ def call_capturing_native_stderr(fn) -> tuple:
 
 
 def _eligibility_cuda(q, k, v, attn_mask, is_causal, enable_gqa) -> dict:
-    """torch's ``can_use_*(params, debug=True)`` per CUDA backend, with its reasons. The bindings are bare
-    pybind11 lambdas: their debug ``TORCH_WARN``s go to C++ stderr (c10's default handler), not to Python's
-    ``warnings``, so fd 2 is read back as well as Python's warnings."""
+    """torch's ``can_use_*(params, debug=True)`` per CUDA backend with its reasons; the bindings' debug warnings go
+    to C++ stderr, not Python's ``warnings``, so fd 2 is read back too."""
     cb = torch.backends.cuda
     params = _params(q, k, v, attn_mask, is_causal, enable_gqa)
     out = {}
@@ -193,8 +191,7 @@ def _run_profiled(fn) -> list[str]:
 
 
 def _forced(backend: str, call) -> dict:
-    """Run ``call`` with only ``backend`` enabled: the kernel op that ran, or the error with the reasons
-    SDPA's selection gave (it warns them through Python's warnings before "No available kernel")."""
+    """Run ``call`` with only ``backend`` enabled: the kernel op that ran, or the error and SDPA's warned reasons."""
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         try:
@@ -209,7 +206,8 @@ def _forced(backend: str, call) -> dict:
 
 # --------------------------------------------------------------------------- public
 def explain_sdpa(q, k, v, *, attn_mask=None, is_causal=False, enable_gqa=False, scale=None) -> SDPAReport:
-    """Prove which SDPA backend and ops run for exactly this call on its device (see module docstring)."""
+    """Prove which SDPA backend and aten ops run for exactly this call (SDPA's arguments) on its device: an
+    :class:`SDPAReport`. Non-tensor or non-4-D inputs, or mixed devices, raise TypeError/ValueError."""
     _check(q, k, v, attn_mask)
 
     def call():
@@ -248,9 +246,8 @@ def explain_sdpa(q, k, v, *, attn_mask=None, is_causal=False, enable_gqa=False, 
 
 def decode_inputs(device, dtype, *, capacity: int = 8192, hq: int = 16, hkv: int = 2, head_dim: int = 128,
                   seed: int = 0) -> tuple:
-    """The random decode call of :func:`backend_matrix` for one dtype and head size: ``q`` (1, Hq, 1, D),
-    ``k``, ``v`` (1, Hkv, capacity, D), drawn from their own generator, so a notebook that shows one case
-    (the ``is_causal`` trap) shows the very data of the matrix's row."""
+    """:func:`backend_matrix`'s random decode call: ``q`` (1, Hq, 1, D), ``k``, ``v`` (1, Hkv, capacity, D), from
+    their own seeded generator (a notebook showing one case shows the matrix row's data)."""
     g = torch.Generator().manual_seed(seed)
     k, v, q = (torch.randn(*shape, generator=g).to(device=device, dtype=dtype)
                for shape in ((1, hkv, capacity, head_dim), (1, hkv, capacity, head_dim), (1, hq, 1, head_dim)))
@@ -260,10 +257,10 @@ def decode_inputs(device, dtype, *, capacity: int = 8192, hq: int = 16, hkv: int
 def backend_matrix(device="cpu", dtype=None, *, capacity: int = 8192, position: int = 256, hq: int = 16,
                    hkv: int = 2, head_dim: int = 128, unsupported_head_dim: int = 512, seed: int = 0,
                    progress=None) -> list[dict]:
-    """``explain_sdpa`` over VoxCPM2's decode cases, one row per case and dtype: upstream's masked call (bool mask +
-    GQA), a float additive mask, no ``enable_gqa`` (K/V repeated), ``exact``'s window, the ``fast`` slice,
-    ``is_causal=True`` with Lq = 1 (top-left aligned: wrong), and upstream and fast at ``unsupported_head_dim``. Each
-    row: the backend, kernel op and helpers, eligibility, forced results, and the max error against float64."""
+    """``explain_sdpa`` over VoxCPM2's decode cases at ``position``, one row per case and dtype (default: those of
+    fp32/bf16/fp16 that run): upstream's masked call, a float mask, no ``enable_gqa``, ``exact``'s window, ``fast``'s
+    slice, ``is_causal=True`` (wrong for Lq=1), upstream and fast at ``unsupported_head_dim``. Rows: backend, kernel,
+    helpers, eligible, forced, ``max_abs_err`` vs float64, ``correct``; ``progress(case, dtype)`` after each."""
     device = resolve_device(device)
     if not 0 <= position < capacity:
         raise ValueError(f"position must be in [0, capacity={capacity}), got {position}")

@@ -51,27 +51,16 @@ def _pos_int(value, name: str) -> int:
 
 
 def _mark_dynamic(t: torch.Tensor, dim: int) -> None:
-    """``torch._dynamo.maybe_mark_dynamic(t, dim)`` where dynamo is loaded; nothing where it is not.
-
-    Importing dynamo puts tens of MB of modules (sympy among them) into every patched process
-    (``bench.peak_rss`` measures it), and a process that has not imported it is not compiling. A view made
-    before a compile started is re-marked at its next window change; until then dynamo's automatic dynamic
-    shapes recompile once at most. No private torch attribute is written by hand (their set differs between
-    torch versions)."""
+    """``torch._dynamo.maybe_mark_dynamic(t, dim)`` where dynamo is already loaded; never imports it."""
     dynamo = sys.modules.get("torch._dynamo")
     if dynamo is not None:
         dynamo.maybe_mark_dynamic(t, dim)
 
 
 class RightSizedKVCache:
-    """KV storage ``(2, num_layers, batch, num_kv_heads, capacity, dim_kv_head)``, sized by the module's policy.
-
-    Same constructor and methods as ``voxcpm.modules.minicpm4.cache.StaticKVCache``
-    plus ``bucket``, ``capacity``, ``window``, ``nbytes``, ``reserve()``,
-    ``generation``. ``kv_cache`` is, as upstream, the 6-D tensor the layers'
-    views come from, but here it is the *window* view ``(..., window, D)`` of the
-    storage; the storage itself is ``_storage``.
-    """
+    """voxcpm's ``StaticKVCache`` (same constructor and methods, plus ``bucket``) holding ``capacity`` slots.
+    Adds ``bucket``, ``capacity``, ``window``, ``nbytes``, ``reserve()``, ``generation``. ``kv_cache`` is the window
+    view ``(2, layers, B, Hkv, window, D)`` of the storage. Bad sizes raise ValueError, a bad dtype TypeError."""
 
     def __init__(self, num_layers: int, num_kv_heads: int, dim_kv_head: int, batch_size: int,
                  device, dtype: torch.dtype, max_length: int = 8192, *, bucket: int = 512):
@@ -106,15 +95,8 @@ class RightSizedKVCache:
         return t
 
     def _set_window(self) -> None:
-        """Point ``kv_cache`` at the first ``window`` slots of the storage.
-
-        Where windows vary (granularity below ``max_length``) the view's slot dimension is marked dynamic for
-        torch.compile, so a compiled step sees one symbolic window size instead of recompiling at every bucket;
-        where the window is always ``max_length`` (no exact window: CUDA) it stays static, as upstream's cache.
-        With ``static_address`` the view itself is marked too: dynamo reads static-ness from the tensor a graph
-        receives, and a view of a marked storage is not marked (CUDA graph trees skip a step that mutates an
-        unmarked input).
-        """
+        """Point ``kv_cache`` at the storage's first ``window`` slots (slot dim dynamic where windows vary); with
+        ``static_address`` the view is marked too (a view of a marked storage is not, and CUDA graph trees skip it)."""
         w = window_slots(self.current_length, self.capacity, self.bucket)
         view = getattr(self, "kv_cache", None)
         if w != getattr(self, "window", None) or view is None or view.data_ptr() != self._storage.data_ptr():
@@ -127,13 +109,12 @@ class RightSizedKVCache:
 
     @property
     def windowed(self) -> bool:
-        """Whether windows vary (granularity below ``max_length``): False where no window is exact and the cache
-        holds all ``max_length`` slots, as upstream's."""
+        """``bucket < max_length``; False where the cache holds all ``max_length`` slots, as upstream's."""
         return self.bucket < self.max_length
 
     @property
     def granularity(self) -> Optional[int]:
-        """The window granularity, or None where the cache holds all ``max_length`` slots (no exact window)."""
+        """``bucket``, or None where the cache holds all ``max_length`` slots (no exact window)."""
         return self.bucket if self.windowed else None
 
     @property
@@ -161,17 +142,15 @@ class RightSizedKVCache:
             old.fill_(float("nan"))  # a stale view now yields NaN, never plausible numbers
 
     def set_static_address(self, flag: bool = True) -> None:
-        """Mark the storage and the window view the layers read (now and after every growth or window change)
-        as static addresses for CUDA graphs."""
+        """Mark the storage and window view CUDA-graph static addresses, now and after every move."""
         self.static_address = bool(flag)
         if flag:
             torch._dynamo.mark_static_address(self._storage)
             torch._dynamo.mark_static_address(self.kv_cache)
 
     def reserve(self, n_tokens: int) -> None:
-        """Hold at least ``n_tokens`` slots for the current or coming request (bucket-rounded, <= max_length).
-
-        Never shrinks; the next ``fill_caches`` keeps it, the one after that sizes by the policy again."""
+        """Hold >= ``n_tokens`` slots (bucket-rounded) through the next ``fill_caches``; never shrinks. ValueError for
+        a negative count or one past ``max_length``."""
         if isinstance(n_tokens, bool) or not isinstance(n_tokens, int) or n_tokens < 0:
             raise ValueError(f"n_tokens must be a non-negative int, got {n_tokens!r}")
         if n_tokens > self.max_length:
@@ -183,16 +162,13 @@ class RightSizedKVCache:
 
     # ------------------------------------------------------------------ StaticKVCache interface
     def get_layer_cache(self, layer_idx: int) -> Tuple[torch.Tensor, torch.Tensor]:
-        """(K, V) views of layer ``layer_idx`` over the current window: (B, Hkv, window, D) each.
-
-        Reads no Python int: the window is the shape of ``kv_cache`` (dynamic under torch.compile).
-        """
+        """(K, V) views of layer ``layer_idx``, (B, Hkv, window, D) each; IndexError out of range."""
         if not 0 <= layer_idx < self.num_layers:
             raise IndexError(f"layer_idx {layer_idx} out of range for {self.num_layers} layers")
         return self.kv_cache[0, layer_idx], self.kv_cache[1, layer_idx]
 
     def step(self) -> int:
-        """Claim the next position (returned) and grow by a bucket if it does not fit."""
+        """Claim and return the next position, doubling capacity if it does not fit; ValueError when full."""
         if self.current_length >= self.max_length:
             raise ValueError("KV cache is full")
         ret = self.current_length
@@ -205,12 +181,9 @@ class RightSizedKVCache:
         return ret
 
     def fill_caches(self, kv_caches: List[Tuple[torch.Tensor, torch.Tensor]]) -> None:
-        """Start a request from prefill K/V: per layer (B, Hkv, P, D) each, the cache's dtype and device.
-
-        Every layer's K and V are checked before anything is written (a failed call leaves the
-        cache as it was). Copies the P-slot prefix and clears only slots an earlier request wrote
-        past it: O(request), never O(max_length).
-        """
+        """Start a request from prefill K/V, per layer (B, Hkv, P, D) each, in the cache's dtype and device.
+        All are checked before any write (a ValueError leaves the cache as it was); clears only slots earlier
+        requests wrote: O(request), never O(max_length)."""
         n = self._check_prefill(kv_caches)
         target = fill_capacity(n, self.capacity, self.bucket, self.max_length)
         if self._reserved:

@@ -21,13 +21,8 @@ _MARK = "__fastattn_placeholder__"
 
 
 class TorchaudioUnavailable(AttributeError):
-    """Raised when code touches the torchaudio placeholder.
-
-    An AttributeError, so that probes such as ``getattr(mod, name, default)``,
-    ``hasattr`` and pickle's module scan (which walk every module in
-    ``sys.modules``; inductor's cache pickles graphs) see "no such attribute"
-    and move on, while a real call gets this message.
-    """
+    """Raised when code touches the torchaudio placeholder. An AttributeError, so ``hasattr``, ``getattr(m, n, d)``
+    and pickle's module scan (inductor's cache pickles graphs) see "no such attribute" and move on."""
 
 
 class _Placeholder(types.ModuleType):
@@ -71,10 +66,7 @@ def _broken_reason() -> str | None:
 
 
 def ensure_torchaudio() -> bool:
-    """Make ``import torchaudio`` succeed; return True if the placeholder is engaged.
-
-    Idempotent. Never replaces a torchaudio that imports.
-    """
+    """Make ``import torchaudio`` succeed; True if the placeholder is engaged. Idempotent; never replaces a real one."""
     if shim_engaged():
         return True
     reason = _broken_reason()
@@ -109,12 +101,8 @@ def disengage() -> None:
 
 
 def separate_inductor_cache() -> str | None:
-    """Point ``TORCHINDUCTOR_CACHE_DIR`` at a folder for the forced ``ATEN_CPU_CAPABILITY``; return it.
-
-    None (nothing changed) where ``ATEN_CPU_CAPABILITY`` is unset or the user chose a cache folder.
-    The folder sits beside torch's default one (``torchinductor_<user>_aten-<build>``); child
-    processes inherit it. torch writes its default folder into ``TORCHINDUCTOR_CACHE_DIR`` at its first
-    compile, so this must run before anything compiles (``import fastattn`` does it first)."""
+    """Point ``TORCHINDUCTOR_CACHE_DIR`` at ``<tmp>/torchinductor_<user>_aten-<build>`` for a forced build; return
+    it, or None (nothing changed) where none is forced or a folder was chosen. Must run before the first compile."""
     build = os.environ.get("ATEN_CPU_CAPABILITY", "").strip().lower()
     if not build or os.environ.get("TORCHINDUCTOR_CACHE_DIR"):
         return None

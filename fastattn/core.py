@@ -76,8 +76,7 @@ def length_kind(length, device) -> str:
 
 
 def check_length_tensor(length: torch.Tensor, lq: int, capacity: int, upper: int) -> None:
-    """The int checks for a length tensor: exact on CPU (no sync there), a device-side assert elsewhere (no host
-    sync; a failing one poisons the CUDA context, per torch's ``_assert_async``: the process must restart)."""
+    """Range-check a length tensor: on the host on CPU, by ``_assert_async`` elsewhere (no sync; fails poison CUDA)."""
     if length.device.type == "cpu":
         n = int(length.reshape(()))
         check_length_int(n, lq, capacity)
@@ -115,9 +114,8 @@ def f64_attention(q, k, v, length: int) -> torch.Tensor:
 
 def random_decode(device, dtype, *, hq: int, hkv: int, head_dim: int, capacity: int, lq: int = 1, batch: int = 1,
                   seed: int = 0) -> tuple:
-    """Seeded random decode data: q (B, Hq, Lq, D) and K, V (B, Hkv, capacity, D), views of one
-    (2, B, Hkv, capacity, D) tensor as voxcpm's caches hold them. Drawn on CPU, so every device gets the
-    same numbers."""
+    """Seeded q (B, Hq, Lq, D) and K, V (B, Hkv, capacity, D), views of one (2, B, Hkv, capacity, D) tensor as
+    voxcpm's caches hold them; drawn on CPU, so every device gets the same numbers."""
     g = torch.Generator().manual_seed(seed)
     q = torch.randn(batch, hq, lq, head_dim, generator=g).to(device=device, dtype=dtype)
     kv = torch.randn(2, batch, hkv, capacity, head_dim, generator=g).to(device=device, dtype=dtype)
@@ -125,11 +123,8 @@ def random_decode(device, dtype, *, hq: int, hkv: int, head_dim: int, capacity: 
 
 
 def causal_mask(n_keys: int, lq: int, length: Length, device) -> torch.Tensor:
-    """Bool mask (1, 1, Lq, n_keys): row i sees keys j <= length - Lq + i (True = attend).
-
-    For Lq == 1 it is upstream's ``(arange(n) <= length - 1).view(1, 1, 1, -1)``.
-    ``length`` may be a device tensor: the comparison then stays on the device.
-    """
+    """Bool mask (1, 1, Lq, n_keys), True where row i sees key j <= length - Lq + i; upstream's for Lq == 1. A
+    tensor ``length`` keeps the comparison on its device."""
     cols = torch.arange(n_keys, device=device)
     if isinstance(length, torch.Tensor):
         length = length.reshape(())
@@ -140,8 +135,7 @@ def causal_mask(n_keys: int, lq: int, length: Length, device) -> torch.Tensor:
 
 
 def sdpa(q, k, v, mask):
-    """SDPA with a bool mask and GQA, as upstream calls it; ``F.scaled_dot_product_attention`` is looked up at
-    call time, so a replaced kernel (a test, a profiler wrapper) is the one that runs."""
+    """SDPA with a bool mask and GQA, as upstream calls it; looked up per call, so a replaced kernel is what runs."""
     return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=True)
 
 

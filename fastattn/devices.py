@@ -52,8 +52,7 @@ _WARNED_NO_CUDA: list = []
 
 
 def cuda_build_without_cuda() -> Optional[str]:
-    """Why this torch, built with CUDA, cannot use it here (a driver too old for the wheel, no GPU visible);
-    None where torch has no CUDA build or CUDA works."""
+    """Why this CUDA build of torch cannot use CUDA here; None where it has no CUDA build or CUDA works."""
     if torch.version.cuda is None or torch.cuda.is_available():
         return None
     return (f"torch {torch.__version__} is built for CUDA {torch.version.cuda} but torch.cuda.is_available() is "
@@ -69,9 +68,7 @@ def _warn_cuda_build_without_cuda() -> None:
 
 
 def runtime_dtype(device) -> str:
-    """The dtype voxcpm 2.0.3 runs VoxCPM2 in on this device type (``model/utils.py: pick_runtime_dtype``):
-    the checkpoint's bfloat16 on CPU and CUDA, float32 on MPS (whose low-precision output glitches). The
-    dtype that kernel claims about upstream's call are judged in."""
+    """The dtype voxcpm 2.0.3 runs VoxCPM2 in here (its ``pick_runtime_dtype``): bfloat16, float32 on MPS."""
     return "float32" if torch.device(device).type == "mps" else "bfloat16"
 
 
@@ -121,8 +118,7 @@ BF16_FLAGS = ("avx512_bf16", "amx_bf16", "bf16")
 
 
 def cpu_flags(names=("avx512f", "avx512_bf16", "amx_bf16", "avx2", "bf16")) -> dict:
-    """Which of the CPU features that decide bf16 cost this CPU has (/proc/cpuinfo's ``flags``, or ``Features`` on
-    Arm; empty off Linux)."""
+    """``{feature: bool}`` from /proc/cpuinfo's ``flags`` (Arm: ``Features``); ``{}`` where it cannot be read."""
     try:
         with open("/proc/cpuinfo") as f:
             flags = next((line.split(":", 1)[1].split() for line in f if line.split(":")[0].strip() in
@@ -133,8 +129,7 @@ def cpu_flags(names=("avx512f", "avx512_bf16", "amx_bf16", "avx2", "bf16")) -> d
 
 
 def native_bf16(flags: Optional[dict] = None) -> Optional[bool]:
-    """Whether this CPU computes in bf16 natively (any of ``BF16_FLAGS``); None where its flags cannot be read.
-    Without it, torch's bf16 kernels convert to fp32 and back around the arithmetic."""
+    """Whether this CPU has bf16 arithmetic (any of ``BF16_FLAGS``; else torch converts via fp32); None: unknown."""
     flags = cpu_flags() if flags is None else flags
     return any(flags.get(n) for n in BF16_FLAGS) if flags else None
 
@@ -174,8 +169,7 @@ def env_facts(device="cpu", dtype=None) -> dict:
 
 @contextmanager
 def quiet_native_stderr():
-    """Silence fd 2 while the profiler starts and stops: kineto prints a line per start/stop
-    from C++, which would flood notebooks and logs. Python exceptions still propagate."""
+    """Silence fd 2 for a block (kineto prints a C++ line per profiler start/stop); exceptions propagate."""
     sys.stderr.flush()
     saved = os.dup(2)
     try:

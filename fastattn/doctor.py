@@ -18,10 +18,7 @@ __all__ = ["doctor", "format_doctor", "git_commit"]
 
 def doctor(calibrate: bool = True) -> dict:
     """A dict of what decides SDPA's choices here: versions, device, capability, backends, threads, ISA, shim.
-
-    With ``calibrate``, also ``exact_granularity``: the window granularity the default ``exact`` mode
-    calibrates for VoxCPM2's decode step (16/2 heads, d 128, capacity 8192, Lq 1) per dtype on the
-    device (``None``: no window is provably exact there, so ``exact`` attends over the whole cache)."""
+    ``calibrate`` adds ``exact_granularity``: ``exact``'s bucket per dtype for VoxCPM2's step (None: whole cache)."""
     info = {
         "python": platform.python_version(),
         "platform": platform.platform(),
@@ -71,8 +68,8 @@ def doctor(calibrate: bool = True) -> dict:
 
 
 def fastest_dtype_measured(reports=None) -> Optional[str]:
-    """The dtype the newest run of 05 under ``reports`` (default ``reports/``) measured fastest on this machine,
-    with its ratio and the run's name; None where no run has a whole-decode dtype comparison."""
+    """The dtype the newest 05 run under ``reports`` measured fastest on this machine, with its ratio and run name;
+    None where no run compared whole-decode dtypes."""
     from .bench.metrics import dtype_recommendation
     from .bench.records import load_record
     from .paths import reports_dir
@@ -96,9 +93,8 @@ def priority_names(order) -> list:
 
 
 def sdp_priority_order(device) -> Optional[list]:
-    """The order in which SDPA tries the CUDA backends, read *after* one selection on ``device``: torch installs
-    its cuDNN-first order lazily at the first selection (sm90/sm100 with runtime cuDNN > 9.15). None where
-    this torch cannot tell."""
+    """SDPA's CUDA backend order, read after one selection on ``device`` (torch installs its cuDNN-first order,
+    sm90/sm100 with cuDNN > 9.15, at the first); None where this torch cannot tell."""
     getter = getattr(torch._C, "_get_sdp_priority_order", None)
     if getter is None:
         return None

@@ -64,8 +64,7 @@ def kernel_key_block(device, dtype, *, hq: int, hkv: int, head_dim: int, lq: int
 
 
 def _candidates(block: Optional[int], capacity: int, exhaustive: bool) -> list:
-    """Powers of two from the key block (eligible) below capacity; with ``exhaustive``, also the
-    half block (ineligible, measured to show why construction matters)."""
+    """Powers of two from the key block below capacity; ``exhaustive`` prepends the (ineligible) half block."""
     base = block or CPU_FLASH_KEY_BLOCK
     out = [base // 2] if exhaustive else []
     c = base
@@ -86,17 +85,11 @@ def _lengths(step: int, capacity: int, lq: int) -> list:
 @torch.no_grad()
 def calibrate_exact(device, dtype, *, hq: int, hkv: int, head_dim: int, capacity: int, lq: int = 1,
                     draws: int = 3, seed: int = 0, exhaustive: bool = True) -> dict:
-    """Measure which window bucket keeps ``exact`` bit-identical to the full-capacity call.
-
-    For each candidate bucket and every checked length (around each block edge) the window with the mask kept is
-    compared (``torch.equal``) with upstream's call over all ``capacity`` keys on ``draws`` random draws (the batch),
-    a fresh query per length. ``hq, hkv, head_dim, capacity, lq`` are the real call's geometry. ``exhaustive``
-    measures every candidate at every length (the ladder a notebook shows); ``False`` (what ``exact`` uses at first
-    call) stops at the first eligible candidate found identical.
-
-    Returns ``{"bucket", "ladder", "kernel", "key_block", ...}``: ``bucket`` is the smallest candidate eligible by
-    construction and measured identical, or None (``exact`` then attends over the whole capacity). Ladder rows:
-    ``candidate, eligible, reason, measured, bit_identical, max_abs_diff, lengths_checked, draws,
+    """Measure which window bucket keeps ``exact`` bit-identical (``torch.equal``) to the full-capacity call.
+    ``hq, hkv, head_dim, capacity, lq``: the real call's geometry; ``draws`` random batches. ``exhaustive`` measures
+    every candidate at every length; False (``exact``'s first use) stops at the first eligible identical one.
+    Returns ``{"bucket", "ladder", "kernel", "key_block", ...}``, ``bucket`` None where no window is exact; ladder
+    rows ``candidate, eligible, reason, measured, bit_identical, max_abs_diff, lengths_checked, draws,
     first_diff_length``."""
     _check_geometry(hq, hkv, head_dim, capacity, lq)
     if isinstance(draws, bool) or not isinstance(draws, int) or draws <= 0:
@@ -104,9 +97,8 @@ def calibrate_exact(device, dtype, *, hq: int, hkv: int, head_dim: int, capacity
     device, t0 = torch.device(device), time.perf_counter()
     block, kernel = kernel_key_block(device, dtype, hq=hq, hkv=hkv, head_dim=head_dim, lq=lq)
     cands = _candidates(block, capacity, exhaustive)
-    # Lengths around every edge of the finest candidate: L = e - 1 and e fill a window's last block, L = e + 1
-    # opens a new one with a single live key. Lean checks need only the key block's edges (every eligible
-    # window ends on one); the exhaustive ladder also walks the half block's edges, where it fails.
+    # Lengths e-1, e, e+1 at each edge of the finest candidate (e+1 opens a block with one live key); lean checks
+    # need only the key block's edges, where every eligible window ends.
     step = min(cands) if exhaustive and cands else (block or (min(cands) if cands else capacity))
     lengths = _lengths(step, capacity, lq)
     ladder = [{"candidate": c, "eligible": bool(block and c % block == 0),
@@ -193,14 +185,9 @@ def check_bucket_once(device, dtype, *, hq: int, hkv: int, head_dim: int, bucket
 @torch.no_grad()
 def check_exactness(device, dtype, *, hq: int = 16, hkv: int = 2, head_dim: int = 128, bucket: int = 256,
                     capacity: Optional[int] = None, positions=None, seed: int = 0) -> dict:
-    """Compare an int-``bucket`` ``exact`` against ``reference`` with random data on ``device``/``dtype``.
-
-    A quick check (one draw, Lq=1, positions around the bucket edges of a cache
-    of ``capacity``, default 4 buckets): it can pass a granularity that is not
-    exact at other lengths or draws. :func:`fastattn.calibrate_exact` is the
-    dense check the default ``bucket=None`` relies on. Returns
-    ``{"bit_identical", "max_abs_diff", "positions_checked", "first_diff_position", ...}``.
-    """
+    """Compare an int-``bucket`` ``exact`` with ``reference`` on one random draw, Lq=1, at positions around the
+    bucket edges of a ``capacity`` cache (default 4 buckets): weaker than :func:`calibrate_exact`. Returns
+    ``{"bit_identical", "max_abs_diff", "positions_checked", "first_diff_position", ...}``."""
     check_bucket(bucket)
     device = torch.device(device)
     capacity = capacity or 4 * bucket
@@ -239,10 +226,8 @@ def _key(device, dtype, hq, hkv, head_dim, capacity, lq) -> tuple:
 
 
 def exact_granularity(device, dtype, *, hq: int, hkv: int, head_dim: int, capacity: int, lq: int = 1) -> Optional[int]:
-    """The calibrated window granularity for this call geometry (calibrating on first use), or
-    ``None`` when ``exact`` must attend over the whole capacity. Says so once when that makes
-    ``exact`` no faster than ``reference``. Inside a compile or a CUDA-graph capture an
-    uncalibrated geometry gets ``None`` (exact by construction)."""
+    """The calibrated bucket for this geometry (calibrated on first use), or None: attend over the whole capacity
+    (warned once). Inside a compile or CUDA-graph capture an uncalibrated geometry gets None."""
     key = _key(device, dtype, hq, hkv, head_dim, capacity, lq)
     hit = _CALIBRATIONS.get(key)
     if hit is not None:

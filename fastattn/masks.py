@@ -26,20 +26,11 @@ _ALIGN = CPU_FLASH_KEY_BLOCK
 
 @dataclass(frozen=True)
 class MaskInfo:
-    """The structure of an attention mask.
+    """The structure of a bool attention mask: the dense mask is the AND of every stated constraint.
 
-    Attributes:
-        keys: bool (B, Lk) tensor of real keys (True = a real key), or None
-            when every key is real.
-        causal: bottom-right causal: query i sees key j iff ``j <= i + Lk - Lq``.
-        window: int w: query i sees key j only if ``j > i + Lk - Lq - w``
-            (the w most recent keys, itself included).
-        padding: ``"right"`` or ``"left"`` when each row's real keys in
-            ``keys`` are one contiguous run starting at key 0 (right) or ending
-            at key Lk-1 (left); None makes no such claim.
-
-    The dense mask is the AND of all stated constraints.
-    """
+    ``keys``: bool (B, Lk), True = a real key (None: all real). ``causal``: query i sees key j iff ``j <= i + Lk - Lq``.
+    ``window`` w: only keys ``j > i + Lk - Lq - w`` (the w most recent). ``padding``: ``"right"`` / ``"left"`` claims
+    each row's real keys are one run from key 0 / ending at key Lk-1 (None: no claim). Bad fields raise."""
 
     keys: Optional[torch.Tensor] = None
     causal: bool = False
@@ -114,17 +105,10 @@ class MaskInfo:
 # ---------------------------------------------------------------------- attention
 def attention(q, k, v, *, mask=None, mask_info: Optional[MaskInfo] = None, scale=None, enable_gqa=False, check=False):
     """SDPA with the dense mask's semantics, along the cheapest path the structure allows.
-
-    Args:
-        q: (B, Hq, Lq, D); k, v: (B, Hkv, Lk, D). mask: optional bool mask broadcastable to (B, Hq, Lq, Lk),
-            True = attend. mask_info: a :class:`MaskInfo` describing ``mask`` (or standing for it).
-        scale, enable_gqa: as in ``F.scaled_dot_product_attention``.
-        check: verify that ``mask_info`` describes ``mask`` (also on with ``FASTATTN_CHECK_MASKS=1``).
-
-    Keys no query can see are sliced off, the cut rounded out to the CPU flash kernel's 512-key block (a right-padded
-    cut with its mask kept is then the dense call's bits on CPU); the mask is dropped where all True over the kept
-    keys. Fully masked rows return zeros, never NaN. Reads back whether the kept mask is all True (and, with padding,
-    the longest row): one sync each on CUDA, so not for CUDA-graph capture (the decode step uses ``attention_step``)."""
+    q (B, Hq, Lq, D); k, v (B, Hkv, Lk, D); ``mask`` bool, broadcastable to (B, Hq, Lq, Lk); ``mask_info`` describes
+    or stands for it; ``check`` verifies that (also ``FASTATTN_CHECK_MASKS=1``). Unseen keys are cut in 512-key blocks
+    (a right-padded cut keeps the dense call's bits on CPU); fully masked rows return zeros, never NaN. Host reads:
+    not for CUDA-graph capture."""
     for name, t in (("q", q), ("k", k), ("v", v)):
         if not isinstance(t, torch.Tensor) or t.dim() != 4:
             raise ValueError(f"{name} must be a 4-D tensor (B, H, L, D), got {getattr(t, 'shape', type(t).__name__)}")

@@ -80,13 +80,9 @@ def _check_device(device: str) -> str:
 
 def build_voxcpm2(preset: str = "tiny", *, seed: int = 0, device: str = "cpu", dtype: str = "bfloat16",
                   max_length: int = 8192):
-    """A real ``voxcpm.model.voxcpm2.VoxCPM2Model`` with random weights, built offline.
-
-    Deterministic for a seed (same weights for the same preset, seed and dtype).
-    The dtype is handled as voxcpm's own loader does: the config's dtype is set,
-    the model is cast to it, the AudioVAE is kept in float32. voxcpm's construction
-    messages go nowhere; ``model.fastattn_info`` says what was built.
-    """
+    """A real ``voxcpm.model.voxcpm2.VoxCPM2Model`` with random weights from ``preset``, built offline.
+    The same preset, seed and dtype give the same weights; ``dtype`` as voxcpm's loader does it (AudioVAE kept
+    float32). Bad dtype or ``max_length`` raise ValueError; ``model.fastattn_info`` says what was built."""
     if dtype not in DTYPES:
         raise ValueError(f"dtype must be one of {', '.join(DTYPES)}; got {dtype!r}")
     if isinstance(max_length, bool) or not isinstance(max_length, int) or max_length < 16:
@@ -127,10 +123,8 @@ TEST_STRING = "hello world"
 
 
 def save_voxcpm2(model, path) -> Path:
-    """Write ``model`` in voxcpm's own on-disk layout: ``config.json``, ``model.safetensors`` (everything but
-    the AudioVAE), ``audiovae.safetensors`` and the tokenizer files, into a new or empty folder ``path``
-    (never over an existing checkpoint). :func:`load_voxcpm2` reads it back through voxcpm's ``from_local``.
-    Returns the folder."""
+    """Write ``model`` in voxcpm's checkpoint layout into a new or empty folder ``path`` (returned); never over an
+    existing checkpoint (FileExistsError). :func:`load_voxcpm2` reads it back."""
     from safetensors.torch import save_file
 
     p = Path(path).expanduser()
@@ -167,8 +161,8 @@ def _checkpoint_keys(path: Path) -> tuple[set, set]:
 
 
 def _check_coverage(model, path: Path) -> None:
-    """voxcpm loads with ``strict=False``: a checkpoint that does not cover the model's parameters would
-    silently leave random weights. Refuse it, naming the missing and unexpected keys."""
+    """ValueError naming missing and unexpected keys unless the checkpoint covers the model exactly (voxcpm loads
+    with ``strict=False`` and would keep random weights)."""
     lm_keys, vae_keys = _checkpoint_keys(path)
     have = lm_keys | {f"audio_vae.{k}" for k in vae_keys}
     want = {k for k in model.state_dict() if "lora_" not in k}
@@ -189,16 +183,10 @@ def _check_tokenizer(model, path: Path) -> None:
 
 
 def load_voxcpm2(path, *, device: Optional[str] = None):
-    """Load a local VoxCPM2 checkpoint directory with voxcpm's ``from_local(..., optimize=False)``.
-
-    Never touches the network: ``path`` must be an existing directory holding
-    ``config.json``, a tokenizer (``tokenizer.json`` or ``tokenizer.model``), ``model.safetensors``
-    (or ``pytorch_model.bin``) and ``audiovae.safetensors`` (or ``audiovae.pth``); otherwise a
-    FileNotFoundError says what is missing before voxcpm is called. After loading, the weights must
-    cover the model's parameters exactly (voxcpm itself loads with ``strict=False``) and the tokenizer
-    must encode a test string, else a ValueError names what is wrong. ``optimize=False`` keeps
-    ``forward_step`` uncompiled so that :func:`fastattn.patch_voxcpm` can patch it.
-    """
+    """Load a local VoxCPM2 checkpoint with voxcpm's ``from_local(..., optimize=False)`` (patchable), offline.
+    ``path`` must hold ``config.json``, ``tokenizer.json``/``.model``, ``model.safetensors`` (or ``pytorch_model.bin``)
+    and ``audiovae.safetensors`` (or ``.pth``), else FileNotFoundError names what is missing. Weights that do not
+    cover the model exactly, or a tokenizer that encodes nothing, raise ValueError."""
     if path is None or str(path).strip() == "":
         raise ValueError("checkpoint path is empty: give the local directory of a VoxCPM2 checkpoint")
     p = Path(path).expanduser()
@@ -231,10 +219,7 @@ def load_voxcpm2(path, *, device: Optional[str] = None):
 
 
 def silence_progress(silent: bool = True) -> None:
-    """Turn voxcpm's per-generate tqdm bar off (or back on) so notebooks and logs stay readable.
-
-    Rebinds the ``tqdm`` name inside voxcpm's model modules; no file is touched.
-    """
+    """Turn voxcpm's per-generate tqdm bar off (or back on) by rebinding ``tqdm`` in its model modules."""
     import functools
 
     from tqdm import tqdm

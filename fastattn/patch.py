@@ -123,11 +123,7 @@ def original_functions() -> dict:
 
 @contextmanager
 def swapped(fns: dict):
-    """Install class functions by name for the duration of a block, then put back what was there.
-
-    A benchmark's tool for interleaving variants call by call; it bypasses the
-    fingerprint check, so use :func:`patch_voxcpm` for anything else.
-    """
+    """Install class functions by name for a block, then put back what was there (benchmarks: no fingerprint check)."""
     saved = {name: _installed(name) for name in fns}
     for name, fn in fns.items():
         _install(name, fn)
@@ -253,9 +249,8 @@ _STATE: Optional[_Applied] = None
 
 
 class VoxcpmPatch:
-    """One holder of the applied patch; a context manager. ``revert()`` lets go of it (idempotent).
-
-    The patch itself goes away when its last holder lets go, and not before any decode in flight ends."""
+    """One holder of the applied patch; a context manager. ``revert()`` lets go (idempotent); the patch goes when
+    its last holder lets go, after any decode in flight."""
 
     def __init__(self, state: _Applied):
         self._state = state
@@ -318,15 +313,10 @@ def _status(state: _Applied) -> dict:
 def patch_voxcpm(model=None, *, mode: str = "exact", cache: bool = True, force: bool = False,
                  bucket: Optional[int] = None):
     """Patch voxcpm's MiniCPM decode step (and, with ``cache=True``, its KV caches) in place; a :class:`VoxcpmPatch`.
-
-    Args:
-        model: an already-built VoxCPM/VoxCPM2 model to check (not compiled) and, with ``cache``, convert; models
-            built later get the patch anyway.
-        mode: ``"exact"`` (default, bit-identical where the device allows), ``"fast"`` (opt-in) or ``"reference"``.
-        force: patch even an unverified voxcpm source. bucket: as in :func:`fastattn.attention_step`.
-
-    Handles nest (the same settings add a holder; the last revert removes the patch). Other settings while applied,
-    or patching while a decode is in flight, raise :class:`PatchError`."""
+    ``model``: a built VoxCPM/VoxCPM2 model to check (not compiled) and convert; later models get the patch anyway.
+    ``mode``: ``"exact"`` (default), ``"fast"`` (opt-in) or ``"reference"``. ``force``: patch an unverified source.
+    ``bucket``: as in :func:`fastattn.attention_step`. The same settings add a holder; other settings while applied,
+    or a decode in flight, raise :class:`PatchError`."""
     global _STATE
     mode_spec(mode)
     if not isinstance(cache, bool):
@@ -357,8 +347,7 @@ def patch_voxcpm(model=None, *, mode: str = "exact", cache: bool = True, force: 
 
 
 def patch_status() -> dict:
-    """What is patched now and how, which models hold what, decodes in flight (``{"applied": False, ...}``
-    when nothing is)."""
+    """What is patched and how, which models hold what, decodes in flight (``{"applied": False, ...}`` if none)."""
     with _LOCK:
         if _STATE is None:
             return {"applied": False, "voxcpm": _voxcpm_version(), "fingerprints_match": _fingerprints_known(),

@@ -22,7 +22,6 @@ def _rows(rec, **match):
 
 
 def _spread(ax, rows, label, color):
-    """Median with a p10-p90 bar for each row, against position."""
     ax.errorbar([r["position"] for r in rows], [r["median_ms"] for r in rows],
                 yerr=[[r["median_ms"] - r["p10_ms"] for r in rows], [r["p90_ms"] - r["median_ms"] for r in rows]],
                 marker="o", ms=4, capsize=2, label=label, color=color)
@@ -113,8 +112,7 @@ def breakdown(rec: dict, *, ax=None):
 
 
 def dtype_decode(rec: dict, *, ax=None):
-    """Median whole-decode step per dtype and variant (a ``dtype_decode`` record), with its 95% interval as a
-    ratio to voxcpm's default, and the peak memory of each dtype."""
+    """A ``dtype_decode`` record: median step per dtype and variant, its ratio to voxcpm's default with 95% interval."""
     from .bench import dtype_table
     rows = dtype_table(rec)
     fig, ax = (ax.figure, ax) if ax is not None else plt.subplots(figsize=(7, 3.8))
@@ -223,8 +221,7 @@ def backend_table(rows: Sequence[dict]):
 
 
 def _choice_table(rows: list, cols: list, chosen) -> str:
-    """HTML table of ``rows`` (dicts) in ``cols``: floats at 3 significant digits, booleans as yes/no, the
-    ``candidate`` of each row for which ``chosen(row)`` holds in bold."""
+    """HTML table of ``rows`` in ``cols`` (floats 3 digits, bools yes/no); ``candidate`` bold where ``chosen(row)``."""
     from html import escape
     head = "".join(f"<th>{c}</th>" for c in cols)
     body = ""
@@ -247,8 +244,7 @@ def fast_choice_table(rec: dict) -> str:
 
 
 def graph_choice_table(choice: dict) -> str:
-    """HTML table of a graph-class choice (:func:`fastattn.fast.graph_choice`): each static form's status, its
-    error against float64 beside upstream's, graphs against its bound, and compiled ms per probe position."""
+    """HTML table of :func:`fastattn.fast.graph_choice`: each form's status, error, graphs, ms per probe position."""
     positions = choice["probe_lengths"]
     rows = [{"candidate": c["form"], "available": c["available"] or c["reason"], "max_err": c["max_err"],
              "upstream_err": c["reference_err"], "accepted": c["accepted"],
@@ -262,7 +258,6 @@ def graph_choice_table(choice: dict) -> str:
 
 
 def _finish_chunks(fig, ax, title: str):
-    """A per-chunk figure's axes (chunk index, ms per chunk from zero), then :func:`_finish`."""
     ax.set_xlabel("chunk (one decode step each)")
     ax.set_ylabel("ms per chunk")
     ax.set_ylim(bottom=0)
@@ -295,8 +290,7 @@ def stream(rec: dict, *, ax=None, window: int = 25):
 
 
 def stream_components(rec: dict, *, variant: str = "upstream", ax=None, window: int = 25):
-    """A ``stream_profile(components=True)`` record: each component's ms per chunk along the stream (rolling median
-    of repeat 0's quiet chunks), labelled with its trend verdict."""
+    """A ``stream_profile(components=True)`` record: each component's rolling-median ms per chunk, with its trend."""
     fig, ax = (ax.figure, ax) if ax is not None else plt.subplots(figsize=(7, 4))
     rows = [r for r in rec["rows"] if r["variant"] == variant and r["repeat"] == 0 and r["chunk"] > 0
             and not r["disturbed"]]
@@ -312,8 +306,7 @@ def stream_components(rec: dict, *, variant: str = "upstream", ax=None, window: 
 
 
 def consumers(rec: dict, *, ax=None):
-    """A ``consumer_matrix`` record: each pattern's ms for the newest chunk against the chunk index, with #293's
-    shape (0.3 s at the start, 1-2 s after 400 chunks) as a band."""
+    """A ``consumer_matrix`` record: each pattern's ms for the newest chunk vs chunk index, #293's 1-2 s as a band."""
     fig, ax = (ax.figure, ax) if ax is not None else plt.subplots(figsize=(7, 4))
     for name in rec["summary"]:
         rows = [r for r in rec["rows"] if r["pattern"] == name]
@@ -327,8 +320,7 @@ def consumers(rec: dict, *, ax=None):
 
 
 def targets_table(targets: list) -> str:
-    """HTML table of judged targets: measured, its 95% interval and n, goal, verdict (yes / no / undecided where
-    the interval reaches the goal, n/a where the target does not apply), note."""
+    """HTML table of judged targets: measured, 95% interval, n, goal, verdict (yes / no / undecided / n/a), note."""
     from html import escape
 
     from .bench.stats import fmt_ci

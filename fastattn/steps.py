@@ -46,7 +46,7 @@ def make_attention_forward_step(mode: str, bucket, *, attend=None):
             cos, sin = position_emb
             query_states, key_states = apply_rotary_pos_emb(query_states, key_states, cos, sin)
 
-        key_cache, value_cache = kv_cache  # views cut by the model step (see _make_model_forward_step)
+        key_cache, value_cache = kv_cache  # views cut by the model step (see make_model_forward_step)
         graph = unmasked and torch.compiler.is_compiling()
         if unmasked and not graph and not getattr(_MODEL_STEP, "cut", False):
             # called directly (not from the patched model step, whose views hold exactly the live keys):
@@ -83,10 +83,8 @@ def make_attention_forward_step(mode: str, bucket, *, attend=None):
 
 
 def slice_fix_functions() -> dict:
-    """The published slice fix (seed 000, upstream PRs #199/#395) as class functions, for side-by-side
-    benchmarks (never installed by the patch): upstream's cache and layer code, each layer's SDPA over exactly
-    the live keys with no mask (:func:`fastattn.fast.sdpa_slice`), the key count read from the cache's host-side
-    length. Not bit-identical to upstream; not graph-safe under ``fullgraph`` compile."""
+    """The published slice fix (seed 000, PRs #199/#395) as class functions for benchmarks, never installed: SDPA
+    over exactly the live keys, no mask. Not bit-identical to upstream; not ``fullgraph``-safe."""
     return {"MiniCPMAttention.forward_step": make_attention_forward_step("fast", None, attend=sdpa_slice),
             "MiniCPMModel.forward_step": make_model_forward_step("fast", None)}
 
@@ -119,11 +117,7 @@ def make_model_forward_step(mode: str, bucket):
 
 
 def _keys_for(lm, cache, mode: str, bucket) -> Optional[int]:
-    """How many keys of the cache's views the layers get (the mode's ``keys`` rule); None = the views as they are.
-
-    Reads only the cache's host-side bookkeeping. ``current_length`` is the
-    position just claimed by ``step()`` plus one.
-    """
+    """Keys of the cache's views the layers get (the mode's ``keys`` rule; host-side only), None: the views as are."""
     spec = REGISTRY[mode]
     g = None
     if spec.windowed:
@@ -140,15 +134,13 @@ def _head_dim(config) -> int:
 
 
 def _granularity(config, device, dtype, max_length: int) -> Optional[int]:
-    """Calibrated exact window granularity for one decode step (Lq = 1) of this LM's geometry."""
     return exact_granularity(torch.device(device), dtype, hq=config.num_attention_heads,
                              hkv=config.num_key_value_heads, head_dim=_head_dim(config), capacity=max_length, lq=1)
 
 
 def cache_granularity(config, device, dtype, max_length: int, bucket) -> int:
-    """The right-sized cache's granularity: the caller's int, the calibrated one, or the whole
-    ``max_length`` (rounded up to 16) where no window is exact. Any value at or above ``max_length`` means
-    the whole cache: upstream's call."""
+    """The right-sized cache's bucket: the caller's int (self-checked), the calibrated one, or ``max_length``
+    rounded up to 16 where no window is exact (any value >= ``max_length`` is the whole cache: upstream's call)."""
     if bucket is not None:  # checked once against the full max_length call, where the layers cannot
         check_bucket_once(device, dtype, hq=config.num_attention_heads, hkv=config.num_key_value_heads,
                           head_dim=_head_dim(config), bucket=bucket, capacity=max_length)

@@ -34,8 +34,7 @@ def _wav_b64(clip: np.ndarray, sr: int) -> bytes:
 
 
 def _codec(fmt: str, subtype: Optional[str]):
-    """Encode a whole clip in chunk-sized blocks (libsndfile 1.2's Vorbis encoder crashes the process on one
-    write of a few million samples; an encoder fed block by block is what a streaming caller runs anyway)."""
+    """Encode a whole clip in chunk-sized blocks (libsndfile 1.2's Vorbis encoder crashes on one huge write)."""
     def encode(clip, sr):
         import soundfile as sf
         buf = io.BytesIO()
@@ -56,8 +55,7 @@ def codec_pattern(name: str) -> str:
 
 
 def patterns() -> tuple:
-    """``({name: fn(prev, clip, chunk, sr)}, {name: why skipped})``: each pattern's work when ``chunk`` arrives
-    (``prev``: the clip before it, ``clip``: with it)."""
+    """``({name: fn(prev, clip, chunk, sr)}, {name: why skipped})``: each pattern's work as ``chunk`` arrives."""
     import librosa
     out = {
         "append, concatenate once": None,  # timed apart: an append per chunk, one concatenation at the end
@@ -83,8 +81,7 @@ def patterns() -> tuple:
 
 
 def stream_audio(preset: str = "small", chunks: int = 30, *, device="cpu", dtype="bfloat16", seed: int = 0) -> list:
-    """The chunks (1-D float32 numpy arrays) of one ``generate_streaming`` run of a freshly built model: real audio
-    for :func:`consumer_matrix` (random weights: noise-like, but the shapes and dtypes voxcpm yields)."""
+    """The chunks (1-D float32 arrays) of one ``generate_streaming`` run of a freshly built random-weight model."""
     import torch
 
     from ..models import build_voxcpm2, silence_progress
@@ -97,21 +94,16 @@ def stream_audio(preset: str = "small", chunks: int = 30, *, device="cpu", dtype
 
 
 def _time(fn, repeats: int) -> float:
-    """Median ms of ``fn`` over ``repeats`` calls (:func:`.timing.time_interleaved`, no warm-up: a pattern's first
-    call is part of its cost)."""
+    """Median ms of ``fn`` over ``repeats`` calls, no warm-up (a pattern's first call is part of its cost)."""
     return statistics.median(time_interleaved({"fn": fn}, repeats=repeats, warmup=0)["fn"]) * 1e3
 
 
 def consumer_matrix(chunks: Optional[Sequence] = None, *, at: Sequence[int] = AT, sr: int = SAMPLE_RATE,
                     chunk_samples: int = CHUNK_SAMPLES, repeats: int = 3, seed: int = 0) -> dict:
     """Each consumer pattern's ms for the chunk that makes the clip ``k`` chunks long, for ``k`` in ``at``.
-
-    ``chunks``: real chunks of a stream (1-D float arrays, e.g. a ``small``-preset stream's); the clip of ``k``
-    chunks repeats them cyclically, so lengths beyond the real stream keep real audio. None: synthetic noise
-    chunks of ``chunk_samples``. Rows ``{pattern, chunk, samples, ms}``; ``summary`` per pattern: ``us_per_ksample``
-    (a resistant slope of ms against accumulated samples), ``ms_at_400``, the chunk index at which the pattern alone
-    would cost a second (``chunk_at_1s``, None if not within 100,000 chunks), and ``reproduces_293`` (it adds 0.7 s or
-    more by chunk 400, starting under 0.1 s: the reported shape)."""
+    ``chunks``: a stream's real chunks, repeated cyclically to length ``k`` (None: noise chunks of ``chunk_samples``).
+    Rows ``{pattern, chunk, samples, ms}``; ``summary[pattern]``: ``us_per_ksample`` (resistant slope), ``ms_first``,
+    ``ms_at_400``, ``chunk_at_1s`` (None past 100,000 chunks), ``reproduces_293`` (under 0.1 s first, +0.7 s by 400)."""
     rng = np.random.default_rng(seed)
     base = [np.asarray(c, dtype=np.float32).reshape(-1) for c in chunks] if chunks is not None else \
         [(0.1 * rng.standard_normal(chunk_samples)).astype(np.float32)]
@@ -132,8 +124,7 @@ def consumer_matrix(chunks: Optional[Sequence] = None, *, at: Sequence[int] = AT
 
 
 def _pattern_ms(fn, prev, clip, chunk, parts: list, sr: int, repeats: int) -> float:
-    """One pattern's ms for the newest chunk; appending (``fn`` None) is O(1), and its one concatenation at the end
-    is spread over the chunks."""
+    """One pattern's ms for the newest chunk; appending (``fn`` None) adds its final concatenation spread out."""
     if fn is None:
         return _time(lambda: parts.append(chunk) or parts.pop(), repeats) + \
             _time(lambda: np.concatenate(parts), repeats) / len(parts)
@@ -153,8 +144,7 @@ def _fit(rows: list, chunk_samples: int) -> dict:
 
 
 def consumer_table(rec: dict) -> list:
-    """One row per pattern: its cost per 1k accumulated samples, ms at the first and the 400th chunk, when it would
-    alone cost a second per chunk, and whether it reproduces #293's shape."""
+    """One row per pattern (and skipped one): cost per 1k samples, ms first and at 400, chunk at 1 s, #293's shape."""
     return [{"pattern": p, "us per 1k samples so far": s["us_per_ksample"], "ms, first chunk": s["ms_first"],
              "ms at chunk 400": s["ms_at_400"], "1 s per chunk at chunk": s["chunk_at_1s"] or "never (<1e5)",
              "reproduces 0.3 -> 1-2 s at 400": s["reproduces_293"]} for p, s in rec["summary"].items()] + \
@@ -168,12 +158,10 @@ MP3 = codec_pattern("MP3")
 
 def consumer_contention(preset: str = "small", chunks: int = 60, *, pattern: str = MP3, repeats: int = 2,
                         device="cpu", dtype="bfloat16", seed: int = 0) -> dict:
-    """The generator's ms per chunk alone and with a consumer thread beside it that runs ``pattern`` on the growing
-    clip as each chunk arrives (the two runs alternate, ``repeats`` times each, after one short untimed stream).
-    ``pattern`` is a name of :func:`patterns`; where its codec is not available here, the first available
-    whole-clip pattern runs instead (``params.pattern`` says which, ``params.asked`` what was asked). Rows ``{repeat,
-    beside, chunk, ms}``; ``consumer_ms``: the consumer's own ms per chunk; ``ratio``: beside / alone (median
-    generator chunk, the first chunk with its prefill left out) with a bootstrap 95% interval."""
+    """The generator's ms per chunk alone and with a thread running ``pattern`` (a :func:`patterns` name; unknown:
+    ValueError) on the growing clip, alternated ``repeats`` times after an untimed warm-up; a codec missing here runs
+    the first whole-clip pattern (``params.pattern`` / ``params.asked``). Rows ``{repeat, beside, chunk, ms}``;
+    ``consumer_ms``; ``ratio`` beside / alone (medians, chunk 0 left out) with its 95% ``ci``."""
     import torch
 
     from ..models import build_voxcpm2, silence_progress

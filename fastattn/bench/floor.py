@@ -14,8 +14,7 @@ from .timing import time_interleaved
 
 
 def llc_bytes(device="cpu") -> int:
-    """Last-level cache size of ``device`` (the DRAM floor means little below it): on CPU from sysfs (32 MiB
-    when unknown), on CUDA the GPU's L2 (``get_device_properties(d).L2_cache_size``)."""
+    """Last-level cache bytes of ``device``: on CPU from sysfs (32 MiB when unknown), on CUDA the GPU's L2."""
     device = torch.device(device)
     if device.type == "cuda":
         return int(torch.cuda.get_device_properties(device).L2_cache_size)
@@ -53,8 +52,7 @@ def bandwidth_line(bw: dict) -> str:
 
 
 def floor_binds(live_bytes: int, copies: int, llc) -> Optional[bool]:
-    """Whether the K/V a loop cycles through (``live_bytes`` x ``copies``) exceed the last-level cache, so that
-    the DRAM floor binds; None when the cache size is unknown (never guessed as 0)."""
+    """Whether ``live_bytes * copies`` exceeds the last-level cache (the DRAM floor binds); None if ``llc`` unknown."""
     return None if not llc else live_bytes * copies > llc
 
 

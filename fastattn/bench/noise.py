@@ -28,8 +28,7 @@ _HZ = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
 
 
 def machine_busy_s() -> Optional[float]:
-    """CPU seconds the whole machine has been busy since boot (``/proc/stat``: all but idle and iowait), or
-    None where there is no such file."""
+    """CPU seconds the machine has been busy since boot (``/proc/stat`` less idle and iowait); None without it."""
     try:
         with open("/proc/stat") as f:
             fields = [int(x) for x in f.readline().split()[1:]]
@@ -54,10 +53,8 @@ def delta(before: tuple, after: tuple) -> dict:
 
 def others_busy(wall: Sequence[float], cpu: Sequence[float], machine: Sequence[Optional[float]], *,
                 min_window: float = MIN_WINDOW_S, max_cores: float = OTHERS_MAX) -> list:
-    """One bool per sample, samples in time order: did other processes run more than ``max_cores`` cores on
-    average over the window (consecutive samples pooled to at least ``min_window`` s) the sample lies in?
-    Other processes' CPU = the machine's busy CPU less this process's. All False where the machine's
-    counters are unavailable."""
+    """One bool per sample (time order): did others (machine busy CPU less ours) use over ``max_cores`` cores in
+    its window of consecutive samples pooled to >= ``min_window`` s? All False without machine counters."""
     flags = [False] * len(wall)
     if any(m is None for m in machine):
         return flags
@@ -81,10 +78,8 @@ def quantile(values: Sequence[float], f: float) -> float:
 def disturbed(wall: Sequence[float], cpu: Sequence[float], switches: Sequence[int], *, cpu_drop: float = CPU_DROP,
               switch_jump: float = SWITCH_JUMP, min_switches: int = MIN_SWITCHES,
               others: Optional[Sequence[bool]] = None) -> list:
-    """One bool per sample: was it disturbed, judged against its own series' quiet level (see the module), or
-    marked by ``others`` (:func:`others_busy`: other processes took the cores during its window).
-
-    Samples too short for the counters to resolve (under 2 ms of wall time) are judged by switches only."""
+    """One bool per sample: disturbed against its series' quiet level, or marked in ``others`` (:func:`others_busy`).
+    Samples under 2 ms are judged by switches only; unequal lengths raise ValueError."""
     if not (len(wall) == len(cpu) == len(switches)):
         raise ValueError(f"wall, cpu and switches must have one value per sample, got {len(wall)}, {len(cpu)}, "
                          f"{len(switches)}")

@@ -58,10 +58,9 @@ def _one_call(model, way: str, state: dict, steps: int, its: int) -> dict:
 def prompt_growth(preset: str = "tiny", *, calls: int = 24, steps: int = 6, modes: Sequence[str] = ("upstream",
                   "exact"), ways: Sequence[str] = WAYS, max_length: int = 512, device="cpu", seed: int = 0,
                   inference_timesteps: int = 2, prompt_patches: int = 40) -> dict:
-    """Per mode, way and call: ``{mode, way, call, prefix, wall_ms, first_ms, later_ms, error}`` (``error``: what
-    stopped the loop, e.g. ``KV cache is full``). ``full_at[mode][way]``: the call at which it stopped, or None.
-    The first prompt is ``prompt_patches`` audio patches of noise; a small ``max_length`` (512 slots) makes the
-    cache fill within the loop."""
+    """A record with a row per mode, way and call, ``{mode, way, call, prefix, wall_ms, first_ms, later_ms, error}``
+    (``error``: what stopped the loop, e.g. ``KV cache is full``), and ``full_at[mode][way]``: that call, or None.
+    The first prompt is ``prompt_patches`` patches of noise; the small ``max_length`` fills within the loop."""
     from ..models import build_voxcpm2, silence_progress
     from ..patch import patch_voxcpm
     device = resolve_device(device)
@@ -100,8 +99,7 @@ def prompt_growth(preset: str = "tiny", *, calls: int = 24, steps: int = 6, mode
 
 
 def prompt_table(rec: dict) -> list:
-    """One row per mode and way: the prefix from the first to the last call, the later steps' median ms at the first
-    and the last call, and the call at which the loop stopped (and why)."""
+    """One row per mode and way: prefix first -> last call, step median ms at the first and last call, the stop."""
     out = []
     for mode in rec["params"]["modes"]:
         for way in rec["params"]["ways"]:

@@ -1,13 +1,9 @@
 """Peak RSS of one request above a built model's resting RSS (run in a fresh process by ``peak_rss``).
 
-``python -m fastattn.bench.rss_probe PRESET DTYPE VARIANT STEPS`` prints
-``built_bytes resting_bytes trimmed_bytes peak_bytes cache_bytes``: RSS after building (before any patch),
-after patching and a warm-up request, after a garbage collection and ``malloc_trim(0)`` hand the C
-allocator's free memory back (what it had kept is allocator retention, not live data), the request's
-high-water mark (VmHWM, reset
-after the trim), and the KV storage both LMs hold at the end of the request, read from the caches.
-Linux only.
-"""
+``python -m fastattn.bench.rss_probe PRESET DTYPE VARIANT STEPS`` prints ``built_bytes resting_bytes trimmed_bytes
+peak_bytes cache_bytes``: RSS after building (before any patch), after patching and a warm-up request, after ``gc``
+and ``malloc_trim(0)`` hand the allocator's free memory back (retention, not live data), the request's high-water
+mark (VmHWM, reset after the trim), and the KV storage both LMs hold at its end. Linux only."""
 
 import ctypes
 import gc

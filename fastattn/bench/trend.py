@@ -39,8 +39,7 @@ def stretches(indices: Sequence[int], gap: int = 3) -> list:
 
 
 def pooled_slope(series: list) -> Optional[float]:
-    """The repeats' own resistant slopes, averaged with their quiet chunk counts as weights: a slope within
-    each repeat, so a repeat that runs at another level (and lost its end to a busy stretch) adds no slope."""
+    """The repeats' own resistant slopes, weighted by quiet chunk count (a repeat at another level adds no slope)."""
     fits = [(resistant_slope([p[0] for p in s], [p[1] for p in s]), len(s)) for s in series]
     fits = [(m, n) for m, n in fits if m is not None]
     return sum(m * n for m, n in fits) / sum(n for _, n in fits) if fits else None
@@ -69,12 +68,10 @@ def _bootstrap(series: list, block: int, seed: int) -> list:
 
 def trend(repeats: Sequence[Sequence[tuple]], *, tolerance: float = TOLERANCE, min_quiet: float = 0.5,
           seed: int = 0) -> dict:
-    """The trend of one variant's per-chunk cost over ``repeats``: each a sequence of ``(chunk, ms, disturbed)``.
-
-    Returns ``{"slope_ms_per_100", "ci": [lo, hi], "change", "change_ci", "level_ms", "per_repeat_change",
-    "verdict": "grows" | "shrinks" | "flat" | "inconclusive", "why", "disturbed", "disturbed_chunks",
-    "quiet_share", "repeats"}``; the slope and interval in ms per 100 chunks, ``change`` over the stream's span
-    relative to its level. Chunk 0 (it carries the prefill) is left out."""
+    """The trend of one variant's per-chunk cost over ``repeats``, each a sequence of ``(chunk, ms, disturbed)``.
+    Returns ``{"slope_ms_per_100", "ci", "change", "change_ci", "level_ms", "per_repeat_change", "verdict", "why",
+    "disturbed", "disturbed_chunks", "quiet_share", "repeats"}``; ``change`` is relative to the level. Chunk 0
+    (the prefill) is left out."""
     series = [[(c, ms) for c, ms, bad in r if c > 0 and not bad] for r in repeats]
     flagged = sorted({c for r in repeats for c, _, bad in r if bad})
     total = sum(1 for r in repeats for c, _, _ in r if c > 0)

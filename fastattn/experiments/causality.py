@@ -18,8 +18,8 @@ __all__ = ["exactness_sweep", "sweep_summary", "gqa_check", "calibration_ladders
 def exactness_sweep(positions: Sequence[int], *, capacity: int = 2048, dtypes=("float32", "bfloat16"),
                     hq: int = 16, hkv: int = 2, head_dim: int = 128, bucket: Optional[int] = None, device="cpu",
                     seed: int = 0) -> list[dict]:
-    """For each dtype and position: is ``exact`` torch.equal to ``reference``, and how far are
-    ``fast`` (from reference) and both (from float64)? Random data, one fresh query per position."""
+    """One row per dtype and position: ``exact`` == ``reference``?, and ``fast``'s and their distances (vs reference,
+    vs float64) on random data; a position outside the capacity raises ValueError."""
     rows = []
     for name in dtypes:
         dt = getattr(torch, name)
@@ -58,8 +58,8 @@ def sweep_summary(sweep: list) -> dict:
 
 @torch.no_grad()
 def gqa_check(device="cpu", *, seed: int = 0, capacity: int = 1024, batch: int = 3) -> dict:
-    """GQA groupings (16/2, 8/8, 8/1 heads) with a batch on ``device``: ``exact`` equals ``reference`` at 28
-    lengths, and at one key every mode returns that key's value row exactly."""
+    """Per GQA grouping (16/2, 8/8, 8/1 heads), batched: ``exact`` == ``reference`` at every 37th length, and
+    every mode returns v[0] exactly at one key."""
     from ..devices import resolve_device
     device = resolve_device(device)
     g = torch.Generator().manual_seed(seed)
@@ -80,12 +80,8 @@ def gqa_check(device="cpu", *, seed: int = 0, capacity: int = 1024, batch: int =
 
 def calibration_ladders(device="cpu", *, capacity: int = 8192, dtypes=("float32", "bfloat16"), lqs=(1, 5),
                         hq: int = 16, hkv: int = 2, head_dim: int = 128, draws: int = 3) -> list[dict]:
-    """The exactness calibration ladder (every candidate measured) per dtype and query length.
-
-    One row per (dtype, lq, candidate): whether that window granularity is eligible by
-    construction, whether it was bit-identical at every length and draw, the max |difference|,
-    and which granularity the default ``exact`` uses for that call geometry (``chosen``).
-    """
+    """The exhaustive calibration ladder: one row per (dtype, lq, candidate) with its ladder fields and ``chosen``,
+    the bucket the default ``exact`` uses for that geometry."""
     from ..exactness import calibrate_exact
 
     rows = []
@@ -104,10 +100,8 @@ def calibration_ladders(device="cpu", *, capacity: int = 8192, dtypes=("float32"
 
 def padded_batch_check(*, lengths=(37, 200, 5), Lq: int = 3, Lk: int = 256, hq: int = 8, hkv: int = 2,
                        head_dim: int = 64, seed: int = 0, device="cpu") -> dict:
-    """A left-padded batch decoding Lq > 1 tokens through :func:`fastattn.attention` with
-    ``MaskInfo(keys, causal=True, padding="left")``: against SDPA with the dense mask (bit for bit),
-    against a float64 reference per row, and with ``check=True`` verifying the structure.
-    With left padding every row's real keys end at key Lk-1, so bottom-right causality is each row's own."""
+    """A left-padded batch (Lq > 1) through :func:`fastattn.attention` with ``MaskInfo(keys, causal=True,
+    padding="left")`` and ``check=True``: equal to dense-mask SDPA?, max distance to a per-row float64 reference."""
     from ..devices import resolve_device
     from ..masks import MaskInfo, attention
     device = resolve_device(device)
@@ -128,8 +122,7 @@ def padded_batch_check(*, lengths=(37, 200, 5), Lq: int = 3, Lk: int = 256, hq: 
 
 
 def stale_nan_check(*, capacity: int = 1024, length: int = 300, seed: int = 0, device="cpu") -> dict:
-    """NaN stored past ``length`` on ``device``: which modes it reaches (a kernel's masked-key handling decides),
-    and whether RightSizedKVCache clears it."""
+    """NaN stored past ``length``: which modes' outputs stay finite, and whether RightSizedKVCache clears it."""
     from ..cache import RightSizedKVCache
     from ..devices import resolve_device
     device = resolve_device(device)

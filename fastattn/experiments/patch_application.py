@@ -12,12 +12,8 @@ __all__ = ["compare_with_upstream", "compile_demo", "naive_slice_forward_step", 
 
 def compare_with_upstream(model, *, text: str, steps: int, mode: str = "exact", cache: bool = True,
                           streaming: bool = False, seed: int = 0, inference_timesteps: int = 2) -> dict:
-    """Decode ``text`` for ``steps`` steps unpatched, then patched; compare the outputs chunk by chunk.
-
-    Returns ``identical`` (whole output ``torch.equal``), per-chunk identity
-    (streaming: one chunk per decode step), the first differing chunk, the max
-    |difference| and both runs' KV bytes. The model is left unpatched.
-    """
+    """Decode ``text`` unpatched, then patched (left unpatched): ``identical``, ``chunks_identical``,
+    ``first_diff_chunk``, ``max_abs_diff``, both runs' KV bytes. PatchError if a patch is already applied."""
     if patch_status()["applied"]:
         raise PatchError("compare_with_upstream needs voxcpm unpatched to start; revert() the active patch first")
 
@@ -40,11 +36,8 @@ def compare_with_upstream(model, *, text: str, steps: int, mode: str = "exact", 
 
 
 def naive_slice_forward_step(self, hidden_states, position_emb, position_id, kv_cache):
-    """Seed 000's (and PR #199's) fix, for demonstration only: slice the cache by the tensor position.
-
-    Correct eagerly (within rounding), but ``cache[:, :, :position_id + 1]`` is a
-    data-dependent shape: under ``torch.compile(fullgraph=True)`` it fails.
-    """
+    """Seed 000's (and PR #199's) fix, for demonstration: slice the cache by the tensor position. Correct eagerly,
+    but a data-dependent shape: ``torch.compile(fullgraph=True)`` fails on it."""
     from voxcpm.modules.minicpm4.model import apply_rotary_pos_emb
     bsz, _ = hidden_states.size()
     q = self.q_proj(hidden_states).view(bsz, 1, self.num_heads, self.head_dim).transpose(1, 2)
@@ -62,13 +55,9 @@ def naive_slice_forward_step(self, hidden_states, position_emb, position_id, kv_
 
 def compile_demo(variant: str, *, steps: int = 160, bucket: int = 16, text: str = "hello world " * 4,
                  seed: int = 0) -> dict:
-    """Compile a fresh tiny model's base LM step like upstream's optimize() (fullgraph, cheap backend) and decode.
-
-    ``variant``: ``"upstream"`` (unpatched), ``"naive_slice"`` (seed 000's fix),
-    ``"patched"`` (fastattn exact + right-sized cache with ``bucket``-slot buckets).
-    Returns graph counts, the error (if compiling failed), and whether the
-    compiled output equals the eager output of the same variant.
-    """
+    """Compile a fresh tiny model's base LM step like upstream's optimize() (fullgraph, eager backend) and decode.
+    ``variant``: ``"upstream"``, ``"naive_slice"`` (seed 000's fix) or ``"patched"`` (exact, ``bucket``-slot cache).
+    Returns graph counts, ``error`` (compile failure or None) and ``equal_to_eager``."""
     from ..models import build_voxcpm2, silence_progress
     from ..patch import original_functions, patch_voxcpm, swapped
     if variant not in ("upstream", "naive_slice", "patched"):
@@ -117,9 +106,8 @@ KEY_FINDINGS = (
 
 def findings(results: dict, fast: dict, trap: dict, through_diff: dict, restored: bool, live: dict,
              choice: dict) -> dict:
-    """Notebook 04's findings from its results: the whole decodes (``compare_with_upstream``), the compile trap
-    (``compile_demo``), the decode through the diff, revert, the decode-attention kit (``live_decode_check``) and
-    the graph class's choice (``fast.graph_choice``)."""
+    """04's findings, keyed by claim, from its results (``compare_with_upstream``, ``compile_demo``, the diff's
+    decode, revert, ``live_decode_check``, ``fast.graph_choice``)."""
     gen, stream = results["generate, exact, cache=True"], results["generate_streaming, exact, cache=True"]
     return {
         "decode through the upstream diff: torch.equal to upstream": through_diff["identical"],

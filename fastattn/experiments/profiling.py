@@ -25,15 +25,12 @@ def warm_vs_cold(warm: dict, cold: dict) -> list[dict]:
 
 
 def _ratio_or_none(num, den):
-    """``num / den`` where the denominator is a resolved saving (> 0), else None: no ratio of noise."""
     return num / den if num is not None and den is not None and den > 0 else None
 
 
 def step_vs_call(dec: dict, warm: dict, cold: dict, position: int = 256) -> dict:
-    """What one decode step saves per layer, beside what one isolated attention call saves (reference ->
-    exact), warm and cold: the step's saving is judged against the call that reads K/V as the step does.
-    Where ``exact`` is upstream's own call (no exact window on the device: ``exact_granularity`` None) or a
-    saving is not above zero, the ratios are None and ``note`` says why."""
+    """A decode step's saving per layer beside an isolated call's (reference -> exact), warm and cold; the ratios
+    are None, and ``note`` says why, where ``exact`` is upstream's own call or a saving is not above zero."""
     up, pa = (find_row(dec["rows"], variant=v, position=position) for v in ("upstream", "patched"))
     per_layer = (up["median_ms"] - pa["median_ms"]) / dec["params"]["layers"]
     saved = {name: find_row(rec["rows"], mode="reference", position=position)["median_ms"]
@@ -92,8 +89,8 @@ def headline_key(items: dict) -> list[str]:
 
 
 def headline(att: dict, dec: dict, whole: dict, targets: list, position: int = 256) -> dict:
-    """The profiling notebook's findings, read from its records (:mod:`fastattn.bench.metrics`): ratios at
-    ``position``, the whole-decode ratio and identity, the LMs' decode-attention share, targets met."""
+    """05's findings from its records (:mod:`fastattn.bench.metrics`): ratios at ``position``, the whole decode's
+    ratio and identity, the LMs' decode-attention share, targets met."""
     val = lambda fig: fig.value if fig else float("nan")  # noqa: E731
     a, d16, d32 = att["float32"], dec["bfloat16"], dec["float32"]
     share = {v: time_shares(whole, v)["lm_attention"] for v in ("upstream", "patched")}
@@ -113,8 +110,7 @@ def headline(att: dict, dec: dict, whole: dict, targets: list, position: int = 2
 
 
 def fast_table(att: dict, positions) -> list[dict]:
-    """Per dtype and position: ``fast`` beside the public slice fix, the DRAM floor (and whether it binds:
-    None where the last-level cache size is unknown) and both errors vs float64, from the attention sweeps."""
+    """Per dtype and position: ``fast`` beside the slice fix, x the DRAM floor (binds: None if LLC unknown), errors."""
     rows = []
     for dt, rec in att.items():
         for p in positions:
@@ -134,8 +130,7 @@ def fast_chose(att: dict) -> dict:
 
 
 def patched_steps_identical(dec: dict) -> bool:
-    """Whether the patched decode step was bit-identical to upstream at every position of every sweep (the
-    slice fix's rows, never identical by design, are not part of the claim)."""
+    """Whether the patched step was bit-identical to upstream at every position of every sweep (slice fix aside)."""
     return all(r["bit_identical"] for rec in dec.values() for r in rec["rows"] if r["variant"] == "patched")
 
 
@@ -151,8 +146,7 @@ def amdahl_line(whole: dict) -> str:
 
 
 def memory_summary(kv: dict, alloc: dict, rss: dict) -> dict:
-    """05's memory findings, labelled with where each was measured (peak RSS is a host process running the
-    model on CPU, whatever device the run uses)."""
+    """05's memory findings, each labelled with where it was measured (peak RSS: CPU processes, on any device)."""
     on = alloc["env"].get("device", "cpu")
     return {f"KV MB, full model, {kv['params']['prefill'] + kv['params']['steps']}-token request (upstream, patched)":
             (kv["upstream_bytes"] / 1e6, kv["patched_bytes"] / 1e6),
@@ -177,8 +171,7 @@ def growth_table(growth: dict) -> list[dict]:
 
 
 def whole_dtypes(device, dtype: str) -> tuple:
-    """The dtypes 05 decodes the whole model in: voxcpm's own on the device first (the default every ratio is
-    against), then float32 and ``dtype``; float16 too on CUDA (CPUs have no fast fp16 GEMM)."""
+    """05's whole-decode dtypes: voxcpm's own first (every ratio's base), float32, ``dtype``, and float16 on CUDA."""
     import torch
 
     from ..devices import runtime_dtype
