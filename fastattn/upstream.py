@@ -20,7 +20,7 @@ from . import compat
 from .paths import data_dir
 
 __all__ = ["LIVE_ERROR_BOUND", "upstream_diff", "write_upstream_diff", "DIFF_NAME", "LAYOUTS", "KITS", "KIT_DIR",
-           "kit_sources", "patched_sources", "dtype_sources", "decode_attention_sources", "apply_diff",
+           "kit_sources", "cache_source", "patched_sources", "dtype_sources", "decode_attention_sources", "apply_diff",
            "patched_copy", "pristine_copy", "decode_with_diff", "live_decode_check", "run_in_patched_copy",
            "upstream_decode", "DiffError"]
 
@@ -68,6 +68,11 @@ def kit_sources(kit: str) -> dict:
     root = KIT_DIR / KITS[kit][3] / "voxcpm"
     files = sorted(p.relative_to(root).as_posix() for p in root.rglob("*.py"))
     return {f"voxcpm/{rel}": (_base_text(rel), (root / rel).read_text()) for rel in files}
+
+
+def cache_source() -> str:
+    """The right-sized kit's ``cache.py``: the library's sizing functions (:mod:`fastattn.cache`) and the class."""
+    return (KIT_DIR / "right-sized" / "voxcpm" / "modules" / "minicpm4" / "cache.py").read_text()
 
 
 def patched_sources() -> dict:
@@ -210,18 +215,18 @@ def pristine_copy(dest, layout: str = "wheel") -> Path:
 
 
 def patched_copy(dest, kit="right-sized", layout: str = "wheel") -> Path:
-    """A copy of the installed voxcpm under ``dest`` (:func:`pristine_copy`) with ``kit``'s diff applied (a kit
-    name, or several in order: stacked). Returns ``dest``: put it first on ``PYTHONPATH`` (in a fresh process) to
-    import the patched package."""
+    """A copy of the installed voxcpm under ``dest`` (:func:`pristine_copy`; ``layout="src"``: as upstream's
+    ``src/`` tree) with ``kit``'s diff applied (a kit name, or several in order: stacked). Returns ``dest``: put
+    it first on ``PYTHONPATH`` (in a fresh process) to import the patched package."""
     kits = (kit,) if isinstance(kit, str) else tuple(kit)
     for k in kits:
         if k not in KITS:
             raise ValueError(f"kit must be one of {sorted(KITS)}, got {k!r}")
     dest = pristine_copy(dest, layout)
-    for k in kits:
-        diff = data_dir() / KITS[k][1][layout]
+    for k in kits:  # the installed 2.0.3 under either layout: its wheel diff, applied inside the layout's prefix
+        diff = data_dir() / KITS[k][1]["wheel"]
         try:
-            apply_diff(dest, diff.read_text())
+            apply_diff(dest / LAYOUTS[layout][1], diff.read_text())
         except DiffError as exc:
             raise DiffError(f"{diff.name} ({k} kit) did not apply to a copy of the installed voxcpm: {exc}") from None
     return dest

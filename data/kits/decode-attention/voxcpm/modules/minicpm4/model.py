@@ -15,20 +15,17 @@ from .cache import StaticKVCache
 DECODE_ATTENTION = ("masked", "live")
 FLEX_BLOCK = 128  # FlexAttention's key block: a decode step reads blocks [0, position // FLEX_BLOCK] only
 _flex = None  # torch.nn.attention.flex_attention, imported when "live" is first set
-_flex_extra = {}  # compute_q_blocks=False where from_kv_blocks has it: a decode step never reads q-blocks
+_flex_args = ()  # the optional from_kv_blocks arguments this torch has (seq_lengths, compute_q_blocks)
 
 
 def _load_flex():
-    global _flex, _flex_extra
+    global _flex, _flex_args
     from torch.nn.attention import flex_attention as flex
 
+    if "enable_gqa" not in inspect.signature(flex.flex_attention).parameters:
+        raise RuntimeError(f'decode attention "live" needs flex_attention(enable_gqa=); torch {torch.__version__} lacks it')
     blocks = inspect.signature(flex.BlockMask.from_kv_blocks).parameters
-    if "enable_gqa" not in inspect.signature(flex.flex_attention).parameters or "seq_lengths" not in blocks:
-        raise RuntimeError(
-            'decode attention "live" needs flex_attention(enable_gqa=) and BlockMask.from_kv_blocks(seq_lengths=), '
-            f"which torch {torch.__version__} lacks"
-        )
-    _flex, _flex_extra = flex, {"compute_q_blocks": False} if "compute_q_blocks" in blocks else {}
+    _flex, _flex_args = flex, tuple(a for a in ("seq_lengths", "compute_q_blocks") if a in blocks)
 
 
 def _decode_block_mask(position_id: torch.Tensor, n_keys: int):
@@ -44,6 +41,11 @@ def _decode_block_mask(position_id: torch.Tensor, n_keys: int):
     def mask_mod(b, h, q_idx, kv_idx):
         return kv_idx <= last[0]
 
+    extra = {"compute_q_blocks": False} if "compute_q_blocks" in _flex_args else {}  # decode reads no q-blocks
+    if "seq_lengths" in _flex_args:
+        extra["seq_lengths"] = (1, n_keys)
+    elif n_keys % FLEX_BLOCK:  # torch 2.5: the mask's key length is its blocks' (the cache must fill them)
+        raise ValueError(f"torch {torch.__version__}: live decode needs a KV cache of a multiple of {FLEX_BLOCK} slots")
     return _flex.BlockMask.from_kv_blocks(
         partial.view(1, 1, 1),
         partial_idx,
@@ -51,8 +53,7 @@ def _decode_block_mask(position_id: torch.Tensor, n_keys: int):
         idx,
         BLOCK_SIZE=(FLEX_BLOCK, FLEX_BLOCK),
         mask_mod=mask_mod,
-        seq_lengths=(1, n_keys),
-        **_flex_extra,
+        **extra,
     )
 
 
