@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Side venv with another torch (and Python): core test suite + the GPU kit's CPU rehearsal, or (SUITE=exactness)
-# only the exactness contract, recorded as one row of data/results/torch-matrix.json.
+# only the exactness contract, recorded under data/results/torch-matrix/.
 #   scripts/torch-matrix.sh TORCH [PY [REF]]     e.g.  scripts/torch-matrix.sh 2.11.0 3.12 HEAD
 #   SUITE=exactness scripts/torch-matrix.sh 2.5.1     SUITE=install: only create the venv
 # Creates .venv-torch<TORCH>-py<PY> (reused while requirements/pyproject are unchanged) with torch==TORCH
@@ -61,7 +61,7 @@ cd "$SRC"
 "$VENV/bin/python" -m pip freeze > "$LOG/freeze.txt"
 
 if [ "$SUITE" = exactness ]; then   # the record goes to this checkout's data/results, whatever REF was tested
-    "$VENV/bin/python" scripts/exactness_matrix.py --record "$ROOT/data/results/torch-matrix.json" 2>&1 \
+    "$VENV/bin/python" scripts/exactness_matrix.py --out "$ROOT/data/results/torch-matrix" 2>&1 \
         | tee "$LOG/exactness.log"
     exit "${PIPESTATUS[0]}"
 fi
