@@ -40,12 +40,17 @@ def _machine(env: dict) -> str:
             f"torch {env['torch'].split('+')[0]}")
 
 
+#: targets.json rows written before targets had ids, by their target text (up to the colon)
+_OLD_IDS = {"decode step p=256 (bfloat16, hidden 2048)": "decode_bf16", "decode step p=256 (float32, hidden 2048)":
+            "decode_fp32", "whole decode (full, bfloat16, 12 steps)": "whole"}
+
+
 def machine_rows() -> list:
     """Per machine folder with a whole decode: KV MB of a 300-token request (upstream, patched), the decode step at
     p=256 (bf16, fp32) and the whole decode as targets.json judged them, and whether the outputs were identical."""
     rows = []
     for tr in sorted(_results().glob("*/targets.json")):
-        t = {r["id"]: r for r in load_record(tr)["rows"]}
+        t = {r.get("id") or _OLD_IDS.get(r["target"].split(":")[0]): r for r in load_record(tr)["rows"]}
         kv = load_record(tr.parent / "kv_memory_full.json")
         whole = load_record(tr.parent / "whole_decode_full.json")
         kv_mb = (kv["upstream_bytes"] / 1e6, kv["patched_bytes"] / 1e6)
@@ -58,7 +63,7 @@ def machine_rows() -> list:
 
 def _ratio(t: dict) -> str:
     ci = "" if t.get("ci_low") is None else f" [{t['ci_low']:.2f}, {t['ci_high']:.2f}]"
-    return f"{t['measured']:.2f}x{ci}, n={t['n']}"
+    return f"{t['measured']:.2f}x{ci}" + (f", n={t['n']}" if t.get("n") else " (no interval recorded)")
 
 
 def matrix_rows() -> list:

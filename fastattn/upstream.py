@@ -267,16 +267,16 @@ def upstream_decode(preset: str, *, text: str, steps: int, dtype: str, seed: int
 
 
 def decode_with_diff(preset: str, *, text: str, steps: int, dtype: str = "bfloat16", seed: int = 0,
-                     device="cpu") -> dict:
+                     device="cpu", granularity: int | None = None) -> dict:
     """Decode with the right-sized diff applied (a patched copy in a fresh process,
-    ``data/kits/scripts/decode.py``), then unpatched here from the same seed, both on ``device``:
+    ``data/kits/scripts/decode.py``; ``granularity`` forces the cache's), then unpatched here from the same seed:
     ``{"identical", "max_abs_diff", "diff_capacity", "upstream_capacity", "length", "device"}``."""
     import torch
 
     from .devices import resolve_device
     device = str(resolve_device(device))
     res = run_in_patched_copy("right-sized", KIT_DIR / "scripts" / "decode.py", preset, dtype, text, steps, seed,
-                              device)
+                              device, *([granularity] if granularity else []))
     model, ref = upstream_decode(preset, text=text, steps=steps, dtype=dtype, seed=seed, device=device)
     same = ref.shape == res["wav"].shape
     return {"identical": bool(same and torch.equal(ref, res["wav"])),

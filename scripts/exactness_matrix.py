@@ -4,7 +4,8 @@
 
 Checks, each in float32 and bfloat16 where it has a dtype: which kernel SDPA runs for upstream's masked decode call
 (VoxCPM2's 16 query heads, 2 KV heads, 128 dims); windows of 512-slot multiples against the whole 8192-slot cache
-(the right-sized diff's CPU granularity); a whole decode through the right-sized diff and through fastattn's
+(the right-sized diff's CPU granularity); a whole decode through the right-sized diff (as is, and with 512-slot
+windows forced whatever the torch) and through fastattn's
 ``exact`` patch against upstream's (tiny preset, ~430 prefill tokens + 120 steps: crosses 512); the three kits'
 upstream-style tests on the three diffs stacked; whether the slice to ``position + 1`` (issue #293's and PR #395's fix)
 compiles under ``fullgraph=True`` (what voxcpm's ``optimize()`` uses). A check that raises is recorded with its error.
@@ -39,10 +40,15 @@ def windows(dtype):
     return {"identical": r["bit_identical"], "max_abs_diff": r["max_abs_diff"], "n": r["positions_checked"]}
 
 
-def through_diff(dtype):
+def through_diff(dtype, granularity=None):
     from fastattn.upstream import decode_with_diff
-    r = decode_with_diff("tiny", text=TEXT, steps=STEPS, dtype=dtype, seed=1)
+    r = decode_with_diff("tiny", text=TEXT, steps=STEPS, dtype=dtype, seed=1, granularity=granularity)
     return {"identical": r["identical"], "max_abs_diff": r["max_abs_diff"], "capacity": r["diff_capacity"]}
+
+
+def forced_windows(dtype):
+    """The diff with 512-slot windows whatever this torch's kernel: what the version gate keeps away."""
+    return through_diff(dtype, granularity=512)
 
 
 def exact_patch(dtype):
@@ -87,7 +93,8 @@ def slice_fullgraph(_):
 
 
 CHECKS = {"sdpa kernel": (kernel, DTYPES), "windows vs whole cache": (windows, DTYPES),
-          "decode through the diff": (through_diff, DTYPES), "decode, exact patch": (exact_patch, DTYPES),
+          "decode through the diff": (through_diff, DTYPES),
+          "decode, 512-slot windows forced": (forced_windows, DTYPES), "decode, exact patch": (exact_patch, DTYPES),
           "kit tests, diffs stacked": (kit_tests, (None,)), "slice fix under fullgraph": (slice_fullgraph, (None,))}
 
 

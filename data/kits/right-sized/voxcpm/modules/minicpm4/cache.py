@@ -3,11 +3,13 @@ from typing import List, Optional, Tuple
 
 import torch
 
-# On CPU, SDPA runs this masked decode call through the CPU flash kernel, which walks the keys in blocks of 512
-# (aten/src/ATen/native/cpu/FlashAttentionKernel.cpp, flash_attention_kernel_impl: kv_split_size 512). A window
-# whose size is a multiple of 512 hands it the same blocks as the whole cache; the whole cache's extra blocks
-# are fully masked and add exact zeros. Elsewhere the window is the whole cache, allocated once.
+# From torch 2.9, SDPA runs this masked grouped-query decode call on CPU through its flash kernel, which walks the
+# keys in blocks of 512 (aten/src/ATen/native/cpu/FlashAttentionKernel.cpp, flash_attention_kernel_impl:
+# kv_split_size 512). A window whose size is a multiple of 512 hands it the same blocks as the whole cache; the
+# whole cache's extra blocks are fully masked and add exact zeros. Older torch runs the call through its math
+# kernel, where such a window changed float32 results: there, and off CPU, the window is the whole cache.
 CPU_KEY_BLOCK = 512
+CPU_FLASH_GQA = tuple(int(v) for v in torch.__version__.split(".")[:2]) >= (2, 9)
 
 
 def fill_capacity(length: int, capacity: int, granularity: int, max_length: int) -> int:
@@ -42,8 +44,8 @@ def _mark_dynamic(t: torch.Tensor, dim: int) -> None:
 class StaticKVCache:
     """KV cache of the decode loop, sized to the request.
 
-    A request starts with its prefill rounded up to ``granularity`` slots (512 on CPU,
-    ``max_length`` elsewhere), the capacity doubles when decoding reaches its end, and a
+    A request starts with its prefill rounded up to ``granularity`` slots (512 on CPU with
+    torch >= 2.9, ``max_length`` elsewhere), the capacity doubles when decoding reaches its end, and a
     later shorter request shrinks it back: ``capacity <= min(max(2 * current_length,
     granularity), max_length)``. Only slots an earlier request wrote are cleared.
     ``kv_cache`` is a view over the valid length rounded up to ``granularity``; the slots
@@ -68,7 +70,7 @@ class StaticKVCache:
         self.device = torch.device(device)
         self.dtype = dtype
         if granularity is None:
-            granularity = CPU_KEY_BLOCK if self.device.type == "cpu" else max_length
+            granularity = CPU_KEY_BLOCK if self.device.type == "cpu" and CPU_FLASH_GQA else max_length
         self.granularity = granularity
 
         self.current_length = 0
