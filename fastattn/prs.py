@@ -72,24 +72,45 @@ def matrix_rows() -> list:
     for rec in _newest(_results() / "torch-matrix", "exactness-*.json"):
         by = {(r["check"], r["dtype"]): r for r in rec["rows"]}
 
-        def ok(check, by=by):
-            return all(by[(check, d)].get("identical") for d in ("float32", "bfloat16"))
+        def ok(check, by=by):  # None: not run by this record's script
+            got = [by.get((check, d), {}).get("identical") for d in ("float32", "bfloat16")]
+            return None if None in got else all(got)
         kits = by[("kit tests, diffs stacked", None)]
         out.append({"torch": rec["env"]["torch"].split("+")[0], "python": rec["env"]["python"],
                     "kernel": by[("sdpa kernel", "float32")].get("kernel", "?").replace("cpu ", ""),
                     "windows": ok("windows vs whole cache"), "diff": ok("decode through the diff"),
+                    "forced": ok("decode, 512-slot windows forced"),
+                    "forced_diff": max(by.get(("decode, 512-slot windows forced", d), {}).get("max_abs_diff", 0)
+                                       for d in ("float32", "bfloat16")),
+                    "slots": by[("decode through the diff", "float32")].get("capacity"),
                     "exact": ok("decode, exact patch"), "kits": (kits.get("passed"), kits.get("failed")),
                     "slice": by[("slice fix under fullgraph", None)], "machine": _machine(rec["env"])})
     return sorted(out, key=lambda r: tuple(int(x) for x in r["torch"].split(".")))
 
 
 def matrix_table() -> str:
-    yes = {True: "yes", False: "**no**"}
-    lines = ["| torch | Python | SDPA kernel (CPU) | 512-slot windows = whole cache | decode through the diff = "
-             "upstream (fp32, bf16) | kit tests stacked |", "|---|---|---|---|---|---|"]  # the contract, per torch
-    lines += [f"| {r['torch']} | {r['python']} | {r['kernel']} | {yes[r['windows']]} | {yes[r['diff']]} | "
-              f"{r['kits'][0]} passed, {r['kits'][1]} failed |" for r in matrix_rows()]
+    yes = {True: "yes", False: "**no**", None: "not run"}
+    lines = ["| torch | Python | SDPA kernel (CPU) | cache slots after the decode | decode through the diff = "
+             "upstream (fp32 and bf16) | the same with 512-slot windows forced | kit tests, diffs stacked |",
+             "|---|---|---|---|---|---|---|"]  # the contract, per torch
+    lines += [f"| {r['torch']} | {r['python']} | {r['kernel']} | {r['slots']} | {yes[r['diff']]} | "
+              f"{yes[r['forced']]} | {r['kits'][0]} passed, {r['kits'][1]} failed |" for r in matrix_rows()]
     return "\n".join(lines)
+
+
+def math_versions() -> str:
+    """What the matrix says about the torch versions whose CPU runs this call through the math kernel."""
+    rows = [r for r in matrix_rows() if r["kernel"] != "FLASH_ATTENTION"]
+    broke = [r for r in rows if r["forced"] is False]
+    if not rows:
+        return ""
+    out = (f"On torch {', '.join(r['torch'] for r in rows)} SDPA runs this grouped-query call on CPU through its math "
+           "kernel, where the 512-key argument does not hold")
+    if broke:
+        out += (f": 512-slot windows changed a decode on torch {', '.join(r['torch'] for r in broke)} (max abs "
+                f"diff {max(r['forced_diff'] for r in broke):.2g}), so the cache keeps `max_length` slots before "
+                "torch 2.9")
+    return out + "."
 
 
 def upstream_check() -> dict:
@@ -106,13 +127,17 @@ def upstream_check() -> dict:
 def slice_evidence() -> tuple:
     """(English, Chinese): on which torch versions the slice to ``position + 1`` compiled under ``fullgraph``."""
     rows = matrix_rows()
-    refused = [r["torch"] for r in rows if r["slice"].get("compiles") is False]
     if not rows:
         return "", ""
-    err = next((r["slice"]["error"].split(":")[0] for r in rows if r["slice"].get("compiles") is False), "")
-    span = f"{refused[0]} to {refused[-1]}" if len(refused) > 1 else (refused[0] if refused else "none")
-    return (f"Measured on CPU: dynamo refuses it on torch {span} ({len(refused)} of {len(rows)} versions, {err}).",
-            f"在 CPU 上实测：torch {span} 的 dynamo 都拒绝编译它（{len(rows)} 个版本中的 {len(refused)} 个，{err}）。")
+    no = [r["torch"] for r in rows if r["slice"].get("compiles") is False]
+    yes = [r["torch"] for r in rows if r["slice"].get("compiles")]
+    en = f"Measured on CPU: torch {', '.join(no) or 'none'} refuse it"
+    zh = f"在 CPU 上实测：torch {'、'.join(no) or '无'} 拒绝编译"
+    if yes:
+        en += (f"; torch {', '.join(yes)} compiles it, with a length the host does not know (which a CUDA graph "
+               "cannot hold, by a reading of torch's sources)")
+        zh += f"；torch {'、'.join(yes)} 能编译，但长度在主机侧未知（按 torch 源码，CUDA graph 无法容纳）"
+    return en + ".", zh + "。"
 
 
 def import_cost() -> Optional[dict]:
@@ -157,7 +182,6 @@ def right_sized_pr() -> str:
     table += [f"| {r['machine']} | {r['kv_mb'][0]:.0f} MB -> {r['kv_mb'][1]:.0f} MB | {_ratio(r['step_bf16'])} / "
               f"{_ratio(r['step_fp32'])} | {_ratio(r['whole'])} ({r['steps']} steps) | "
               f"{'identical' if r['identical'] else '**differ**'} |" for r in rows]
-    math = [r["torch"] for r in matrix_rows() if r["kernel"] != "FLASH_ATTENTION"]
     return "\n".join([
         "# MiniCPM4 decode: a KV cache sized to the request, same outputs", "",
         "`StaticKVCache` allocates and zero-fills `max_length` (8192) slots for every request, and every decode step "
@@ -167,27 +191,27 @@ def right_sized_pr() -> str:
         "A request starts at its prefill rounded up to `granularity`, doubles when decoding reaches the end, "
         "shrinks for a shorter request, and only slots an earlier request wrote are cleared. `kv_cache` is a view "
         "over the valid length rounded up to `granularity`.",
-        "- `granularity` is 512 on CPU, where SDPA runs this masked call through its flash kernel, which walks keys in "
-        "blocks of 512 (`aten/src/ATen/native/cpu/FlashAttentionKernel.cpp`, `flash_attention_kernel_impl`: "
-        "`kv_split_size` 512). A window of 512-slot multiples hands it the same blocks; the whole cache's extra blocks "
-        "are fully masked and add exact zeros.",
-        "- Elsewhere `granularity` is `max_length`: on CUDA the step still attends over all 8192 slots, as today. The "
-        "only change there is that a later request clears `[length, written)` instead of the whole cache.",
+        "- `granularity` is 512 on CPU with torch >= 2.9, where SDPA runs this masked grouped-query call through "
+        "its flash kernel, which walks keys in blocks of 512 (`aten/src/ATen/native/cpu/FlashAttentionKernel.cpp`, "
+        "`flash_attention_kernel_impl`: `kv_split_size` 512). A window of 512-slot multiples hands it the same "
+        "blocks; the whole cache's extra blocks are fully masked and add exact zeros.",
+        "- Elsewhere `granularity` is `max_length`: on CUDA (and older torch on CPU) the step still attends over all "
+        "8192 slots, as today; a later request clears `[length, written)` instead of the whole cache.",
         "- `forward_step` keeps the mask and calls `.contiguous()` only on MPS (a no-op on today's cache; on a window "
         "it would copy the window).", "",
         "## Measured (CPU only, random weights, the full VoxCPM2 architecture, bf16 unless noted)", ""] + table + [
-        "", "Bit-identical where measured (" + matrix_rows()[0]["machine"].split(", torch")[0] + ", tiny model: "
-        "windows against the whole 8192-slot cache, and a whole decode through this diff `torch.equal` to upstream's):",
+        "", f"The contract per torch, where measured ({matrix_rows()[0]['machine'].split(', torch')[0]}; the tiny "
+        "model, a ~430-token prompt and 120 steps, so the window crosses 512): a whole decode through this diff "
+        "`torch.equal` to upstream's in float32 and bfloat16, the same with 512-slot windows forced, and the tests:",
         "", matrix_table(), "",
-        (f"On torch {', '.join(math)} SDPA sends this grouped-query call on CPU to the math kernel, where the "
-         "512-key argument does not apply: identity there is measured, not by construction." if math else ""), "",
+        math_versions(), "",
         "## What it does not do", "",
         "- Nothing changes on CUDA except the memset; no GPU was measured.",
         f"- It does not fix #293's slowdown: {_stream_line()}.", "",
         "## Related", "",
         "- #199 (closed) and #395 (open) slice to `position + 1` without the mask, on the same lines as this PR. That "
-        "is faster per eager step, but changes the kernel's key blocks (not bit-identical) and does not compile under "
-        "`optimize()` (details on #395).",
+        "is faster per eager step, but changes the kernel's key blocks (not bit-identical), and under `optimize()` "
+        "its length is data-dependent (details on #395).",
         "- #363/#366 (a fork): hoisting the mask and skipping the zero-fill matched 8/8 output hashes on CUDA; a "
         "256-slot window matched 0/10 and ran 12% slower on CUDA. That is why CUDA keeps the whole cache here.",
         f"- {_applies()}", "", "## Tests", ""] + _tests_line("test_minicpm4_right_sized_cache.py") + [
@@ -231,13 +255,18 @@ def dtype_pr() -> str:
 def _import_line() -> str:
     rec = import_cost()
     if rec is None:
-        return "- `import voxcpm` cost: not measured yet (`scripts/import_cost.py`)."
+        return "- `import voxcpm` cost: not measured yet."
     by = {r["variant"]: r for r in rec["summary"]}
-    before, after, base = by["live diff, flex imported at module level"], by["live diff"], by["2.0.3"]
-    return (f"- `import voxcpm` in fresh processes ({_machine(rec['env'])}, n={after['n']} each, interleaved): "
-            f"{base['median_s']:.2f} s and {base['rss_mb']:.0f} MB peak RSS unpatched; {after['median_s']:.2f} s and "
-            f"{after['rss_mb']:.0f} MB with this diff (no FlexAttention module loaded); {before['median_s']:.2f} s "
-            f"and {before['rss_mb']:.0f} MB when the diff imported FlexAttention at module level.")
+
+    def vs(name):
+        r, (lo, hi) = by[name], by[name]["x_2.0.3_ci"]
+        said = "undecided" if lo <= 1 <= hi else ("slower" if lo > 1 else "faster")
+        return (f"{r['x_2.0.3']:.2f}x [{lo:.2f}, {hi:.2f}] ({said}), peak RSS {r['rss_mb']:.1f} MB, FlexAttention "
+                f"{'loaded' if r['flex_loaded'] else 'not loaded'}")
+    return (f"- `import voxcpm` in fresh processes after `import torch` ({_machine(rec['env'])}, "
+            f"n={by['live diff']['n']} each, interleaved), against unpatched ({by['2.0.3']['median_s']:.2f} s, "
+            f"{by['2.0.3']['rss_mb']:.1f} MB): this diff {vs('live diff')}; the diff with FlexAttention imported "
+            f"at module level {vs('live diff, flex imported at module level')}.")
 
 
 def live_pr() -> str:
@@ -247,7 +276,7 @@ def live_pr() -> str:
         "# Opt-in `VOXCPM_DECODE_ATTENTION=live`: decode attention over the valid keys only, under `optimize()` too",
         "", "**Status: held until it has GPU numbers.** Everything below was measured on CPU.", "",
         "The masked decode call reads all `max_length` slots every step. The slice to `position + 1` (#199, #395) "
-        "reads only the valid keys but cannot compile under `optimize()`'s `fullgraph=True`. "
+        "reads only the valid keys, but under `optimize()`'s `fullgraph=True` its length is data-dependent. "
         + slice_evidence()[0], "", "## What changes (`modules/minicpm4/model.py` only)", "",
         "- `VOXCPM_DECODE_ATTENTION` (`masked`, the default: today's call; or `live`) is read and validated once, "
         "when a `MiniCPMModel` is built, for both LMs; `model.set_decode_attention(mode)` switches a built model.",
@@ -289,9 +318,9 @@ def comment_395() -> str:
         "**What we ran** (CPU only): this PR's attention lines (`key_cache[:, :, : position_id + 1]`, a 1-element "
         "position tensor as voxcpm's loop passes it) under `torch.compile(..., fullgraph=True)`:", ""] + table + [
         "", "**What we only read, not ran** (torch's sources, CUDA):",
-        "- before torch 2.14, SDPA's kernel selector guards on the unbacked length: the same refusal is expected, "
-        "and `torch.compile` is lazy, so it would surface at the first generate after model load;",
-        "- from torch 2.14 the slice should compile, but inductor runs a graph holding an unbacked length without a "
+        "- before torch 2.14, SDPA's CUDA kernel selector guards on the unbacked length: the same refusal is expected "
+        "on CUDA, and `torch.compile` is lazy, so it would surface at the first generate after model load;",
+        "- from torch 2.14 it should compile on CUDA, but inductor runs a graph holding an unbacked length without a "
         "CUDA graph (`reduce-overhead` loses its graph).", "",
         "So on the default GPU path this change may fail at load or lose the CUDA graph; with `optimize=False` (and "
         "on Windows without triton) it is the eager speedup #199 measured. It also changes which key blocks the "

@@ -216,8 +216,8 @@ def _reply_en(leads: list, where: str, fix: str) -> list:
     return ["Thank you for the detailed analysis and the proposed fix.", "",
             "**The proposed fix.** Slicing K/V to `position_id + 1` is also what #199 (closed) and the open #395 do. "
             "It makes every eager step cheaper, and you are right that the `.contiguous()` calls there are no-ops. "
-            "It cannot compile under `optimize()`'s `fullgraph=True`, though: the slice length is a value read from "
-            f"a tensor.{' ' + fix if fix else ''} The linked PRs propose a cache sized to the request (outputs "
+            "Under `optimize()`'s `fullgraph=True`, though, the slice length is a value read from a tensor."
+            f"{' ' + fix if fix else ''} The linked PRs propose a cache sized to the request (outputs "
             "unchanged) and an opt-in "
             "attention over the valid keys that does compile.", "",
             "**Why it is probably not the decay.** The full-cache attention costs the same at every step, so it "
@@ -235,7 +235,7 @@ def _reply_zh(leads: list, where: str, fix: str) -> list:
     return ["感谢您详细的分析和修复建议。", "",
             "**关于您提出的修复。** 把 K/V 切到 `position_id + 1` 也是 #199（已关闭）和尚未合并的 #395 的做法。"
             "它能让每个 eager 步骤更快；您指出 `.contiguous()` 在这里是空操作，这一点是对的。但在 `optimize()` 的 "
-            f"`fullgraph=True` 下它无法编译：切片长度要从张量中读出。{fix}相关 PR 提出了按请求大小分配的缓存"
+            f"`fullgraph=True` 下，切片长度要从张量中读出。{fix}相关 PR 提出了按请求大小分配的缓存"
             "（输出不变）和一个可选的、只关注有效键且能够编译的注意力实现。", "",
             "**为什么它大概不是变慢的原因。** 整个缓存上的注意力在每一步的开销都相同，不会让第 400 个 chunk 比第 1 个"
             f"更慢。本机的测量：{where}。这是一台 CPU 机器、随机权重，无法排除只在 GPU 上出现的问题。", "",
