@@ -14,13 +14,14 @@ import difflib
 import hashlib
 import os
 import re
+from functools import partial
 from pathlib import Path
 
 from . import compat
 from .paths import data_dir
 
 __all__ = ["LIVE_ERROR_BOUND", "upstream_diff", "write_upstream_diff", "DIFF_NAME", "LAYOUTS", "KITS", "KIT_DIR",
-           "kit_sources", "cache_source", "patched_sources", "dtype_sources", "decode_attention_sources", "apply_diff",
+           "kit_sources", "cache_source", "apply_diff",
            "patched_copy", "pristine_copy", "decode_with_diff", "live_decode_check", "run_in_patched_copy",
            "upstream_decode", "DiffError"]
 
@@ -65,7 +66,7 @@ def kit_sources(kit: str) -> dict:
     """``{"voxcpm/<rel>": (2.0.3 text, patched text)}`` for every file of ``kit`` (:data:`KITS`)."""
     if kit not in KITS:
         raise ValueError(f"kit must be one of {sorted(KITS)}, got {kit!r}")
-    root = KIT_DIR / KITS[kit][3] / "voxcpm"
+    root = KIT_DIR / kit / "voxcpm"
     files = sorted(p.relative_to(root).as_posix() for p in root.rglob("*.py"))
     return {f"voxcpm/{rel}": (_base_text(rel), (root / rel).read_text()) for rel in files}
 
@@ -75,32 +76,13 @@ def cache_source() -> str:
     return (KIT_DIR / "right-sized" / "voxcpm" / "modules" / "minicpm4" / "cache.py").read_text()
 
 
-def patched_sources() -> dict:
-    """The right-sized decode's ``{path: (old, new)}`` (``cache.py``, ``model.py``)."""
-    return kit_sources("right-sized")
-
-
-def dtype_sources() -> dict:
-    """The ``VOXCPM_CPU_DTYPE`` kit's ``{path: (old, new)}`` (``model/utils.py``)."""
-    return kit_sources("cpu-dtype")
-
-
-def decode_attention_sources() -> dict:
-    """The opt-in ``decode_attention="live"`` kit's ``{path: (old, new)}`` (``model.py``)."""
-    return kit_sources("decode-attention")
-
-
-#: kit -> (its sources, {layout: diff file under data/}, its upstream-style test file, its folder under data/kits)
-KITS = {
-    "right-sized": (patched_sources, {k: v[0] for k, v in LAYOUTS.items()}, "test_minicpm4_right_sized_cache.py",
-                    "right-sized"),
-    "cpu-dtype": (dtype_sources, {"wheel": "voxcpm-2.0.3-cpu-dtype-override.diff",
-                                  "src": "voxcpm-main-src-cpu-dtype-override.diff"}, "test_cpu_dtype_override.py",
-                  "cpu-dtype"),
-    "decode-attention": (decode_attention_sources, {"wheel": "voxcpm-2.0.3-live-decode-attention.diff",
-                                                    "src": "voxcpm-main-src-live-decode-attention.diff"},
-                         "test_minicpm4_decode_attention.py", "decode-attention"),
-}
+#: kit -> (its ``{path: (old, new)}``, {layout: diff file under data/}, its upstream-style test); its files are
+#: ``data/kits/<kit>/voxcpm/...``
+KITS = {kit: (partial(kit_sources, kit), {"wheel": f"voxcpm-2.0.3-{name}.diff", "src": f"voxcpm-main-src-{name}.diff"},
+              f"test_{test}.py") for kit, name, test in (
+    ("right-sized", "right-sized-decode", "minicpm4_right_sized_cache"),
+    ("cpu-dtype", "cpu-dtype-override", "cpu_dtype_override"),
+    ("decode-attention", "live-decode-attention", "minicpm4_decode_attention"))}
 
 
 def _defs(text: str) -> dict:
