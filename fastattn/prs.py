@@ -162,7 +162,7 @@ def _tests_line(kit_test: str) -> list:
     orig = u["tests"]["upstream's own tests/, unmodified"]
     same = "the same failures" if own["failed_tests"].keys() == orig["failed_tests"].keys() else "other failures"
     fails = ", ".join(f"`{n}`" for n in own["failed_tests"]) or "none"
-    missing = r"import (\w+)\W+ModuleNotFoundError"  # a failure that is the test machine's, not the change's
+    missing = r"import (\w+)\W{1,4}n?\s*ModuleNotFoundError"  # a failure that is the test machine's, not the change's
     why = {m[1] for msg in own["failed_tests"].values() for m in re.finditer(missing, msg)}
     return [f"- `tests/{kit_test}` passes with this change on main ({u['commits']['main'][:7]}) and fails without it.",
             f"- Upstream's own `tests/` on main {u['commits']['main'][:7]} with the three PRs applied: {own['passed']} "
