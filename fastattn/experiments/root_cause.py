@@ -196,7 +196,7 @@ def reply_293(rows: list, stream: Optional[dict] = None, fix: Optional[tuple] = 
     where = measured_where(stream) if stream else ("this run's stream", "本次运行的流式生成")
     fix = fix or ("", "")
     leads = sorted(rows, key=lambda r: (r["reading"] == RULES_OUT, not _gpu(r), RANK[r["reading"]]))
-    return "\n".join(_reply_en(leads, where[0], fix[0]) + ["", "---", ""] + _reply_zh(leads, where[1], fix[1]))
+    return _reply_en(leads, where[0], fix[0]) + "\n\n---\n\n" + _reply_zh(leads, where[1], fix[1])
 
 
 def _gpu(row: dict) -> Optional[str]:
@@ -212,35 +212,20 @@ def _why(row: dict, lang: int) -> str:
     return said + (f": {row['measured here']}" if row["reading"] in (REPRODUCES, RULES_OUT) else "")
 
 
-def _reply_en(leads: list, where: str, fix: str) -> list:
-    return ["Thank you for the detailed analysis and the proposed fix.", "",
-            "**The proposed fix.** Slicing K/V to `position_id + 1` is also what #199 (closed) and the open #395 do. "
-            "It makes every eager step cheaper, and you are right that the `.contiguous()` calls there are no-ops. "
-            "Under `optimize()`'s `fullgraph=True`, though, the slice length is a value read from a tensor."
-            f"{' ' + fix if fix else ''} The linked PRs propose a cache sized to the request (outputs "
-            "unchanged) and an opt-in "
-            "attention over the valid keys that does compile.", "",
-            "**Why it is probably not the decay.** The full-cache attention costs the same at every step, so it "
-            f"cannot make chunk 400 slower than chunk 1. Measured here: {where}. That is a CPU with random weights: "
-            "it cannot rule out what only happens on a GPU.", "",
-            "**Leads for a GPU setup, most likely first:**"] + \
-        [f"{i}. {r['hypothesis']}: " + _why(r, 0) for i, r in enumerate(leads, 1)] + \
-        ["", "To tell the generator from your code, this logs both per chunk:", "", "```python", SNIPPET, "```", "",
-         "Could you tell us: " + "; ".join(ASK) + "?"]
+def _reply(lang: str, **parts) -> str:
+    """``data/upstream-prs/reply-templates/<lang>.md`` filled with ``parts``."""
+    from ..paths import data_dir
+    return (data_dir() / "upstream-prs" / "reply-templates" / f"{lang}.md").read_text().format(**parts)
 
 
-def _reply_zh(leads: list, where: str, fix: str) -> list:
+def _reply_en(leads: list, where: str, fix: str) -> str:
+    return _reply("en", fix=" " + fix if fix else "", where=where, snippet=SNIPPET, asks="; ".join(ASK),
+                  leads="\n".join(f"{i}. {r['hypothesis']}: " + _why(r, 0) for i, r in enumerate(leads, 1)))
+
+
+def _reply_zh(leads: list, where: str, fix: str) -> str:
     reading = {REPRODUCES: "本机复现了这一形态", NEEDS: "需要您的机器或 GPU 才能判断", NOT_MEASURED: "本次未测",
                RULES_OUT: "本机已排除"}
-    return ["感谢您详细的分析和修复建议。", "",
-            "**关于您提出的修复。** 把 K/V 切到 `position_id + 1` 也是 #199（已关闭）和尚未合并的 #395 的做法。"
-            "它能让每个 eager 步骤更快；您指出 `.contiguous()` 在这里是空操作，这一点是对的。但在 `optimize()` 的 "
-            f"`fullgraph=True` 下，切片长度要从张量中读出。{fix}相关 PR 提出了按请求大小分配的缓存"
-            "（输出不变）和一个可选的、只关注有效键且能够编译的注意力实现。", "",
-            "**为什么它大概不是变慢的原因。** 整个缓存上的注意力在每一步的开销都相同，不会让第 400 个 chunk 比第 1 个"
-            f"更慢。本机的测量：{where}。这是一台 CPU 机器、随机权重，无法排除只在 GPU 上出现的问题。", "",
-            "**适用于 GPU 环境的线索（可能性从高到低，本机测量见英文部分）：**"] + \
-        [f"{i}. {next(v for k, v in HYPOTHESES_ZH.items() if r['hypothesis'].startswith(k))}："
-         + (_why(r, 1) if _gpu(r) else reading[r["reading"]]) for i, r in enumerate(leads, 1)] + \
-        ["", "上面的英文部分有一段代码，可以分别记录每个 chunk 的生成时间和您自己代码的处理时间。", "",
-         "能否告诉我们：" + "；".join(ASK_ZH) + "？"]
+    zh = lambda r: next(v for k, v in HYPOTHESES_ZH.items() if r["hypothesis"].startswith(k))  # noqa: E731
+    return _reply("zh", fix=fix, where=where, asks="；".join(ASK_ZH), leads="\n".join(
+        f"{i}. {zh(r)}：" + (_why(r, 1) if _gpu(r) else reading[r["reading"]]) for i, r in enumerate(leads, 1)))
