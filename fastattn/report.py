@@ -201,16 +201,18 @@ def _summary_md(run_dir: Path, summary: dict, env: dict, verdicts: list, ledger:
 
 
 def reply_for_293(run_dir: Path) -> Optional[str]:
-    """The #293 reply from a run's 01 records (a stream with per-component trends, the consumer matrix), or None."""
+    """The #293 reply from a run's 01 records (its stream, and the consumer matrix, prompt growth and contention
+    where run), with the slice fix's compile evidence from the committed torch matrix; None without a stream."""
     from .experiments.root_cause import diagnosis, reply_293
+    from .prs import slice_evidence
     recs = [_load(p) for p in sorted(Path(run_dir).glob("01_root_cause/records/*.json"))]
-    stream = next((r for r in recs if r and r.get("kind") == "stream_profile" and "trend" in r), None)
+    stream = next((r for r in recs if r and r.get("kind") == "stream_profile"), None)
     if stream is None:
         return None
-    cons = next((r for r in recs if r and r.get("kind") == "consumer_matrix"), None)
-    prompts = next((r for r in recs if r and r.get("kind") == "prompt_growth"), None)
-    beside = next((r for r in recs if r and r.get("kind") == "consumer_contention"), None)
-    return reply_293(diagnosis(stream, cons, stream.get("env", {}).get("device", "cpu"), prompts, beside))
+    kind = lambda k: next((r for r in recs if r and r.get("kind") == k), None)  # noqa: E731
+    rows = diagnosis(stream, kind("consumer_matrix"), stream.get("env", {}).get("device", "cpu"), kind("prompt_growth"),
+                     kind("consumer_contention"))
+    return reply_293(rows, stream, slice_evidence())
 
 
 def _plan_md(summary: dict) -> list:

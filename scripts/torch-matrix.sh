@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
-# Side venv with another torch (and Python): core test suite + the GPU kit's CPU rehearsal.
+# Side venv with another torch (and Python): core test suite + the GPU kit's CPU rehearsal, or (SUITE=exactness)
+# only the exactness contract, recorded under data/results/torch-matrix/.
 #   scripts/torch-matrix.sh TORCH [PY [REF]]     e.g.  scripts/torch-matrix.sh 2.11.0 3.12 HEAD
+#   SUITE=exactness scripts/torch-matrix.sh 2.5.1     SUITE=install: only create the venv
 # Creates .venv-torch<TORCH>-py<PY> (reused while requirements/pyproject are unchanged) with torch==TORCH
 # (any pip constraint cleared), requirements.txt minus torch/jupyterlab at their pins, voxcpm --no-deps and
 # fastattn --no-deps -e; then runs `pytest -q -m "not slow" tests` and
@@ -15,7 +17,9 @@ TORCH=${1:?usage: scripts/torch-matrix.sh TORCH [PY [REF]]}
 PY=${2:-$(python3 -c 'import sys; print("%d.%d" % sys.version_info[:2])')}
 REF=${3:-}
 VENV=$ROOT/.venv-torch$TORCH-py$PY
-export PIP_CONSTRAINT=          # the machine-wide cap on torch must not apply to a side venv
+SUITE=${SUITE:-full}
+case $SUITE in full|exactness|install) ;; *) echo "SUITE must be full, exactness or install, got $SUITE" >&2; exit 2;; esac
+export PIP_CONSTRAINT=/dev/null   # the machine-wide cap on torch must not apply (an empty value does not lift it)
 
 STAMP=$VENV/.torch-matrix-installed
 if [ ! -f "$STAMP" ] || [ requirements.txt -nt "$STAMP" ] || [ requirements-voxcpm.txt -nt "$STAMP" ] \
@@ -36,6 +40,7 @@ if [ ! -f "$STAMP" ] || [ requirements.txt -nt "$STAMP" ] || [ requirements-voxc
     set +e
 fi
 
+[ "$SUITE" = install ] && { echo "[torch-matrix] $VENV ready"; exit 0; }
 LOG=$VENV/matrix-$(date +%Y%m%d-%H%M%S)
 mkdir -p "$LOG"
 tree() { echo "HEAD $(git -C "$ROOT" rev-parse --short HEAD) diff-sha $(git -C "$ROOT" diff HEAD | sha256sum | cut -c1-12)"; }
@@ -55,6 +60,11 @@ cd "$SRC"
     | tee "$LOG/versions.txt"
 "$VENV/bin/python" -m pip freeze > "$LOG/freeze.txt"
 
+if [ "$SUITE" = exactness ]; then   # the record goes to this checkout's data/results, whatever REF was tested
+    "$VENV/bin/python" scripts/exactness_matrix.py --out "$ROOT/data/results/torch-matrix" 2>&1 \
+        | tee "$LOG/exactness.log"
+    exit "${PIPESTATUS[0]}"
+fi
 export HYPOTHESIS_PROFILE=${HYPOTHESIS_PROFILE:-ci}
 export FASTATTN_TORCH_MATRIX=$TORCH   # test_pins_are_what_is_installed: this torch, not the pin, on purpose
 "$VENV/bin/python" -m pytest -q -m "not slow" -p no:cacheprovider --junitxml="$LOG/junit.xml" tests \

@@ -298,92 +298,144 @@ def test_load_voxcpm2_never_reaches_voxcpm_without_files(tmp_path, monkeypatch):
         load_voxcpm2("")
 
 
-# ------------------------------------------------------------------ the upstream diff
-def test_stored_diffs_are_current():
-    from fastattn.upstream import LAYOUTS, upstream_diff
-    for layout, (name, prefix) in LAYOUTS.items():
-        text = (ROOT / "data" / name).read_text()
-        assert text == upstream_diff(layout), f"data/{name} is stale: run python -m fastattn diff --write"
-        assert f"+++ b/{prefix}voxcpm/modules/minicpm4/cache.py" in text
+# ------------------------------------------------------------------ the upstream kits
+KIT_TESTS = ROOT / "data" / "upstream-tests"
 
 
-def test_src_layout_diff_applies_to_upstreams_tree(tmp_path):
+def _kit_tree(dest: Path, kits) -> Path:
+    """Upstream's layout: the installed 2.0.3 under ``src/`` with ``kits`` applied, the kits' tests in ``tests/``."""
     import shutil
 
-    import voxcpm
-    shutil.copytree(Path(voxcpm.__file__).parent, tmp_path / "src" / "voxcpm",
-                    ignore=shutil.ignore_patterns("__pycache__"))
-    diff = ROOT / "data" / "voxcpm-main-src-right-sized-decode.diff"
-    r = subprocess.run(["patch", "-p1", "--batch", "-i", str(diff)], cwd=tmp_path, capture_output=True, text=True)
-    assert r.returncode == 0, r.stdout + r.stderr
-    from fastattn.upstream import cache_source
-    assert (tmp_path / "src/voxcpm/modules/minicpm4/cache.py").read_text() == cache_source()
+    from fastattn.upstream import patched_copy, pristine_copy
+    patched_copy(dest, kits, layout="src") if kits else pristine_copy(dest, "src")
+    shutil.copytree(KIT_TESTS, dest / "tests", ignore=shutil.ignore_patterns("__pycache__"))
+    return dest
 
 
-UPSTREAM_TESTS = ROOT / "data" / "upstream-tests"
-RUN_UPSTREAM_TESTS = (
-    "import os, sys; import fastattn.compat as c; c.ensure_torchaudio(); import pytest, voxcpm; "
-    "assert voxcpm.__file__.startswith(sys.argv[1]), voxcpm.__file__; "
-    "sys.exit(pytest.main([sys.argv[2], '-q', '-p', 'no:cacheprovider', '--rootdir', os.path.dirname(sys.argv[2]), "
-    "'-c', os.devnull]))"
-)
+def _outcomes(root: Path) -> dict:
+    """One pytest session over every kit's tests in ``root``: ``{file::test: passed | failed | skipped}``."""
+    import xml.etree.ElementTree as ET
+    env = {k: v for k, v in os.environ.items() if not k.startswith("VOXCPM_")}
+    r = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--junitxml=report.xml",
+                        "tests"], cwd=root, capture_output=True, text=True, env=env, timeout=600)
+    assert (root / "report.xml").exists(), r.stdout[-3000:] + r.stderr[-2000:]
+    cases = ET.parse(root / "report.xml").getroot().iter("testcase")
+    tag = lambda c: next((t for t in ("failure", "error", "skipped") if c.find(t) is not None), "passed")  # noqa
+    return {f"{c.get('classname').split('.')[-1]}::{c.get('name')}": tag(c).replace("failure", "failed")
+            .replace("error", "failed") for c in cases}
 
 
-def _run_upstream_tests(pkg_root, kit="right-sized"):
+@pytest.fixture(scope="module")
+def kit_runs(tmp_path_factory):
+    """Two sessions for all three kits: their tests on the three diffs stacked, and on unmodified 2.0.3."""
     from fastattn.upstream import KITS
-    env = {**os.environ, "PYTHONPATH": str(pkg_root)}
-    test_file = UPSTREAM_TESTS / KITS[kit][2]
-    return subprocess.run([sys.executable, "-c", RUN_UPSTREAM_TESTS, str(pkg_root), str(test_file)],
-                          capture_output=True, text=True, env=env, timeout=600)
+    base = tmp_path_factory.mktemp("kits")
+    return {"stacked": _outcomes(_kit_tree(base / "stacked", list(KITS))),
+            "2.0.3": _outcomes(_kit_tree(base / "orig", []))}
 
 
-@pytest.mark.slow
-def _diff_granularity_is_this_torchs_key_block():
-    """The diff's fixed CPU granularity is exact by construction only where SDPA runs the CPU flash kernel
-    with that key block (torch's kernel, not this machine): check it, else the bit-identity tests skip."""
-    from fastattn.exactness import CPU_FLASH_KEY_BLOCK, kernel_key_block
-    block, why = kernel_key_block("cpu", torch.float32, hq=16, hkv=2, head_dim=128)
-    if block != CPU_FLASH_KEY_BLOCK:
-        pytest.skip(f"SDPA here is {why}: the diff's {CPU_FLASH_KEY_BLOCK}-slot windows are not exact by construction")
+def test_stored_diffs_are_what_the_kit_files_make():
+    from fastattn.upstream import KITS, upstream_diff
+    for kit, (_, diffs, _) in KITS.items():
+        wheel = (ROOT / "data" / diffs["wheel"]).read_text()
+        assert wheel == upstream_diff("wheel", kit), f"data/{diffs['wheel']} is stale: python -m fastattn diff --write"
+        src = (ROOT / "data" / diffs["src"]).read_text()
+        if kit != "cpu-dtype":  # modules/minicpm4 is the same on upstream's main
+            assert src == upstream_diff("src", kit), f"data/{diffs['src']} is stale"
+        added = lambda d: [x for x in d.splitlines() if x.startswith("+") and not x.startswith("+++")]  # noqa: E731
+        assert added(src) == added(wheel), f"data/{diffs['src']} adds other lines than the 2.0.3 diff"
 
 
-def test_upstream_tests_pass_on_the_diff_and_fail_on_2_0_3(tmp_path):
-    """The kit's tests (torch and voxcpm only, upstream's style) against the patched copy and the original."""
-    import shutil
-    _diff_granularity_is_this_torchs_key_block()
+def test_kits_apply_alone_and_stacked_in_every_order_with_no_patch_binary(tmp_path, monkeypatch):
+    """Applied in Python: each kit alone gives its files; stacked in any order, the same tree (no hunk misplaced)."""
+    import itertools
 
-    import voxcpm
+    from fastattn.upstream import KITS, kit_sources, patched_copy
+    monkeypatch.setenv("PATH", str(tmp_path / "empty"))  # no patch, no git
+    for kit in KITS:
+        root = patched_copy(tmp_path / kit, kit, layout="src")
+        for rel, (_, new) in kit_sources(kit).items():
+            assert (root / "src" / rel).read_text() == new, (kit, rel)
+    trees = set()
+    for n, order in enumerate(itertools.permutations(KITS)):
+        root = patched_copy(tmp_path / f"stack{n}", order)
+        trees.add(tuple(p.read_text() for p in sorted(root.rglob("*.py"))))
+    assert len(trees) == 1
 
+
+def test_apply_diff_refuses_a_hunk_that_is_not_there_and_writes_nothing(tmp_path):
+    from fastattn.upstream import DiffError, apply_diff, upstream_diff
+    (tmp_path / "voxcpm" / "model").mkdir(parents=True)
+    target = tmp_path / "voxcpm" / "model" / "utils.py"
+    target.write_text("something else\n")
+    with pytest.raises(DiffError, match=r"voxcpm/model/utils.py: hunk 1 .* does not apply"):
+        apply_diff(tmp_path, upstream_diff("wheel", "cpu-dtype"))
+    assert target.read_text() == "something else\n"
+
+
+def test_kit_suites_pass_on_the_stacked_diffs_and_fail_on_2_0_3(kit_runs):
+    """Upstream-style tests (by-path loading from src/, torch, pydantic and stubs only): all pass on the three
+    kits stacked (the CUDA-only compile test skips off CUDA); on 2.0.3 every test of a new behaviour fails and the
+    tests of behaviour 2.0.3 already has pass."""
+    stacked, orig = kit_runs["stacked"], kit_runs["2.0.3"]
+    assert set(stacked) == set(orig) and len(stacked) > 20
+    assert {t for t, o in stacked.items() if o != "passed"} <= {t for t in stacked if t.endswith("_on_cuda")}, stacked
+    kept = {"test_kv_cache_full_at_max_length", "test_masked_default_is_unchanged",
+            "test_pick_runtime_dtype_unchanged_when_unset", "test_pick_runtime_dtype_cpu_override_is_cpu_only",
+            "test_pick_runtime_dtype_rejects_bad_override_naming_valid_ones[VOXCPM_MPS_DTYPE-mps]"}
+    for test, outcome in orig.items():
+        name = test.split("::")[-1]
+        kept_here = name in kept or name.split("[")[0] in kept
+        assert outcome == "passed" if kept_here else outcome in ("failed", "skipped"), (test, outcome)
+    for f in KIT_TESTS.glob("test_*.py"):
+        assert any(o == "failed" for t, o in orig.items() if t.startswith(f"{f.stem}::")), f.name
+
+
+def test_kits_speak_upstreams_language():
+    """No project names, PR numbers or private torch API in the kits' tests and patched sources."""
+    from fastattn.upstream import KIT_DIR, KITS, kit_sources
+    tests = {p.name: p.read_text() for p in KIT_TESTS.glob("*.py")}
+    sources = {f"{k}:{rel}": new for k in KITS for rel, (old, new) in kit_sources(k).items()}
+    for name, text in {**tests, **sources}.items():
+        assert not re.search(r"fastattn|workbook|#\d{3}|gpu-check", text), name
+    for name, text in tests.items():
+        assert not re.search(r"torch\._", text), name
+    assert (KIT_DIR / "ruff.toml").exists()
+
+
+def test_the_kits_cache_sizing_is_the_librarys():
+    """One sizing policy: the right-sized kit's functions are fastattn.cache's, docstrings aside."""
+    import ast
+    import inspect
+
+    from fastattn import cache
+    from fastattn.upstream import cache_source
+
+    def body(tree):
+        for node in ast.walk(tree):
+            if isinstance(node, ast.FunctionDef) and ast.get_docstring(node):
+                node.body = node.body[1:]
+        return ast.dump(tree)
+
+    kit = {n.name: n for n in ast.parse(cache_source()).body if isinstance(n, ast.FunctionDef)}
+    for f in (cache.fill_capacity, cache.step_capacity, cache.window_slots, cache._mark_dynamic):
+        assert body(kit[f.__name__]) == body(ast.parse(inspect.getsource(f)).body[0]), f.__name__
+
+
+def test_live_kit_imports_no_flex_attention_until_live_is_set(tmp_path):
+    """``import voxcpm`` through the live diff loads no FlexAttention module; a model built with
+    ``VOXCPM_DECODE_ATTENTION=live`` does."""
     from fastattn.upstream import patched_copy
-    assert "fastattn" not in "".join(p.read_text() for p in UPSTREAM_TESTS.glob("*.py"))
-    patched = _run_upstream_tests(patched_copy(tmp_path / "patched"))
-    assert patched.returncode == 0, patched.stdout[-3000:] + patched.stderr[-2000:]
-    n_tests = (UPSTREAM_TESTS / "test_minicpm4_right_sized_cache.py").read_text().count("\ndef test_")
-    assert f"{n_tests} passed" in patched.stdout
-    shutil.copytree(Path(voxcpm.__file__).parent, tmp_path / "orig" / "voxcpm",
-                    ignore=shutil.ignore_patterns("__pycache__"))
-    original = _run_upstream_tests(tmp_path / "orig")
-    assert original.returncode == 1 and " failed" in original.stdout, original.stdout[-3000:]
-
-
-def test_cpu_dtype_kit_passes_patched_fails_unpatched_and_stands_alone(tmp_path):
-    """The separable VOXCPM_CPU_DTYPE kit: its upstream-style tests pass on 2.0.3 with only its diff applied and
-    fail on unmodified 2.0.3; the diff touches model/utils.py alone and is what ``fastattn diff`` writes."""
-    import shutil
-
-    import voxcpm
-
-    from fastattn.upstream import KITS, patched_copy, upstream_diff
-    for layout, name in KITS["cpu-dtype"][1].items():
-        assert (ROOT / "data" / name).read_text() == upstream_diff(layout, "cpu-dtype"), "rerun fastattn diff --write"
-    assert {line.split()[1] for line in upstream_diff("wheel", "cpu-dtype").splitlines()
-            if line.startswith("--- ")} == {"a/voxcpm/model/utils.py"}
-    patched = _run_upstream_tests(patched_copy(tmp_path / "patched", kit="cpu-dtype"), "cpu-dtype")
-    assert patched.returncode == 0 and " passed" in patched.stdout, patched.stdout[-3000:] + patched.stderr[-2000:]
-    shutil.copytree(Path(voxcpm.__file__).parent, tmp_path / "orig" / "voxcpm",
-                    ignore=shutil.ignore_patterns("__pycache__"))
-    original = _run_upstream_tests(tmp_path / "orig", "cpu-dtype")
-    assert original.returncode == 1 and " failed" in original.stdout, original.stdout[-3000:]
+    root = patched_copy(tmp_path / "pkg", "decode-attention")
+    flex = "torch.nn.attention.flex_attention"
+    script = ("import sys, os, fastattn, voxcpm; assert voxcpm.__file__.startswith(sys.argv[1]); "
+              f"print({flex!r} in sys.modules); os.environ['VOXCPM_DECODE_ATTENTION'] = 'live'; "
+              "from fastattn.models import build_voxcpm2; m = build_voxcpm2('tiny', dtype='float32'); "
+              f"print({flex!r} in sys.modules, m.base_lm.decode_attention, m.residual_lm.decode_attention)")
+    env = {**os.environ, "PYTHONPATH": str(root)}
+    r = subprocess.run([sys.executable, "-c", script, str(root)], capture_output=True, text=True, env=env, timeout=300)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert r.stdout.split()[-4:] == ["False", "True", "live", "live"], r.stdout
 
 
 def test_cpu_dtype_override_reaches_the_model(tmp_path):
@@ -399,64 +451,13 @@ def test_cpu_dtype_override_reaches_the_model(tmp_path):
     assert r.stdout.split()[-1] == "torch.float32", r.stdout
 
 
-def _pristine(dest: Path) -> Path:
-    import shutil
-
-    import voxcpm
-    shutil.copytree(Path(voxcpm.__file__).parent, dest / "voxcpm", ignore=shutil.ignore_patterns("__pycache__"))
-    return dest
-
-
-def _apply(root: Path, kit: str, layout: str = "wheel"):
-    from fastattn.upstream import KITS
-    return subprocess.run(["patch", "-p1", "--batch", "-i", str(ROOT / "data" / KITS[kit][1][layout])], cwd=root,
-                          capture_output=True, text=True)
-
-
-@pytest.mark.slow
-def test_decode_attention_kit_passes_patched_fails_unpatched_and_stands_alone(tmp_path):
-    """The opt-in decode_attention kit: its diffs are current and touch the MiniCPM4 config and model only; its
-    upstream-style tests (float64 accuracy, one graph under an inductor fullgraph compile, the default
-    bit-identical) all pass with only its diff applied, and the ones that need the new field fail on 2.0.3."""
-    from fastattn.upstream import KITS, patched_copy, upstream_diff
-    for layout, name in KITS["decode-attention"][1].items():
-        assert (ROOT / "data" / name).read_text() == upstream_diff(layout, "decode-attention"), \
-            "rerun python -m fastattn diff --write"
-    assert {line.split()[1] for line in upstream_diff("wheel", "decode-attention").splitlines()
-            if line.startswith("--- ")} == {"a/voxcpm/modules/minicpm4/model.py", "a/voxcpm/modules/minicpm4/config.py"}
-    patched = _run_upstream_tests(patched_copy(tmp_path / "patched", kit="decode-attention"), "decode-attention")
-    assert patched.returncode == 0 and " passed" in patched.stdout and " failed" not in patched.stdout, \
-        patched.stdout[-3000:] + patched.stderr[-2000:]
-    original = _run_upstream_tests(_pristine(tmp_path / "orig"), "decode-attention")
-    assert original.returncode == 1, original.stdout[-3000:]
-    failed = set(re.findall(r"FAILED \S+::(test_\w+)", original.stdout))
-    assert {"test_default_is_masked", "test_bad_value_refused", "test_flex_block_mask_reads_only_live_blocks",
-            "test_live_is_as_close_to_float64_as_masked", "test_live_compiles_into_one_graph_for_a_whole_decode"} \
-        <= failed, original.stdout[-3000:]
-    assert "test_masked_default_is_bit_identical_to_the_full_cache_call" not in failed  # 2.0.3 is what it keeps
-
-
-@pytest.mark.slow
-def test_the_kits_stack_in_either_order_and_both_suites_pass(tmp_path):
-    """The right-sized cache and the decode_attention kit change different lines: either applies on top of the
-    other (wheel layout and upstream's src/ layout), and both kits' tests pass on the stack."""
-    _diff_granularity_is_this_torchs_key_block()
-    for order in (("right-sized", "decode-attention"), ("decode-attention", "right-sized")):
-        root = _pristine(tmp_path / "-".join(order))
-        for kit in order:
-            r = _apply(root, kit)
-            assert r.returncode == 0 and "fuzz" not in r.stdout, (order, r.stdout + r.stderr)  # no hunk misplaced
-    model = "voxcpm/modules/minicpm4/model.py"
-    assert (tmp_path / "right-sized-decode-attention" / model).read_text() == \
-        (tmp_path / "decode-attention-right-sized" / model).read_text()
-    for kit in ("right-sized", "decode-attention"):
-        r = _run_upstream_tests(tmp_path / "-".join(("right-sized", "decode-attention")), kit)
-        assert r.returncode == 0 and " failed" not in r.stdout, (kit, r.stdout[-3000:] + r.stderr[-2000:])
-    src = tmp_path / "upstream-main"
-    _pristine(src / "src")
-    for kit in ("decode-attention", "right-sized", "cpu-dtype"):
-        r = _apply(src, kit, "src")
-        assert r.returncode == 0 and "fuzz" not in r.stdout, (kit, r.stdout + r.stderr)
+def _needs_cpu_flash():
+    """The right-sized kit's 512-slot CPU window is exact by construction only where SDPA runs the CPU flash
+    kernel for this call (torch's choice, not this machine's): else the bit-identity tests skip, saying so."""
+    from fastattn.exactness import CPU_FLASH_KEY_BLOCK, kernel_key_block
+    block, why = kernel_key_block("cpu", torch.float32, hq=16, hkv=2, head_dim=128)
+    if block != CPU_FLASH_KEY_BLOCK:
+        pytest.skip(f"SDPA here is {why}: the kit's {CPU_FLASH_KEY_BLOCK}-slot windows are not exact by construction")
 
 
 @pytest.mark.slow
@@ -473,21 +474,14 @@ def test_decoding_through_the_live_kit_off_is_identical_on_is_close_to_float64()
 
 @pytest.mark.slow
 def test_upstream_diff_applies_and_is_equivalent(tmp_path):
-    """Apply the diff to a copy of the installed voxcpm; decode there; compare with upstream here."""
-    import shutil
-    _diff_granularity_is_this_torchs_key_block()
-
-    import voxcpm
-
-    from fastattn.upstream import DIFF_NAME
-    shutil.copytree(Path(voxcpm.__file__).parent, tmp_path / "voxcpm", ignore=shutil.ignore_patterns("__pycache__"))
-    r = subprocess.run(["patch", "-p1", "--batch", "-i", str(ROOT / "data" / DIFF_NAME)], cwd=tmp_path,
-                       capture_output=True, text=True)
-    assert r.returncode == 0, r.stdout + r.stderr
+    """Decode through the right-sized diff (a patched copy, a fresh process) and compare with upstream here."""
+    _needs_cpu_flash()
+    from fastattn.upstream import patched_copy
+    root = patched_copy(tmp_path / "pkg", "right-sized")
     out = tmp_path / "out.pt"
     code = textwrap.dedent(f"""
         import torch, fastattn, voxcpm
-        assert voxcpm.__file__.startswith({str(tmp_path)!r}), voxcpm.__file__
+        assert voxcpm.__file__.startswith({str(root)!r}), voxcpm.__file__
         from torch._dynamo.utils import counters
         from fastattn.models import build_voxcpm2
         text = {TEXT!r}
@@ -507,7 +501,7 @@ def test_upstream_diff_applies_and_is_equivalent(tmp_path):
         res["breaks"] = sum(counters["graph_break"].values())
         torch.save(res, {str(out)!r})
     """)
-    env = {**os.environ, "PYTHONPATH": f"{tmp_path}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
+    env = {**os.environ, "PYTHONPATH": f"{root}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=600)
     assert r.returncode == 0, r.stderr[-3000:]
     res = torch.load(out)

@@ -1,19 +1,22 @@
-"""Opt-in live-key decode attention for MiniCPM4 (``MiniCPM4Config.decode_attention``).
-
-torch and voxcpm only. "masked" (the default) must stay bit-identical to the attention over every slot of
-the cache; "live" must be as close to a float64 computation as "masked" is (within twice its error), and
-must compile with fullgraph=True into one graph for a whole decode. These fail on unmodified voxcpm 2.0.3,
-which has no decode_attention.
-"""
+"""Opt-in decode attention over the live keys only for MiniCPM4 (VOXCPM_DECODE_ATTENTION="live")."""
 
 import math
+import subprocess
+import sys
+import types
+from pathlib import Path
 
 import pytest
 import torch
-from torch._dynamo.utils import counters
-from voxcpm.modules.minicpm4.cache import StaticKVCache
-from voxcpm.modules.minicpm4.config import MiniCPM4Config, RopeScalingConfig
-from voxcpm.modules.minicpm4.model import MiniCPMModel, apply_rotary_pos_emb
+
+ROOT = Path(__file__).resolve().parents[1]
+pkg = types.ModuleType("voxcpm")
+pkg.__path__ = [str(ROOT / "src" / "voxcpm")]
+sys.modules.setdefault("voxcpm", pkg)
+
+from voxcpm.modules.minicpm4 import model as minicpm  # noqa: E402
+from voxcpm.modules.minicpm4.cache import StaticKVCache  # noqa: E402
+from voxcpm.modules.minicpm4.config import MiniCPM4Config, RopeScalingConfig  # noqa: E402
 
 HIDDEN_SIZE = 64
 NUM_ATTENTION_HEADS = 4
@@ -22,12 +25,10 @@ HEAD_DIM = HIDDEN_SIZE // NUM_ATTENTION_HEADS
 NUM_HIDDEN_LAYERS = 2
 MAX_CACHE_LENGTH = 1024
 # key counts around every FlexAttention block edge (128 keys)
-LENGTHS = sorted({1, MAX_CACHE_LENGTH} | {n for e in range(128, MAX_CACHE_LENGTH + 1, 128) for n in (e - 1, e, e + 1)
-                                         if n <= MAX_CACHE_LENGTH})
+LENGTHS = sorted({1, MAX_CACHE_LENGTH} | {e + d for e in range(128, MAX_CACHE_LENGTH, 128) for d in (-1, 0, 1)})
 
 
-def make_model(decode_attention=None, seed=0, dtype=torch.float32):
-    extra = {} if decode_attention is None else {"decode_attention": decode_attention}
+def make_model(mode="masked", seed=0, dtype=torch.float32):
     config = MiniCPM4Config(
         bos_token_id=0,
         eos_token_id=1,
@@ -49,11 +50,12 @@ def make_model(decode_attention=None, seed=0, dtype=torch.float32):
         dim_model_base=HIDDEN_SIZE,
         scale_depth=1.0,
         rope_theta=10_000.0,
-        **extra,
     )
-    assert decode_attention is None or config.decode_attention == decode_attention
     torch.manual_seed(seed)
-    return MiniCPMModel(config).eval().to(dtype)
+    model = minicpm.MiniCPMModel(config).eval().to(dtype)
+    if mode != "masked":
+        model.set_decode_attention(mode)
+    return model
 
 
 def filled_cache(length, dtype, seed=0):
@@ -61,62 +63,80 @@ def filled_cache(length, dtype, seed=0):
     shape = (1, NUM_KEY_VALUE_HEADS, length, HEAD_DIM)
     kv = [(torch.randn(shape, generator=g).to(dtype), torch.randn(shape, generator=g).to(dtype))
           for _ in range(NUM_HIDDEN_LAYERS)]
-    cache = StaticKVCache(NUM_HIDDEN_LAYERS, NUM_KEY_VALUE_HEADS, HEAD_DIM, 1, "cpu", dtype,
-                          max_length=MAX_CACHE_LENGTH)
+    cache = StaticKVCache(
+        NUM_HIDDEN_LAYERS, NUM_KEY_VALUE_HEADS, HEAD_DIM, 1, "cpu", dtype, max_length=MAX_CACHE_LENGTH
+    )
     cache.fill_caches(kv)
     return cache
 
 
-def masked_layer_step(attn, hidden_states, position_emb, position_id, kv_cache):
-    """The attention step as voxcpm 2.0.3 computes it: every slot of the cache under a bool mask."""
-    bsz, _ = hidden_states.size()
-    q = attn.q_proj(hidden_states).view(bsz, 1, attn.num_heads, attn.head_dim).transpose(1, 2)
-    k = attn.k_proj(hidden_states).view(bsz, 1, attn.num_key_value_heads, attn.head_dim).transpose(1, 2)
-    v = attn.v_proj(hidden_states).view(bsz, 1, attn.num_key_value_heads, attn.head_dim).transpose(1, 2)
-    cos, sin = position_emb
-    q, k = apply_rotary_pos_emb(q, k, cos, sin)
-    key_cache, value_cache = kv_cache
-    key_cache[:, :, position_id, :] = k
-    value_cache[:, :, position_id, :] = v
-    mask = (torch.arange(key_cache.size(2)) <= position_id).view(1, 1, 1, -1)
-    out = torch.nn.functional.scaled_dot_product_attention(q, key_cache.contiguous(), value_cache.contiguous(),
-                                                           attn_mask=mask, enable_gqa=True)
-    return attn.o_proj(out.transpose(1, 2).reshape(bsz, attn.num_heads * attn.head_dim))
-
-
 def attention_at(model, length, dtype, x):
-    """One decode step of layer 0 with ``length`` valid keys afterwards: (output, cos/sin, cache views)."""
+    """One decode step of layer 0 with ``length`` valid keys afterwards."""
     cache = filled_cache(length - 1, dtype)
     position_id = torch.tensor([cache.step()])
     position_emb = model.rope_emb(position_id)
     return model.layers[0].self_attn.forward_step(x, position_emb, position_id, cache.get_layer_cache(0))
 
 
-def test_default_is_masked():
-    assert make_model().config.decode_attention == "masked"
+def test_default_is_masked_and_the_variable_sets_every_layer(monkeypatch):
+    monkeypatch.delenv("VOXCPM_DECODE_ATTENTION", raising=False)
+    assert make_model().decode_attention == "masked"
+
+    monkeypatch.setenv("VOXCPM_DECODE_ATTENTION", " Live ")
+    model = minicpm.MiniCPMModel(make_model().config)
+
+    assert model.decode_attention == "live"
+    assert [layer.self_attn.decode_attention for layer in model.layers] == ["live"] * NUM_HIDDEN_LAYERS
+
+
+def test_bad_value_refused_when_the_model_is_built(monkeypatch):
+    config = make_model().config
+    monkeypatch.setenv("VOXCPM_DECODE_ATTENTION", "sliced")
+
+    with pytest.raises(ValueError, match="decode attention must be one of"):
+        minicpm.MiniCPMModel(config)
+
+
+def test_flex_attention_is_imported_only_for_live():
+    code = (
+        "import sys, types; pkg = types.ModuleType('voxcpm'); pkg.__path__ = [sys.argv[1]]; "
+        "sys.modules['voxcpm'] = pkg; import voxcpm.modules.minicpm4.model as m; "
+        "assert 'torch.nn.attention.flex_attention' not in sys.modules; m._load_flex(); "
+        "assert 'torch.nn.attention.flex_attention' in sys.modules"
+    )
+    subprocess.run([sys.executable, "-c", code, str(ROOT / "src" / "voxcpm")], check=True)
 
 
 @torch.no_grad()
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_masked_default_is_bit_identical_to_the_full_cache_call(dtype):
+def test_masked_default_is_unchanged(dtype):
+    """The default gives the bits of SDPA over every slot under the mask, as before."""
     model = make_model(dtype=dtype)
+    attn = model.layers[0].self_attn
     g = torch.Generator().manual_seed(1)
     for length in (1, 200, 700):
         x = torch.randn(1, HIDDEN_SIZE, generator=g).to(dtype)
-        cache = filled_cache(length - 1, dtype)
-        position_id = torch.tensor([cache.step()])
-        position_emb = model.rope_emb(position_id)
-        attn = model.layers[0].self_attn
-        got = attn.forward_step(x, position_emb, position_id, cache.get_layer_cache(0))
-        want = masked_layer_step(attn, x, position_emb, position_id, filled_cache(length - 1, dtype).get_layer_cache(0))
+        got = attention_at(model, length, dtype, x)
+        q = attn.q_proj(x).view(1, 1, NUM_ATTENTION_HEADS, HEAD_DIM).transpose(1, 2)
+        k = attn.k_proj(x).view(1, 1, NUM_KEY_VALUE_HEADS, HEAD_DIM).transpose(1, 2)
+        v = attn.v_proj(x).view(1, 1, NUM_KEY_VALUE_HEADS, HEAD_DIM).transpose(1, 2)
+        cos, sin = model.rope_emb(torch.tensor([length - 1]))
+        q, k = minicpm.apply_rotary_pos_emb(q, k, cos, sin)
+        key_cache, value_cache = filled_cache(length - 1, dtype).get_layer_cache(0)
+        key_cache[:, :, length - 1], value_cache[:, :, length - 1] = k[:, :, 0], v[:, :, 0]
+        mask = (torch.arange(key_cache.size(2)) <= length - 1).view(1, 1, 1, -1)
+        out = torch.nn.functional.scaled_dot_product_attention(
+            q, key_cache, value_cache, attn_mask=mask, enable_gqa=True
+        )
+        want = attn.o_proj(out.transpose(1, 2).reshape(1, NUM_ATTENTION_HEADS * HEAD_DIM))
         assert torch.equal(got, want), length
 
 
 @torch.no_grad()
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_live_is_as_close_to_float64_as_masked(dtype):
-    """Max error against float64 over key counts around every block edge, three weight draws: "live" within
-    twice "masked"'s."""
+    """Worst error against float64 over key counts around every block edge, three weight draws: "live"
+    within twice "masked"'s."""
     worst = {"live": 0.0, "masked": 0.0}
     for seed in range(3):
         truth_model = make_model("masked", seed=seed, dtype=torch.float64)
@@ -128,78 +148,85 @@ def test_live_is_as_close_to_float64_as_masked(dtype):
             for mode, model in models.items():
                 err = (attention_at(model, length, dtype, x.to(dtype)).double() - truth).abs().max().item()
                 worst[mode] = max(worst[mode], err)
+
     assert worst["live"] <= 2 * worst["masked"] + 1e-12, worst
 
 
 @torch.no_grad()
-@pytest.mark.parametrize("backend", ["eager", "inductor"])
-def test_live_compiles_into_one_graph_for_a_whole_decode(backend):
-    """optimize() compiles forward_step with fullgraph=True: "live" traces FlexAttention with a block mask built
-    from the position tensor, so 300 steps across block edges reuse one graph and match the eager steps."""
+def test_live_eager_step_reads_the_position_from_the_host_once(monkeypatch):
+    """Through MiniCPMModel.forward_step no layer reads the position tensor back (a device sync on CUDA)."""
+    model = make_model("live")
+    model.kv_cache = filled_cache(300, torch.float32)
+    position_id = torch.tensor([model.kv_cache.step()])
+    want = model.forward_step(torch.ones(1, HIDDEN_SIZE), position_id)
+    model.kv_cache = filled_cache(300, torch.float32)
+    model.kv_cache.step()
+
+    def no_host_read(self):
+        raise AssertionError("position read back from the tensor")
+
+    monkeypatch.setattr(torch.Tensor, "__int__", no_host_read)
+    monkeypatch.setattr(torch.Tensor, "__index__", no_host_read)
+    monkeypatch.setattr(torch.Tensor, "item", no_host_read)
+
+    assert torch.equal(model.forward_step(torch.ones(1, HIDDEN_SIZE), position_id), want)
+
+
+def decode_compiled(backend):
+    """Steps across three block edges through forward_step compiled with fullgraph=True, against eager steps."""
     model = make_model("live")
     step = torch.compile(model.forward_step, backend=backend, fullgraph=True)
-    cache = filled_cache(100, torch.float32)
-    model.kv_cache = cache
-    torch._dynamo.reset()
-    counters.clear()
+    compiled_cache, eager_cache = filled_cache(100, torch.float32), filled_cache(100, torch.float32)
     g = torch.Generator().manual_seed(2)
-    for i in range(300):
-        x = torch.randn(1, HIDDEN_SIZE, generator=g)
-        position_id = torch.tensor([cache.step()])
-        eager_cache = [(k.clone(), v.clone()) for k, v in (cache.get_layer_cache(i) for i in range(NUM_HIDDEN_LAYERS))]
-        try:
-            got = step(x, position_id)
-        except Exception as exc:  # noqa: BLE001
-            if i == 0 and backend == "inductor" and "same buffer" in str(exc):
-                pytest.skip("this torch's CPU FlexAttention lowering refuses K and V views of one buffer (the KV "
-                            "cache's layout; torch 2.13's accepts it, CUDA's has no such check); optimize() "
-                            "compiles on CUDA only")
-            if i == 0 and backend == "inductor" and "not supported for CPU" in str(exc):
-                pytest.skip("inductor lowers FlexAttention on CPU only over AVX2 or AVX-512 kernels; optimize() "
-                            "compiles on CUDA only")
-            raise
-        model.kv_cache = _Views(eager_cache)
-        want = model.forward_step(x, position_id)
-        model.kv_cache = cache
-        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
-    assert counters["stats"]["unique_graphs"] == 1
-    assert sum(counters["graph_break"].values()) == 0
-
-
-class _Views:
-    """A stand-in cache holding copies of the layer views (the eager step writes its own copy)."""
-
-    def __init__(self, layers):
-        self.layers = layers
-
-    def get_layer_cache(self, i):
-        return self.layers[i]
+    for edge in (128, 256, 384):
+        compiled_cache.current_length = eager_cache.current_length = edge - 6  # slots past 100: zeros in both
+        for _ in range(12):
+            x = torch.randn(1, HIDDEN_SIZE, generator=g)
+            model.kv_cache = compiled_cache
+            got = step(x, torch.tensor([compiled_cache.step()]))
+            model.kv_cache = eager_cache
+            want = model.forward_step(x, torch.tensor([eager_cache.step()]))
+            torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
 
 
 @torch.no_grad()
-def test_bad_value_refused():
-    with pytest.raises(ValueError):
-        make_model("sliced")
-    model = make_model()
-    model.config.decode_attention = "sliced"  # assignment is not validated by the config
-    cache = filled_cache(4, torch.float32)
-    model.kv_cache = cache
-    with pytest.raises(ValueError, match="decode_attention must be 'masked' or 'live'"):
-        model.forward_step(torch.randn(1, HIDDEN_SIZE), torch.tensor([cache.step()]))
+def test_live_compiles_into_one_graph_for_a_whole_decode():
+    """Under fullgraph=True (what optimize() uses) "live" traces FlexAttention with a block mask made from the
+    position tensor: one graph serves every step, across block edges."""
+    graphs = []
+
+    def count_graphs(gm, example_inputs):
+        graphs.append(gm)
+        return gm.forward
+
+    torch.compiler.reset()
+    decode_compiled(count_graphs)
+
+    assert len(graphs) == 1
 
 
-def test_flex_block_mask_reads_only_live_blocks():
-    from voxcpm.modules.minicpm4.model import FLEX_BLOCK, _decode_block_mask
+@pytest.mark.slow
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="optimize() compiles on CUDA only")
+@torch.no_grad()
+def test_live_under_inductor_matches_eager_on_cuda():
+    torch.set_default_device("cuda")
+    try:
+        torch.compiler.reset()
+        decode_compiled("inductor")
+    finally:
+        torch.set_default_device(None)
 
-    for length in (1, FLEX_BLOCK - 1, FLEX_BLOCK, FLEX_BLOCK + 1, MAX_CACHE_LENGTH):
-        mask = _decode_block_mask(torch.tensor([length - 1]), MAX_CACHE_LENGTH)
+
+def test_block_mask_reads_only_live_blocks():
+    minicpm._load_flex()
+    for length in (1, minicpm.FLEX_BLOCK - 1, minicpm.FLEX_BLOCK, minicpm.FLEX_BLOCK + 1, MAX_CACHE_LENGTH):
+        mask = minicpm._decode_block_mask(torch.tensor([length - 1]), MAX_CACHE_LENGTH)
         full, partial = int(mask.full_kv_num_blocks.reshape(())), int(mask.kv_num_blocks.reshape(()))
-        assert full == length // FLEX_BLOCK and partial == int(length % FLEX_BLOCK != 0)
-        assert (full + partial) * FLEX_BLOCK >= length and math.ceil(length / FLEX_BLOCK) == full + partial
-        # which blocks: the full ones from 0, then the one holding the last key (eager FlexAttention ignores
-        # the indices, compiled kernels read only these)
+
+        assert full == length // minicpm.FLEX_BLOCK and partial == int(length % minicpm.FLEX_BLOCK != 0)
+        assert math.ceil(length / minicpm.FLEX_BLOCK) == full + partial
         assert mask.full_kv_indices[0, 0, 0, :full].tolist() == list(range(full))
         if partial:
             assert int(mask.kv_indices[0, 0, 0, 0]) == full
-        live_blocks = torch.arange(MAX_CACHE_LENGTH // FLEX_BLOCK) <= (length - 1) // FLEX_BLOCK
+        live_blocks = torch.arange(MAX_CACHE_LENGTH // minicpm.FLEX_BLOCK) <= (length - 1) // minicpm.FLEX_BLOCK
         assert torch.equal(mask.to_dense().reshape(-1).bool(), live_blocks)

@@ -1,14 +1,21 @@
-"""Right-sized decode cache for MiniCPM4 (voxcpm.modules.minicpm4): exactness, sizing, limits.
+"""Right-sized decode cache for MiniCPM4: the same bits as the whole-cache call, sizing, limits."""
 
-torch and voxcpm only. These pass on the patched package and fail on unmodified voxcpm 2.0.3,
-whose StaticKVCache always holds max_length slots and has no granularity.
-"""
+import sys
+import types
+from pathlib import Path
 
 import pytest
 import torch
-from voxcpm.modules.minicpm4.cache import StaticKVCache
-from voxcpm.modules.minicpm4.config import MiniCPM4Config, RopeScalingConfig
-from voxcpm.modules.minicpm4.model import MiniCPMModel
+
+ROOT = Path(__file__).resolve().parents[1]
+pkg = types.ModuleType("voxcpm")
+pkg.__path__ = [str(ROOT / "src" / "voxcpm")]
+sys.modules.setdefault("voxcpm", pkg)
+
+from voxcpm.modules.minicpm4 import cache as minicpm_cache  # noqa: E402
+from voxcpm.modules.minicpm4.cache import StaticKVCache  # noqa: E402
+from voxcpm.modules.minicpm4.config import MiniCPM4Config, RopeScalingConfig  # noqa: E402
+from voxcpm.modules.minicpm4.model import MiniCPMModel  # noqa: E402
 
 HIDDEN_SIZE = 64
 NUM_ATTENTION_HEADS = 4
@@ -16,7 +23,9 @@ NUM_KEY_VALUE_HEADS = 2
 HEAD_DIM = HIDDEN_SIZE // NUM_ATTENTION_HEADS
 NUM_HIDDEN_LAYERS = 2
 MAX_CACHE_LENGTH = 2048
-CPU_KEY_BLOCK = 512  # torch's CPU flash-attention kernel walks keys in blocks of 512
+CPU_KEY_BLOCK = 512
+# torch >= 2.9 runs the masked grouped-query call on CPU through the flash kernel: the cache windows it there
+WINDOWED = getattr(minicpm_cache, "CPU_FLASH_GQA", True)
 
 
 def make_model(seed=0):
@@ -47,8 +56,9 @@ def make_model(seed=0):
 
 
 def make_cache(**kwargs):
-    return StaticKVCache(NUM_HIDDEN_LAYERS, NUM_KEY_VALUE_HEADS, HEAD_DIM, 1, "cpu", torch.float32,
-                         max_length=MAX_CACHE_LENGTH, **kwargs)
+    return StaticKVCache(
+        NUM_HIDDEN_LAYERS, NUM_KEY_VALUE_HEADS, HEAD_DIM, 1, "cpu", torch.float32, max_length=MAX_CACHE_LENGTH, **kwargs
+    )
 
 
 def prefill_kv(length, seed=0):
@@ -58,31 +68,30 @@ def prefill_kv(length, seed=0):
 
 
 @torch.no_grad()
-def test_decode_step_is_bit_identical_to_the_full_cache_across_window_edges():
-    """The window (live length rounded up to the kernel's key block, mask kept) gives the same bits as
-    attending over all max_length slots, at every step from 500 to 1100 (crossing 512 and 1024)."""
+def test_decode_step_matches_the_whole_cache_bit_for_bit_across_window_edges():
+    """Steps across the 512 and 1024 window edges give the bits of the whole-cache call."""
     model = make_model()
     windowed, full = make_cache(), make_cache(granularity=MAX_CACHE_LENGTH)
-    kv = prefill_kv(500)
-    windowed.fill_caches(kv)
-    full.fill_caches(kv)
+    assert windowed.granularity == (CPU_KEY_BLOCK if WINDOWED else MAX_CACHE_LENGTH)
     g = torch.Generator().manual_seed(1)
-    for _ in range(600):
-        x = torch.randn(1, HIDDEN_SIZE, generator=g)
-        outs = []
-        for cache in (windowed, full):
-            model.kv_cache = cache
-            outs.append(model.forward_step(x, torch.tensor([cache.step()])))
-        assert windowed.kv_cache.size(4) % CPU_KEY_BLOCK == 0 or windowed.kv_cache.size(4) == MAX_CACHE_LENGTH
-        assert full.kv_cache.size(4) == MAX_CACHE_LENGTH
-        assert torch.equal(outs[0], outs[1]), windowed.current_length
+    for prefill in (500, 1010):
+        kv = prefill_kv(prefill)
+        windowed.fill_caches(kv)
+        full.fill_caches(kv)
+        for _ in range(30):
+            x = torch.randn(1, HIDDEN_SIZE, generator=g)
+            outs = []
+            for cache in (windowed, full):
+                model.kv_cache = cache
+                outs.append(model.forward_step(x, torch.tensor([cache.step()])))
+            assert windowed.kv_cache.size(4) % CPU_KEY_BLOCK == 0
+            assert full.kv_cache.size(4) == MAX_CACHE_LENGTH
+            assert torch.equal(outs[0], outs[1]), windowed.current_length
 
 
 @torch.no_grad()
-def test_forward_step_sees_the_window_with_the_mask(monkeypatch):
-    """What replaces PR #395's test: the step hands SDPA the window (a multiple of the key block) and
-    keeps the mask, because only such a window is bit-identical to the full-cache call. Slicing to
-    exactly position + 1 without a mask changes the kernel's key blocks and with them the rounding."""
+def test_forward_step_attends_over_the_window_with_the_mask(monkeypatch):
+    """SDPA gets the window (a multiple of the key block) and the mask, not the whole cache."""
     model = make_model()
     cache = make_cache()
     cache.fill_caches(prefill_kv(2))
@@ -96,41 +105,50 @@ def test_forward_step_sees_the_window_with_the_mask(monkeypatch):
 
     monkeypatch.setattr(torch.nn.functional, "scaled_dot_product_attention", record)
     model.forward_step(torch.randn(1, HIDDEN_SIZE), torch.tensor([cache.step()]))
-    assert observed == [(CPU_KEY_BLOCK, True)] * NUM_HIDDEN_LAYERS
+
+    assert observed == [(CPU_KEY_BLOCK if WINDOWED else MAX_CACHE_LENGTH, True)] * NUM_HIDDEN_LAYERS
 
 
 def test_cache_holds_what_the_request_needs():
-    """A request holds its prefill rounded up to the key block, doubling as it decodes; a shorter
-    later request shrinks it back. Capacity never exceeds max(2 x live length, key block)."""
-    cache = make_cache()
+    """Prefill rounded up to the key block, doubling as it decodes, shrinking for a shorter request."""
+    cache = make_cache(granularity=CPU_KEY_BLOCK)
     for prefill, steps in ((1500, 300), (10, 20), (700, 900)):
         cache.fill_caches(prefill_kv(prefill))
         for _ in range(steps):
             cache.step()
             capacity = cache.storage.size(4)
-            assert cache.current_length <= capacity <= min(max(2 * cache.current_length, CPU_KEY_BLOCK),
-                                                           MAX_CACHE_LENGTH)
+            bound = min(max(2 * cache.current_length, CPU_KEY_BLOCK), MAX_CACHE_LENGTH)
+            assert cache.current_length <= capacity <= bound
     cache.fill_caches(prefill_kv(10))
+
     assert cache.storage.size(4) == CPU_KEY_BLOCK
 
 
 def test_cache_keeps_the_prefix_and_zeroes_the_rest():
-    cache = make_cache()
+    cache = make_cache(granularity=CPU_KEY_BLOCK)
     cache.fill_caches(prefill_kv(900, seed=3))
     for _ in range(200):
         position = cache.step()
-        k, v = cache.get_layer_cache(0)  # after step(): growing moves the storage
-        k[:, :, position] = float("nan")  # a later request must never see this
+        k, v = cache.get_layer_cache(0)
+        k[:, :, position] = float("nan")
     kv = prefill_kv(30, seed=4)
     cache.fill_caches(kv)
     k, v = cache.get_layer_cache(1)
+
     assert torch.equal(k[:, :, :30], kv[1][0]) and torch.equal(v[:, :, :30], kv[1][1])
     assert not cache.storage[..., 30:, :].any()
+
+
+def test_off_cpu_the_window_is_the_whole_cache():
+    cache = StaticKVCache(NUM_HIDDEN_LAYERS, NUM_KEY_VALUE_HEADS, HEAD_DIM, 1, "meta", torch.float32, max_length=64)
+
+    assert cache.granularity == 64 and cache.storage.size(4) == 64 and cache.kv_cache.size(4) == 64
 
 
 def test_kv_cache_full_at_max_length():
     cache = make_cache()
     cache.fill_caches(prefill_kv(MAX_CACHE_LENGTH - 2))
+
     assert cache.step() == MAX_CACHE_LENGTH - 2
     assert cache.step() == MAX_CACHE_LENGTH - 1
     with pytest.raises(ValueError, match="KV cache is full"):

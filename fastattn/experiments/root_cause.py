@@ -1,9 +1,9 @@
-"""Notebook 01's readings: #293 diagnosed from the stream's per-component trends and the consumer matrix.
+"""Notebook 01's readings: #293 diagnosed from a stream record (per-component trends where it has them) and the
+consumer matrix, and the reply to #293 (English and Chinese) built from them.
 
-Pure functions of records (``stream_profile(components=True)``, ``consumer_matrix``); they measure nothing. Each
-hypothesis for "streaming slows from ~0.3 s to 1-2 s per chunk after 400+ chunks" gets its measured effect on this
-device and one of three readings: it ``RULES_OUT``, it ``REPRODUCES`` the shape, or it ``NEEDS`` the reporter's
-machine (or a GPU) to decide.
+Pure functions of records; they measure nothing. Each hypothesis for "streaming slows from ~0.3 s to 1-2 s per chunk
+after 400+ chunks" gets its measured effect on this device and one reading: it ``RULES_OUT``, ``REPRODUCES`` the
+shape, ``NEEDS`` the reporter's machine (or a GPU), or was ``NOT_MEASURED``.
 """
 
 from __future__ import annotations
@@ -12,15 +12,36 @@ from typing import Optional
 
 from ..bench.stats import fmt_ci
 
-__all__ = ["diagnosis", "reply_293", "RULES_OUT", "REPRODUCES", "NEEDS", "NOT_MEASURED", "ASK"]
+__all__ = ["diagnosis", "reply_293", "measured_where", "RULES_OUT", "REPRODUCES", "NEEDS", "NOT_MEASURED", "ASK",
+           "SNIPPET"]
 
 RULES_OUT, REPRODUCES, NEEDS, NOT_MEASURED = ("rules out", "reproduces the shape", "needs the reporter's machine",
                                               "not measured in this run")
 RANK = {REPRODUCES: 0, NEEDS: 1, NOT_MEASURED: 2, RULES_OUT: 3}
-#: what to ask the reporter, whatever this run found
-ASK = ("device and OS (CPU model, or GPU and its memory)", "whether `optimize()` is on (the default `VoxCPM(...)` "
-       "turns it on)", "torch and voxcpm versions", "what a \"chunk\" is in their code and what they do with each one "
-       "(concatenate, encode, resample, send)", "the generator's time per chunk logged apart from the consumer's")
+#: what the post leaves open (it names voxcpm 2.0.2 and discusses optimize() and triton): English, Chinese
+ASK = ("which GPU, and how much memory it has (`nvidia-smi` over a long stream shows whether it fills)",
+       "Windows or Linux (on Windows without triton the log says `torch.compile disabled`)",
+       "whether the slowdown is inside one `generate_streaming` call or across successive calls",
+       "what your code does with each chunk (play it, append it, re-encode or resend the whole clip)")
+ASK_ZH = ("使用的 GPU 型号和显存大小（长时间流式生成时用 `nvidia-smi` 观察显存是否被占满）",
+          "Windows 还是 Linux（Windows 上没有 triton 时日志会显示 `torch.compile disabled`）",
+          "变慢是发生在一次 `generate_streaming` 调用之内，还是跨多次调用",
+          "每个 chunk 拿到后做了什么（播放、追加，还是重新编码或重新发送整段音频）")
+#: times the generator apart from the consumer, chunk by chunk (the reply offers it)
+SNIPPET = """import time
+
+chunks = model.generate_streaming(text)  # model = voxcpm.VoxCPM.from_pretrained(...)
+t = time.perf_counter()
+for i, chunk in enumerate(chunks):
+    gen_s = time.perf_counter() - t      # time voxcpm took to produce this chunk
+    t0 = time.perf_counter()
+    consume(chunk)                       # whatever your app does with it
+    use_s = time.perf_counter() - t0
+    print(f"chunk {i}: generate {gen_s:.3f} s, consume {use_s:.3f} s", flush=True)
+    t = time.perf_counter()"""
+#: a public measurement the GPU lead cites (the VoxCPM fork in PRs #363/#366)
+VRAM_LEAD = ("a fork measured a progressive 2.3x -> 3.3x slowdown on an 8 GB Windows GPU (driver memory spill), "
+             "cured by `torch.cuda.empty_cache()` between requests (#363/#366)")
 
 
 def _trend_line(t: dict) -> str:
@@ -33,7 +54,7 @@ def diagnosis(stream: dict, consumers: Optional[dict] = None, device: str = "cpu
               prompts: Optional[dict] = None, contention: Optional[dict] = None,
               compiles: Optional[dict] = None) -> list:
     """Ranked rows ``{hypothesis, measured here, reading}``: what reproduces the shape first, what rules out last."""
-    up = stream["trend"]["upstream"]
+    up = stream.get("trend", {}).get("upstream", {})  # absent: the whole chunk was timed, not split or trended
     comps = [c for c in ("base_lm", "residual_lm", "dit", "encoder", "vae", "other") if c in up]
     grows = [c for c in comps if up[c]["verdict"] == "grows"]
     unsure = [c for c in comps if up[c]["verdict"] == "inconclusive"]
@@ -54,8 +75,8 @@ def diagnosis(stream: dict, consumers: Optional[dict] = None, device: str = "cpu
          "measured here": ("a GPU-only path: `python -m fastattn gpu-check` streams 600 chunks under optimize()"
                            if not gpu else "see gpu-check's stream_under_optimize record") + _compile_line(compiles),
          "reading": NEEDS},
-        {"hypothesis": "Memory pressure on a small GPU (8 GB)", "measured here": "not reproducible on this device",
-         "reading": NEEDS},
+        {"hypothesis": "Memory pressure or driver spill on a small GPU", "measured here": "not reproducible on "
+         f"this device; {VRAM_LEAD}", "reading": NEEDS},
         _prompt_row(prompts),
     ]
     return sorted(rows, key=lambda r: RANK[r["reading"]])
@@ -81,8 +102,8 @@ def _attention_row(stream: dict, up: dict, comps: list) -> dict:
         reading = REPRODUCES if "grows" in words else (RULES_OUT if words <= {"flat", "shrinks"} else NEEDS)
         return {"hypothesis": hyp, "measured here": "the LM steps (where attention runs): " + "; ".join(
             f"{c}: {_trend_line(up[c])}" for c in ("base_lm", "residual_lm") if c in up), "reading": reading}
-    reading = RULES_OUT if up["verdict"] in ("flat", "shrinks") else (REPRODUCES if up["verdict"] == "grows"
-                                                                     else NEEDS)
+    word = up.get("verdict") or stream["verdict"]["upstream"].split()[0]
+    reading = RULES_OUT if word in ("flat", "shrinks") else (REPRODUCES if word == "grows" else NEEDS)
     return {"hypothesis": hyp, "measured here": f"upstream's whole chunk: {stream['verdict']['upstream']}",
             "reading": reading}
 
@@ -131,18 +152,80 @@ def _consumer_row(consumers: Optional[dict], contention: Optional[dict] = None) 
             f"{cheapest[0]}, {cheapest[1]['us_per_ksample']:.2f} us per 1k samples){beside}", "reading": RULES_OUT}
 
 
-def reply_293(rows: list) -> str:
-    """A short reply for OpenBMB/VoxCPM #293 in markdown: what was measured, what it rules out, what it most likely
-    is, and what to ask the reporter."""
-    out = [r for r in rows if r["reading"] == RULES_OUT]
-    hit = [r for r in rows if r["reading"] == REPRODUCES]
-    lines = ["We timed a long `generate_streaming` run chunk by chunk, split into the base LM, residual LM, local DiT, "
-             "feature encoder and streaming VAE, twice with the order alternated, chunks that other processes "
-             "disturbed left out, and a trend from a robust slope with a bootstrap interval.", ""]
-    if out:
-        lines += ["Ruled out on this machine:"] + [f"- {r['hypothesis']}: {r['measured here']}" for r in out] + [""]
-    if hit:
-        lines += ["Reproduces the 0.3 s -> 1-2 s shape:"] + [f"- {r['hypothesis']}: {r['measured here']}"
-                                                           for r in hit] + [""]
-    lines += ["Could you tell us: " + "; ".join(ASK) + "?"]
-    return "\n".join(lines)
+#: the GPU leads (by how their hypothesis starts): why they fit the post, in English and Chinese
+GPU_LEADS = {"CUDA graphs": ("under `optimize()` every input shape not seen before compiles and records another "
+                             "CUDA graph (#209, #269 report \"observed N distinct sizes\"); a length that changes "
+                             "every chunk would record one per chunk",
+                             "在 `optimize()` 下每遇到新形状就重新编译并录制 CUDA graph（#209/#269 报告过 "
+                             "\"observed N distinct sizes\"）；如果某个长度每个 chunk 都变，就会每个 chunk 录制一次"),
+             "Memory pressure": (VRAM_LEAD, "小显存 GPU 上的显存压力或驱动把显存换出到内存：一个 fork（#363/#366）在 "
+                                 "8 GB 的 Windows GPU 上测到逐渐变慢 2.3 倍到 3.3 倍，每次请求后调用 "
+                                 "`torch.cuda.empty_cache()` 后消失")}
+HYPOTHESES_ZH = {"CUDA graphs": "CUDA graph 重新录制", "Memory pressure": "显存压力",
+                 "The caller": "调用方每个 chunk 都重新处理整段音频（编码、重采样、重新发送）",
+                 "A prompt": "提示音频或前缀在多次调用之间不断变长", "The full-cache": "对整个 8192 槽缓存做注意力",
+                 "A part of": "生成器的某一部分随 chunk 序号变慢"}
+
+
+def measured_where(stream: dict) -> tuple:
+    """What the stream record says was measured, and where: (English, Chinese)."""
+    env, p = stream.get("env", {}), stream["params"]
+    where = f"{env.get('threads', '?')}-core {env.get('device_name') or env.get('device', '?')}"
+    split = bool(stream.get("trend", {}).get("upstream", {}).get("dit"))
+    six = stream.get("sixths", {}).get("upstream")
+    en = (f"{p['chunks']} chunks of `generate_streaming`, the {p['preset']} VoxCPM2 architecture with "
+          f"{p.get('weights', 'random')} weights, {p['dtype']}, inference_timesteps={p['inference_timesteps']}, "
+          f"{p.get('repeats', 1)} run{'s' * (p.get('repeats', 1) != 1)}, on a {where} "
+          f"(torch {env.get('torch', '?')}), each chunk timed "
+          + ("in its parts (LMs, DiT, encoder, VAE)" if split else "whole (not split into parts)"))
+    zh = (f"在 {where}（torch {env.get('torch', '?')}）上，用 {p['preset']} 规模的 VoxCPM2 结构和随机权重"
+          f"（{p['dtype']}，inference_timesteps={p['inference_timesteps']}）跑了 {p.get('repeats', 1)} 次 "
+          f"`generate_streaming`，每次 {p['chunks']} 个 chunk，" + ("分部件计时" if split else "按整个 chunk 计时"
+                                                                  "（未分部件）"))
+    if six:
+        en += f": upstream's chunk took {six[0] / 1e3:.2f} s in the first sixth and {six[-1] / 1e3:.2f} s in the last"
+        zh += f"：开头六分之一每个 chunk {six[0] / 1e3:.2f} 秒，最后六分之一 {six[-1] / 1e3:.2f} 秒"
+    return en, zh
+
+
+def reply_293(rows: list, stream: Optional[dict] = None, fix: Optional[tuple] = None) -> str:
+    """The reply to OpenBMB/VoxCPM#293 (markdown, English then Chinese): thanks and what happens to the proposed
+    fix (``fix``: (English, Chinese) evidence on the slice under ``optimize()``), what was measured and where
+    (``stream``), the leads that fit a GPU user ranked (whether or not they reproduced here), a timing snippet,
+    and only the questions the post leaves open."""
+    where = measured_where(stream) if stream else ("this run's stream", "本次运行的流式生成")
+    fix = fix or ("", "")
+    leads = sorted(rows, key=lambda r: (r["reading"] == RULES_OUT, not _gpu(r), RANK[r["reading"]]))
+    return _reply_en(leads, where[0], fix[0]) + "\n\n---\n\n" + _reply_zh(leads, where[1], fix[1])
+
+
+def _gpu(row: dict) -> Optional[str]:
+    return next((k for k in GPU_LEADS if row["hypothesis"].startswith(k)), None)
+
+
+def _why(row: dict, lang: int) -> str:
+    """A lead's line: a GPU lead's reason (not testable here); else its reading and what was measured."""
+    if _gpu(row):
+        return GPU_LEADS[_gpu(row)][lang]
+    said = {REPRODUCES: "reproduced here", RULES_OUT: "ruled out here", NOT_MEASURED: "not measured in this run",
+            NEEDS: "needs your machine to decide"}[row["reading"]]
+    return said + (f": {row['measured here']}" if row["reading"] in (REPRODUCES, RULES_OUT) else "")
+
+
+def _reply(lang: str, **parts) -> str:
+    """``data/upstream-prs/reply-templates/<lang>.md`` filled with ``parts``."""
+    from ..paths import data_dir
+    return (data_dir() / "upstream-prs" / "reply-templates" / f"{lang}.md").read_text().format(**parts)
+
+
+def _reply_en(leads: list, where: str, fix: str) -> str:
+    return _reply("en", fix=" " + fix if fix else "", where=where, snippet=SNIPPET, asks="; ".join(ASK),
+                  leads="\n".join(f"{i}. {r['hypothesis']}: " + _why(r, 0) for i, r in enumerate(leads, 1)))
+
+
+def _reply_zh(leads: list, where: str, fix: str) -> str:
+    reading = {REPRODUCES: "本机复现了这一形态", NEEDS: "需要您的机器或 GPU 才能判断", NOT_MEASURED: "本次未测",
+               RULES_OUT: "本机已排除"}
+    zh = lambda r: next(v for k, v in HYPOTHESES_ZH.items() if r["hypothesis"].startswith(k))  # noqa: E731
+    return _reply("zh", fix=fix, where=where, asks="；".join(ASK_ZH), leads="\n".join(
+        f"{i}. {zh(r)}：" + (_why(r, 1) if _gpu(r) else reading[r["reading"]]) for i, r in enumerate(leads, 1)))

@@ -1,0 +1,276 @@
+"""The three upstream PRs, the comment for PR #395 and the reply to #293, written from committed records.
+
+The texts are templates (``data/upstream-prs/templates/*.md``) filled with :func:`fields`; the reply is
+:func:`fastattn.experiments.root_cause.reply_293`'s. ``python -m fastattn prs`` prints them; ``--write`` writes
+``data/upstream-prs/*.md``, which a test checks are current. Each figure comes from one function reading
+``data/results/``: :func:`machine_rows` (the right-sized decode per machine), :func:`matrix_rows` (the exactness
+contract per torch), :func:`upstream_check` (the diffs on upstream's trees, upstream's own tests),
+:func:`slice_evidence` (the slice fix under ``fullgraph``), :func:`import_cost`; the dtype and forms tables are
+:mod:`fastattn.readme`'s.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Optional
+
+from .bench.records import load_record
+from .paths import data_dir
+from .readme import REFERENCE
+
+__all__ = ["machine_rows", "matrix_rows", "upstream_check", "slice_evidence", "import_cost", "math_versions", "fields",
+           "documents", "main", "REPO"]
+
+REPO = "<link to this repository>"  # set where the PRs are posted: the records, kits and method live there
+PRS = "upstream-prs"
+
+
+def _results() -> Path:
+    return Path(data_dir()) / "results"
+
+
+def _newest(folder: Path, pattern: str) -> list:
+    """The newest record per stem (``name.json``, ``name-2.json``, ...) in ``folder``."""
+    best = {}
+    for p in sorted(folder.glob(pattern), key=lambda p: p.stat().st_mtime):
+        best[p.stem.rsplit("-", 1)[0] if p.stem.rsplit("-", 1)[-1].isdigit() else p.stem] = p
+    return [load_record(p) for _, p in sorted(best.items())]
+
+
+def _machine(env: dict) -> str:
+    return (f"{env['threads']}-core {env['device_name']} ({env.get('cpu_capability', '?')}), "
+            f"torch {env['torch'].split('+')[0]}")
+
+
+#: targets.json rows written before targets had ids, by their target text (up to the colon)
+_OLD_IDS = {"decode step p=256 (bfloat16, hidden 2048)": "decode_bf16", "decode step p=256 (float32, hidden 2048)":
+            "decode_fp32", "whole decode (full, bfloat16, 12 steps)": "whole"}
+
+
+def machine_rows() -> list:
+    """Per machine folder with a whole decode: KV MB of a 300-token request (upstream, patched), the decode step at
+    p=256 (bf16, fp32) and the whole decode as targets.json judged them, and whether the outputs were identical."""
+    rows = []
+    for tr in sorted(_results().glob("*/targets.json")):
+        t = {r.get("id") or _OLD_IDS.get(r["target"].split(":")[0]): r for r in load_record(tr)["rows"]}
+        kv = load_record(tr.parent / "kv_memory_full.json")
+        whole = load_record(tr.parent / "whole_decode_full.json")
+        kv_mb = (kv["upstream_bytes"] / 1e6, kv["patched_bytes"] / 1e6)
+        rows.append({"machine": _machine(whole["env"]), "kv_mb": kv_mb,
+                     "step_bf16": t["decode_bf16"], "step_fp32": t["decode_fp32"], "whole": t["whole"],
+                     "identical": whole["identical"], "steps": whole["params"]["steps"],
+                     "reference": tr.parent.name == REFERENCE})
+    return rows
+
+
+def _ratio(t: dict) -> str:
+    ci = "" if t.get("ci_low") is None else f" [{t['ci_low']:.2f}, {t['ci_high']:.2f}]"
+    return f"{t['measured']:.2f}x{ci}" + (f", n={t['n']}" if t.get("n") else " (no interval recorded)")
+
+
+def matrix_rows() -> list:
+    """The exactness contract per torch (newest record per version): kernel, windows, decodes, kit tests, slice."""
+    out = []
+    for rec in _newest(_results() / "torch-matrix", "exactness-*.json"):
+        by = {(r["check"], r["dtype"]): r for r in rec["rows"]}
+
+        def ok(check, by=by):  # None: not run by this record's script
+            got = [by.get((check, d), {}).get("identical") for d in ("float32", "bfloat16")]
+            return None if None in got else all(got)
+        kits = by[("kit tests, diffs stacked", None)]
+        out.append({"torch": rec["env"]["torch"].split("+")[0], "python": rec["env"]["python"],
+                    "kernel": by[("sdpa kernel", "float32")].get("kernel", "?").replace("cpu ", ""),
+                    "windows": ok("windows vs whole cache"), "diff": ok("decode through the diff"),
+                    "forced": ok("decode, 512-slot windows forced"),
+                    "forced_diff": max(by.get(("decode, 512-slot windows forced", d), {}).get("max_abs_diff", 0)
+                                       for d in ("float32", "bfloat16")),
+                    "slots": by[("decode through the diff", "float32")].get("capacity"),
+                    "exact": ok("decode, exact patch"), "kits": (kits.get("passed"), kits.get("failed")),
+                    "slice": by[("slice fix under fullgraph", None)], "machine": _machine(rec["env"])})
+    return sorted(out, key=lambda r: tuple(int(x) for x in r["torch"].split(".")))
+
+
+def matrix_table() -> str:
+    yes = {True: "yes", False: "**no**", None: "not run"}
+    lines = ["| torch | Python | SDPA kernel (CPU) | cache slots after the decode | decode through the diff = "
+             "upstream (fp32 and bf16) | the same with 512-slot windows forced | kit tests, diffs stacked |",
+             "|---|---|---|---|---|---|---|"]  # the contract, per torch
+    lines += [f"| {r['torch']} | {r['python']} | {r['kernel']} | {r['slots']} | {yes[r['diff']]} | "
+              f"{yes[r['forced']]} | {r['kits'][0]} passed, {r['kits'][1]} failed |" for r in matrix_rows()]
+    return "\n".join(lines)
+
+
+def math_versions() -> str:
+    """What every matrix record says about the torch versions whose CPU runs this call through the math kernel:
+    how often a decode with 512-slot windows (forced, or the diff's own before the version gate) matched upstream."""
+    runs = {}
+    for p in sorted((_results() / "torch-matrix").glob("exactness-*.json")):
+        rec = load_record(p)
+        if any(r.get("kernel", "").endswith("MATH") for r in rec["rows"]):
+            runs.setdefault(rec["env"]["torch"].split("+")[0], []).extend(
+                r for r in rec["rows"] if r["check"] == "decode, 512-slot windows forced"
+                or (r["check"] == "decode through the diff" and r.get("capacity") not in (None, 8192)))
+    if not runs:
+        return ""
+    bad = [(v, r) for v, rows in runs.items() for r in rows if not r.get("identical")]
+    n = sum(len(rows) for rows in runs.values())
+    out = (f"On torch {', '.join(runs)} SDPA runs this grouped-query call on CPU through its math kernel, where the "
+           f"512-key argument does not hold: decodes with 512-slot windows matched upstream in {n - len(bad)} of {n} "
+           "runs")
+    out += "".join(f" (torch {v} {r['dtype']} differed once, max abs diff {r['max_abs_diff']:.2g})" for v, r in bad)
+    return out + ". There is no guarantee, so before torch 2.9 the cache keeps `max_length` slots."
+
+
+def upstream_check() -> dict:
+    """The newest ``upstream_check`` record: the commits, whether every diff applied alone and stacked per tree,
+    and upstream's own tests on main, patched and not."""
+    rec = _newest(_results() / "upstream", "upstream-check-*.json")[-1]
+    rows = rec["rows"]
+    trees = {r["tree"]: all(x["applies"] for x in rows if x["tree"] == r["tree"] and "applies" in x)
+             for r in rows if "applies" in r}
+    tests = {r["check"]: r for r in rows if "passed" in r}
+    return {"commits": rec["params"]["commits"], "applies": trees, "tests": tests}
+
+
+def slice_evidence() -> tuple:
+    """(English, Chinese): on which torch versions the slice to ``position + 1`` compiled under ``fullgraph``."""
+    rows = matrix_rows()
+    if not rows:
+        return "", ""
+    no = [r["torch"] for r in rows if r["slice"].get("compiles") is False]
+    yes = [r["torch"] for r in rows if r["slice"].get("compiles")]
+    en = f"Measured on CPU: torch {', '.join(no) or 'none'} refuse it"
+    zh = f"在 CPU 上实测：torch {'、'.join(no) or '无'} 拒绝编译"
+    if yes:
+        en += (f"; torch {', '.join(yes)} compiles it, with a length the host does not know (which a CUDA graph "
+               "cannot hold, by a reading of torch's sources)")
+        zh += f"；torch {'、'.join(yes)} 能编译，但长度在主机侧未知（按 torch 源码，CUDA graph 无法容纳）"
+    return en + ".", zh + "。"
+
+
+def import_cost() -> Optional[dict]:
+    """The newest ``import_cost`` record (``import voxcpm`` in fresh processes), or None."""
+    recs = _newest(_results() / "upstream", "import-cost-*.json")
+    return recs[-1] if recs else None
+
+
+def _tests_line(kit_test: str) -> list:
+    """How the PR's tests were run: upstream's own suite on main with the three diffs, and the kits' tests."""
+    u = upstream_check()
+    own = u["tests"]["upstream's own tests/, the three diffs stacked"]
+    orig = u["tests"]["upstream's own tests/, unmodified"]
+    same = "the same failures" if own["failed_tests"].keys() == orig["failed_tests"].keys() else "other failures"
+    fails = ", ".join(f"`{n}`" for n in own["failed_tests"]) or "none"
+    missing = r"import (\w+)\W{1,4}n?\s*ModuleNotFoundError"  # a failure that is the test machine's, not the change's
+    why = {m[1] for msg in own["failed_tests"].values() for m in re.finditer(missing, msg)}
+    return [f"- `tests/{kit_test}` passes with this change on main ({u['commits']['main'][:7]}) and fails without it.",
+            f"- Upstream's own `tests/` on main {u['commits']['main'][:7]} with the three PRs applied: {own['passed']} "
+            f"passed, {own['failed']} failed ({fails}); unmodified main gives {same}"
+            + (f" (the test machine lacks {', '.join(sorted(why))})." if why else ".")]
+
+
+def _applies() -> str:
+    u = upstream_check()
+    names = {"main": f"main {u['commits']['main'][:7]}", "tag-2.0.3": "the 2.0.3 tag",
+             "pr325": f"#325's merge ref {u['commits']['pr325'][:7]}"}
+    ok = [names[t] for t, a in u["applies"].items() if a]
+    bad = [names[t] for t, a in u["applies"].items() if not a]
+    return (f"Applies alone and stacked with the other two PRs in every order on {', '.join(ok)}"
+            + (f"; not on {', '.join(bad)}" if bad else "") + ".")
+
+
+def _stream_line() -> str:
+    s = load_record(_results() / REFERENCE / "stream_profile_full.json")
+    six, p = s["sixths"]["upstream"], s["params"]
+    return (f"a {p['chunks']}-chunk stream on {_machine(s['env'])} ({p['weights']} weights) takes {six[0] / 1e3:.2f} s "
+            f"per chunk in its first sixth and {six[-1] / 1e3:.2f} s in its last, with or without this change")
+
+
+def _import_line() -> str:
+    rec = import_cost()
+    if rec is None:
+        return "- `import voxcpm` cost: not measured yet."
+    by = {r["variant"]: r for r in rec["summary"]}
+
+    def vs(name):
+        r, (lo, hi) = by[name], by[name]["x_2.0.3_ci"]
+        said = "undecided" if lo <= 1 <= hi else ("slower" if lo > 1 else "faster")
+        return (f"{r['x_2.0.3']:.2f}x [{lo:.2f}, {hi:.2f}] ({said}), peak RSS {r['rss_mb']:.1f} MB, FlexAttention "
+                f"{'loaded' if r['flex_loaded'] else 'not loaded'}")
+    return (f"- `import voxcpm` in fresh processes after `import torch` ({_machine(rec['env'])}, "
+            f"n={by['live diff']['n']} each, interleaved), against unpatched ({by['2.0.3']['median_s']:.2f} s, "
+            f"{by['2.0.3']['rss_mb']:.1f} MB): this diff {vs('live diff')}; the diff with FlexAttention imported "
+            f"at module level {vs('live diff, flex imported at module level')}.")
+
+
+def _machine_table() -> str:
+    out = ["| machine | KV of a 300-token request | decode step at position 256, bf16 / fp32 (patched / upstream, "
+           "95% CI) | whole decode (patched / upstream) | outputs |", "|---|---|---|---|---|"]
+    out += [f"| {r['machine']} | {r['kv_mb'][0]:.0f} MB -> {r['kv_mb'][1]:.0f} MB | {_ratio(r['step_bf16'])} / "
+            f"{_ratio(r['step_fp32'])} | {_ratio(r['whole'])} ({r['steps']} steps) | "
+            f"{'identical' if r['identical'] else '**differ**'} |" for r in machine_rows()]
+    return "\n".join(out)
+
+
+def _dtype_seen() -> str:
+    from .bench.decode import dtype_table
+    from .devices import native_bf16
+    recs = [load_record(p) for p in sorted(_results().glob("*/dtype_decode_full.json"))]
+
+    def fp32_ratio(rec):
+        row = next(x for x in dtype_table(rec) if (x["dtype"], x["variant"]) == ("float32", "upstream"))
+        return next(v for k, v in row.items() if k.startswith("x "))
+    return f"Measured on {len(recs)} machine{'s' * (len(recs) != 1)}: " + "; ".join(
+        f"{'with' if native_bf16(r.get('flags') or {}) else 'without'} native bf16, float32 takes "
+        f"{fp32_ratio(r):.2f}x the default's step" for r in recs)
+
+
+def _slice_table() -> str:
+    out = ["| torch (CPU) | `fullgraph=True` compile of the slice |", "|---|---|"]
+    return "\n".join(out + [f"| {r['torch']} | " + ("compiles" if r["slice"].get("compiles") else
+                                                    f"refused: `{r['slice'].get('error', '?')[:90].strip()}`") + " |"
+                            for r in matrix_rows()])
+
+
+def fields() -> dict:
+    """Every figure the PR templates (``data/upstream-prs/templates/``) print, by name."""
+    from .readme import dtype_machines, forms_machines
+    from .upstream import LIVE_ERROR_BOUND
+    tests = {k: _tests_line(f"test_{k}.py") for k in ("minicpm4_right_sized_cache", "cpu_dtype_override",
+                                                       "minicpm4_decode_attention")}
+    return {"machine_table": _machine_table(), "matrix_machine": matrix_rows()[0]["machine"].split(", torch")[0],
+            "matrix_table": matrix_table(), "math_versions": math_versions(), "stream_line": _stream_line(),
+            "applies": _applies(), "tests_right": "\n".join(tests["minicpm4_right_sized_cache"]),
+            "tests_dtype_kit": tests["cpu_dtype_override"][0], "tests_upstream": tests["cpu_dtype_override"][1],
+            "tests_live": "\n".join(tests["minicpm4_decode_attention"]), "repo": REPO,
+            "dtype_table": dtype_machines(_results()).strip(), "dtype_seen": _dtype_seen(),
+            "slice_evidence": slice_evidence()[0], "live_bound": LIVE_ERROR_BOUND, "import_line": _import_line(),
+            "forms_table": forms_machines(_results()).strip(), "slice_table": _slice_table()}
+
+
+def reply_293_text() -> str:
+    from .experiments.root_cause import diagnosis, reply_293
+    stream = load_record(_results() / REFERENCE / "stream_profile_full.json")
+    return reply_293(diagnosis(stream), stream, slice_evidence()) + "\n"
+
+
+def documents() -> dict:
+    """``{file name under data/upstream-prs: text}``: each template filled with :func:`fields`, and the reply."""
+    f = fields()
+    out = {p.name: p.read_text().format(**f) for p in sorted((Path(data_dir()) / PRS / "templates").glob("*.md"))}
+    return {**out, "reply-293.md": reply_293_text()}
+
+
+def main(argv=None) -> int:
+    import argparse
+    ap = argparse.ArgumentParser(prog="python -m fastattn prs", description=__doc__.split("\n\n")[0])
+    ap.add_argument("--write", action="store_true", help=f"write data/{PRS}/*.md")
+    args = ap.parse_args(argv)
+    for name, text in documents().items():
+        if args.write:
+            (Path(data_dir()) / PRS / name).write_text(text)
+            print(Path(data_dir()) / PRS / name)
+        else:
+            print(f"===== {name}\n{text}")
+    return 0

@@ -1,0 +1,93 @@
+"""The kits against upstream's own trees, as one record (run once per upstream snapshot, by hand).
+
+    python scripts/upstream_check.py --main CHECKOUT --tag-2.0.3 CHECKOUT --pr325 CHECKOUT --out data/results/upstream
+
+Each CHECKOUT is an export of upstream's repository (``git archive``) at main, at tag 2.0.3 and at PR #325's merge
+ref. Checks: every diff (the ``src`` ones; on 2.0.3's tree the 2.0.3 ones) applied alone and all three stacked in
+every order, on each tree (in Python, exact context); upstream's own ``tests/`` and the kits' upstream-style tests
+(copied in beside them) on main with the three diffs stacked and on unmodified main.
+"""
+import argparse
+import itertools
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+from fastattn.bench.records import env_record, record, save_record
+from fastattn.paths import data_dir
+from fastattn.upstream import KITS, DiffError, apply_diff
+
+
+def applies(tree: Path, kits, layout: str) -> dict:
+    """``layout``'s diffs of ``kits`` applied in order to a copy of ``tree``'s ``src/`` (wheel diffs: inside it)."""
+    with tempfile.TemporaryDirectory() as tmp:
+        root = Path(tmp) / "t"
+        shutil.copytree(tree / "src", root / "src")
+        at = root if layout == "src" else root / "src"
+        try:
+            offsets = [apply_diff(at, (data_dir() / KITS[k][1][layout]).read_text()) for k in kits]
+        except DiffError as exc:
+            return {"applies": False, "error": str(exc)}
+    return {"applies": True, "max_offset": max(abs(o) for hunks in offsets for _, _, o in hunks)}
+
+
+def pytest_outcomes(root: Path, paths: list) -> dict:
+    env = {**os.environ, "PYTHONPATH": str(root / "src")}
+    r = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--junitxml=r.xml", *paths],
+                       cwd=root, capture_output=True, text=True, timeout=1800, env=env)
+    cases = list(ET.parse(root / "r.xml").getroot().iter("testcase")) if (root / "r.xml").exists() else []
+    why = {c.get("name"): (c.find("failure") if c.find("failure") is not None else c.find("error")) for c in cases}
+    bad = {n: e.get("message", "")[-160:] for n, e in why.items() if e is not None}
+    skipped = sum(c.find("skipped") is not None for c in cases)
+    return {"passed": len(cases) - len(bad) - skipped, "failed": len(bad), "skipped": skipped, "failed_tests": bad,
+            "tail": r.stdout.strip().splitlines()[-1:] if r.stdout.strip() else r.stderr[-300:]}
+
+
+def test_runs(main: Path) -> list:
+    rows = []
+    kit_tests = sorted(p.name for p in (data_dir() / "upstream-tests").glob("test_*.py"))
+    for patched in (True, False):
+        with tempfile.TemporaryDirectory() as tmp:
+            root = Path(tmp) / "main"
+            shutil.copytree(main, root)
+            for k in KITS if patched else ():
+                apply_diff(root, (data_dir() / KITS[k][1]["src"]).read_text())
+            rows.append({"check": "upstream's own tests/, " + ("the three diffs stacked" if patched else "unmodified"),
+                         **pytest_outcomes(root, ["tests"])})
+            for name in kit_tests:
+                shutil.copy(data_dir() / "upstream-tests" / name, root / "tests" / name)
+            rows.append({"check": "the kits' tests, " + ("the three diffs stacked" if patched else "unmodified main"),
+                         **pytest_outcomes(root, [f"tests/{n}" for n in kit_tests])})
+    return rows
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    for name in ("main", "tag-2.0.3", "pr325"):
+        ap.add_argument(f"--{name}", type=Path, required=True)
+    ap.add_argument("--commits", required=True, help="main=SHA,tag-2.0.3=SHA,pr325=SHA (what the exports are)")
+    ap.add_argument("--out", type=Path, required=True)
+    args = ap.parse_args()
+    trees = {"main": args.main, "tag-2.0.3": getattr(args, "tag_2.0.3"), "pr325": args.pr325}
+    rows = []
+    for tree, path in trees.items():
+        layout = "wheel" if tree == "tag-2.0.3" else "src"  # 2.0.3's tree takes the 2.0.3 diffs
+        for kit in KITS:
+            rows.append({"check": "applies alone", "tree": tree, "diffs": layout, "kits": kit,
+                         **applies(path, [kit], layout)})
+        for order in itertools.permutations(KITS):
+            rows.append({"check": "applies stacked", "tree": tree, "diffs": layout, "kits": " + ".join(order),
+                         **applies(path, order, layout)})
+    rows += [{"tree": "main", **r} for r in test_runs(args.main)]
+    commits = dict(kv.split("=") for kv in args.commits.split(","))
+    rec = record("upstream_check", env=env_record("cpu"), params={"commits": commits}, rows=rows)
+    print(save_record(rec, args.out, f"upstream-check-main-{commits['main'][:7]}"))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

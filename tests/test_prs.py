@@ -1,0 +1,75 @@
+"""The upstream PRs, the #395 comment and the #293 reply: written from the records, current, in upstream's words."""
+
+import re
+
+import pytest
+
+from fastattn import prs
+from fastattn.paths import data_dir
+
+PRIVATE = re.compile(r"fastattn|workbook|seed 000|make workbook|0\d_[a-z_]+|gpu-check|bench\.|calibrate_exact|"
+                     r"exactness_calibration|RightSizedKVCache|patch_voxcpm", re.I)
+
+
+@pytest.fixture(scope="module")
+def docs():
+    return prs.documents()
+
+
+def test_pr_files_are_what_the_records_make(docs):
+    for name, text in docs.items():
+        assert (data_dir() / prs.PRS / name).read_text() == text, f"{name} is stale: python -m fastattn prs --write"
+
+
+def test_prs_are_short_and_speak_upstreams_language(docs):
+    for name, text in docs.items():
+        assert not PRIVATE.search(text.replace(prs.REPO, "")), (name, PRIVATE.search(text.replace(prs.REPO, "")))
+        if name[0].isdigit():
+            assert len(text.splitlines()) <= 75, (name, len(text.splitlines()))
+
+
+def test_each_pr_states_its_numbers(docs):
+    rows = prs.machine_rows()
+    ref = next(r for r in rows if r["reference"])
+    right = docs["1-right-sized-decode.md"]
+    assert f"{ref['kv_mb'][0]:.0f} MB -> {ref['kv_mb'][1]:.0f} MB" in right and prs._ratio(ref["whole"]) in right
+    assert all(f"| {r['torch']} |" in right for r in prs.matrix_rows()) and len(prs.matrix_rows()) >= 4
+    assert {"2.5.1", "2.15.0"} <= {r["torch"] for r in prs.matrix_rows()}
+    assert "x the default's step" in docs["2-cpu-dtype.md"] and "*may* be faster" in docs["2-cpu-dtype.md"]
+    assert "held until it has GPU numbers" in docs["3-live-decode-attention.md"]
+    for name in ("1-right-sized-decode.md", "2-cpu-dtype.md", "3-live-decode-attention.md"):
+        text = docs[name]
+        assert all(f"#{n}" in text for n in (199, 395, 325, 363)), name
+        assert prs.upstream_check()["commits"]["main"][:7] in text and "#293" in text, name
+
+
+def test_the_395_comment_separates_what_ran_from_what_was_read(docs):
+    text = docs["comment-395.md"]
+    assert "**What we ran** (CPU only)" in text and "**What we only read, not ran**" in text
+    assert all(f"| {r['torch']} |" in text for r in prs.matrix_rows())
+
+
+def test_the_293_reply_is_bilingual_answers_the_fix_and_names_the_gpu_leads(docs):
+    text = docs["reply-293.md"]
+    en, zh = text.split("\n---\n")
+    assert len(re.findall(r"[\u4e00-\u9fff]", zh)) > 300 and "#395" in en and "#395" in zh and "#199" in en
+    leads = re.findall(r"^\d+\. (\w+ \w+)", en, re.M)
+    assert leads[:2] == ["CUDA graphs", "Memory pressure"] and leads[-1] == "The full"  # GPU leads first
+    assert "empty_cache" in en and "empty_cache" in zh and "random weights" in en and "```python" in en
+    assert "torch and voxcpm versions" not in text  # the post gives voxcpm's
+
+
+def test_reply_for_293_reads_a_runs_stream_without_trends(tmp_path):
+    """A run whose stream was timed whole (no components, no trend) still gets a reply, saying so."""
+    import json
+    import shutil
+
+    from fastattn.readme import REFERENCE
+    from fastattn.report import reply_for_293
+    records = tmp_path / "01_root_cause" / "records"
+    records.mkdir(parents=True)
+    shutil.copy(data_dir() / "results" / REFERENCE / "stream_profile_full.json", records / "stream.json")
+    reply = reply_for_293(tmp_path)
+    assert "each chunk timed whole (not split into parts)" in reply and "按整个 chunk 计时" in reply
+    assert json.loads((records / "stream.json").read_text())["kind"] == "stream_profile"
+    assert reply_for_293(tmp_path / "nothing") is None
