@@ -1,9 +1,7 @@
 """``python -m fastattn gpu-check``: everything CUDA-side the workbook claims, in named steps.
 
-``--quick`` is the first contact (:data:`FIRST_CONTACT`, about 7 minutes cold on one H200): the environment and
-SDPA's reasons, the forms under ``reduce-overhead``, static against non-static inputs, upstream's ``optimize()``
-counted from before its compile, eager slices at fresh lengths. Without it, the rest follows. ``--only`` and
-``--skip`` take step names, ``--resume`` continues a folder. Each step writes its records the moment it ends and
+``--quick`` runs the first contact (:data:`FIRST_CONTACT`, about 7 minutes cold on one H200), the full run adds the
+rest; ``--only``/``--skip`` name steps, ``--resume`` continues a folder. Each step saves its records as it ends and
 ``summary.md`` is rebuilt from the folder after every step; a step that would overrun the budget is stopped.
 ``--device cpu --quick`` runs the same code at small sizes, CUDA-only steps skipped with the reason.
 """
@@ -30,7 +28,7 @@ import torch
 from .graphs import cudagraph_recordings, graph_counts, reset_graph_counts
 from .paths import atomic_write_text
 
-#: the text the kit's decodes read (whole decodes under optimize(), and the decode-attention kit)
+#: the text the kit's decodes read
 KIT_TEXT = "The quick brown fox jumps over the lazy dog. " * 4
 #: the first-contact set (``--quick``), in run order
 FIRST_CONTACT = ("environment", "forms_check", "static_inputs", "optimize_counters", "eager_slices")
@@ -45,40 +43,35 @@ __all__ = ["gpu_check", "main", "select_device", "child_env", "stream_chunks", "
 
 class Step(NamedTuple):
     name: str
-    fn: Callable           # () -> [records]
-    estimate_s: float      # cold, on this device's sizes: a plan figure, not a measurement
-    skip: Optional[str]    # why it cannot run here, or None
+    fn: Callable         # () -> [records]
+    estimate_s: float    # cold, at this device's sizes: a plan figure, not a measurement
+    skip: Optional[str]  # why it cannot run here
 
 
 class Overrun(BaseException):
     """The run's budget ran out inside a step (a BaseException: a step's own ``except Exception`` must not eat it)."""
 
 
-def _slug(text: str) -> str:
-    return re.sub(r"[^a-z0-9]+", "-", text.lower()).strip("-")[:40]
-
-
 def folder_name(device: torch.device) -> str:
     from .devices import device_name
-    return f"{device.type}-{_slug(device_name(device))}-torch{torch.__version__.split('+')[0]}"
+    slug = re.sub(r"[^a-z0-9]+", "-", device_name(device).lower()).strip("-")[:40]
+    return f"{device.type}-{slug}-torch{torch.__version__.split('+')[0]}"
 
 
 def _sizes(device: torch.device, quick: bool) -> dict:
     if device.type == "cpu" and quick:
-        return {"capacity": 1024, "positions": [0, 256, 768], "repeats": 2, "preset": "tiny", "steps": 6,
-                "ladder_capacity": 1024, "dtypes": ("float32", "bfloat16"), "stream_chunks": 6,
-                "form_positions": [0, 500, 1000], "form_dtypes": ("bfloat16",), "geometry": {"hq": 4, "hkv": 2,
-                "head_dim": 32}, "form_steps": 50, "layers": 2, "stack_positions": [100, 1000], "slice_calls": 20,
-                "slice_position": 700, "counter_steps": 6}
-    first = {"capacity": 8192, "geometry": {"hq": 16, "hkv": 2, "head_dim": 128}, "form_steps": 200, "layers": 28,
-             "stack_positions": [512, 8000], "slice_calls": 50, "slice_position": 4096, "counter_steps": 30}
+        return dict(capacity=1024, positions=[0, 256, 768], repeats=2, preset="tiny", steps=6, dtypes=("float32",
+                    "bfloat16"), stream_chunks=6, form_positions=[0, 500, 1000], form_dtypes=("bfloat16",),
+                    geometry=dict(hq=4, hkv=2, head_dim=32), form_steps=50, layers=2, stack_positions=[100, 1000],
+                    slice_calls=20, slice_position=700, counter_steps=6)
+    first = dict(capacity=8192, geometry=dict(hq=16, hkv=2, head_dim=128), form_steps=200, layers=28,
+                 stack_positions=[512, 8000], slice_calls=50, slice_position=4096, counter_steps=30)
     if quick:
-        return {**first, "positions": [0, 256, 4096], "repeats": 3, "preset": "small", "steps": 8,
-                "ladder_capacity": 8192, "dtypes": ("bfloat16",), "stream_chunks": 100,
-                "form_positions": [0, 1024, 4096, 8000], "form_dtypes": ("bfloat16",)}
-    return {**first, "positions": [0, 256, 1024, 4096, 8000], "repeats": 7, "preset": "full", "steps": 12,
-            "ladder_capacity": 8192, "dtypes": ("bfloat16", "float16", "float32"), "stream_chunks": 600,
-            "form_positions": [0, 256, 1024, 2048, 4096, 6144, 8000], "form_dtypes": ("bfloat16", "float32")}
+        return dict(first, positions=[0, 256, 4096], repeats=3, preset="small", steps=8, dtypes=("bfloat16",),
+                    stream_chunks=100, form_positions=[0, 1024, 4096, 8000], form_dtypes=("bfloat16",))
+    return dict(first, positions=[0, 256, 1024, 4096, 8000], repeats=7, preset="full", steps=12, dtypes=(
+        "bfloat16", "float16", "float32"), stream_chunks=600, form_positions=[0, 256, 1024, 2048, 4096, 6144, 8000],
+        form_dtypes=("bfloat16", "float32"))
 
 
 def _steps(device: torch.device, size: dict) -> list:
@@ -96,8 +89,8 @@ def _steps(device: torch.device, size: dict) -> list:
         Step("static_inputs", lambda: _static_inputs(device, size), est(120, 30), None),
         Step("optimize_counters", lambda: _optimize_counters(device, size), est(120, 0), cuda_only),
         Step("eager_slices", lambda: _eager_slices(device, size), est(15, 5), None),
-        Step("exactness_calibration", lambda: [rec("exactness_calibration", {"capacity": size["ladder_capacity"]},
-                                                   calibration_ladders(device, capacity=size["ladder_capacity"],
+        Step("exactness_calibration", lambda: [rec("exactness_calibration", {"capacity": size["capacity"]},
+                                                   calibration_ladders(device, capacity=size["capacity"],
                                                                        dtypes=("bfloat16", "float32")))],
              est(30, 30), None),
         Step("attention_sweep", lambda: [bench.attention_sweep(size["positions"], capacity=size["capacity"], dtype=dt,
@@ -133,8 +126,7 @@ def _recorder(device, dtype=None) -> Callable:
 
 # --------------------------------------------------------------------------- the first-contact steps
 def _environment(device, size) -> list:
-    """doctor (SDPA's priority order, cuDNN, triton; whether GNU ``patch`` is on PATH) and the backend matrix with
-    the reasons SDPA gives for each backend it refuses."""
+    """doctor (SDPA's priority order; GNU ``patch`` on PATH?) and the backend matrix with SDPA's refusal reasons."""
     from .backends import backend_matrix
     from .doctor import doctor
     rows = [r for dt in size["dtypes"] for r in backend_matrix(device, dtype=dt, capacity=size["capacity"],
@@ -148,7 +140,7 @@ def _environment(device, size) -> list:
 
 
 def _forms_check(device, size) -> list:
-    """flex, masked and slice at capacity 8192, bf16, under ``reduce-overhead`` on CUDA (:func:`check_form`)."""
+    """flex, masked and slice at the capacity, bf16, under ``reduce-overhead`` on CUDA (:func:`check_form`)."""
     from .static import check_form
     mode = "reduce-overhead" if device.type == "cuda" else None
     rows = [check_form(n, device, torch.bfloat16, capacity=size["capacity"], steps=size["form_steps"],
@@ -158,8 +150,8 @@ def _forms_check(device, size) -> list:
 
 
 def _static_inputs(device, size) -> list:
-    """One compiled form (flex where torch has it) as a stack of ``layers`` calls per replay with q/K/V static, the
-    same without the marks (every replay copies them), and one call per replay: per-layer ms and host ms per call."""
+    """One compiled form (flex where torch has it): ``layers`` calls per replay with q/K/V static, the same unmarked
+    (every replay copies them), and one call per replay (:func:`fastattn.bench.forms.stack_sweep`)."""
     from .bench.forms import stack_sweep
     from .static import flex_available
     form, layers = "upstream_masked" if flex_available(device) else "flex_decode", size["layers"]
@@ -177,26 +169,25 @@ def _static_inputs(device, size) -> list:
 
 
 def counted_decode(model, prepare: Optional[Callable], steps: int, device, text: str = KIT_TEXT) -> tuple:
-    """Counters reset, then ``prepare(model)`` (a compile), then one decode of ``steps`` steps from seed 0:
-    (waveform on CPU, {wall_s, :func:`graph_counts` since the reset, ``cudagraph_recordings``}). A skip logged at
-    compile or in this first decode (where cudagraph trees log them) is counted."""
+    """Counters reset, ``prepare(model)`` (a compile), one decode of ``steps`` steps from seed 0: (waveform on CPU,
+    {wall_s, :func:`graph_counts`, ``cudagraph_recordings``}), skips logged at compile or in that decode included."""
     from .clock import sync
     reset_graph_counts()
-    before = cudagraph_recordings(device) if torch.device(device).type == "cuda" else None
+    before = cudagraph_recordings(device) or 0  # None: no tree yet (or no CUDA)
     if prepare is not None:
         prepare(model)
     torch.manual_seed(0)
     t0 = time.perf_counter()
     wav = model.generate(text, min_len=steps, max_len=steps, inference_timesteps=2)
     sync(device)
-    after = cudagraph_recordings(device) if before is not None or torch.device(device).type == "cuda" else None
+    after = cudagraph_recordings(device)
     return wav.cpu(), {"wall_s": time.perf_counter() - t0, **graph_counts(),
-                       "cudagraph_recordings": None if after is None else after - (before or 0)}
+                       "cudagraph_recordings": None if after is None else after - before}
 
 
 def _optimize_counters(device, size) -> list:
-    """The small preset under voxcpm's own ``optimize()`` for ``counter_steps`` steps, counted from before it
-    compiles: does upstream replay CUDA graphs (0 skips, recordings > 0)?"""
+    """The small preset under voxcpm's own ``optimize()``, counted from before it compiles: does upstream replay
+    CUDA graphs (0 skips, recordings > 0)?"""
     from .models import build_voxcpm2
     model = build_voxcpm2("small", device="cuda", dtype="bfloat16")
     torch._dynamo.reset()
@@ -206,9 +197,8 @@ def _optimize_counters(device, size) -> list:
 
 
 def _eager_slices(device, size) -> list:
-    """The eager slice (``fast.sdpa_slice``, as the kit's eager ``live``) at ``slice_calls`` fresh key counts, against
-    the same count repeated, and upstream's masked call over the whole cache: a kernel that plans per key count
-    (cuDNN on Hopper) pays it in the first row only. bf16, interleaved."""
+    """The eager slice (as the kit's eager ``live``) at ``slice_calls`` fresh key counts, against one count repeated
+    and upstream's masked call: a kernel that plans per key count (cuDNN on Hopper) pays it in the first only."""
     from .backends import explain_sdpa
     from .bench.timing import stats_ms, time_interleaved
     from .fast import sdpa_slice
@@ -244,8 +234,8 @@ def upstream_optimized(model) -> None:
 
 
 def _optimized_decode(device, size) -> dict:
-    """Upstream under its own ``optimize()`` against patched under :func:`fastattn.optimize`: outputs, graphs,
-    cudagraph skips with their reasons (counted from before each compile), recordings."""
+    """Upstream under its own ``optimize()`` against patched under :func:`fastattn.optimize`: outputs, graphs and
+    cudagraph skips (counted from before each compile), recordings."""
     from .graphs import optimize
     from .models import build_voxcpm2
     from .patch import patch_voxcpm
@@ -267,8 +257,8 @@ def _optimized_decode(device, size) -> dict:
 
 def stream_chunks(model, chunks: int, *, text: str, seed: int = 0, device="cpu", inference_timesteps: int = 2,
                   recordings=cudagraph_recordings) -> list[dict]:
-    """Every chunk of one ``generate_streaming`` run: its ms, and after it the compile counters and CUDA graphs
-    recorded so far (a stream that records a graph per new shape shows it chunk by chunk: #209/#269, #293)."""
+    """Every chunk of one ``generate_streaming`` run: its ms, then the compile counters and CUDA graphs so far (a
+    graph recorded per new shape shows chunk by chunk: #209/#269, #293)."""
     from .bench.stream import time_chunks
 
     def counters():
@@ -282,8 +272,7 @@ def stream_chunks(model, chunks: int, *, text: str, seed: int = 0, device="cpu",
 
 
 def _stream_under_upstream_optimize(device, size) -> dict:
-    """A long stream (twice) under voxcpm's own ``optimize()``: per chunk ms, counters, recordings; the trend of
-    the per-chunk cost over both streams (quiet chunks only)."""
+    """A long stream, twice, under voxcpm's own ``optimize()``: per chunk ms and counters; the per-chunk trend."""
     from .bench.stream import sixths, text_for
     from .bench.trend import describe, trend
     from .models import build_voxcpm2
@@ -303,7 +292,7 @@ def _stream_under_upstream_optimize(device, size) -> dict:
 
 
 def _grew_after(rows: list, key: str) -> Optional[int]:
-    """How much a per-chunk counter grew after the first sixth of a stream (None where it is unknown)."""
+    """How much a per-chunk counter grew after a stream's first sixth (None: unknown)."""
     start = rows[len(rows) // 6][key] if rows else None
     return None if start is None or rows[-1][key] is None else rows[-1][key] - start
 
@@ -315,8 +304,7 @@ def _in_copy(root: str) -> None:
 
 
 def diff_child(root: str, preset: str, steps: str, out: str) -> None:
-    """A child of :func:`_diff_compiled`, importing the right-sized kit's copy: a decode under upstream's own
-    (fullgraph) ``optimize()``."""
+    """:func:`_diff_compiled`'s child (the right-sized kit's copy): a decode under upstream's ``optimize()``."""
     from .models import build_voxcpm2
     _in_copy(root)
     m = build_voxcpm2(preset, device="cuda", dtype="bfloat16")
@@ -338,9 +326,8 @@ def _diff_compiled(device, size) -> dict:
 
 
 def child_env(device) -> dict:
-    """What a child process needs to run on ``device`` as ``"cuda"`` (voxcpm's ``optimize()`` wants exactly that):
-    ``CUDA_VISIBLE_DEVICES`` narrowed to this process's current GPU (or ``cuda:N``'s), read through any
-    ``CUDA_VISIBLE_DEVICES`` already set; nothing off CUDA."""
+    """What a child needs to run on ``device`` as ``"cuda"`` (voxcpm's ``optimize()`` wants exactly that):
+    ``CUDA_VISIBLE_DEVICES`` narrowed to the current GPU (or ``cuda:N``'s), through any already set."""
     device = torch.device(device)
     if device.type != "cuda":
         return {}
@@ -352,10 +339,10 @@ def child_env(device) -> dict:
 
 
 def kit_child(root, preset, device, steps, chunks, repeats, compile_, out) -> None:
-    """A child of :func:`kit_decode`, importing the decode-attention kit's copy: per mode a model (under
-    :func:`upstream_optimized` when ``compile_ == "1"``, counted from before it), its warm-up decode, then the
-    whole decodes alternated, then a stream per mode; skips from compile to the stream's end are kept."""
-    from .clock import sync
+    """:func:`kit_decode`'s child (the decode-attention kit's copy): per mode a model (compiled by
+    :func:`upstream_optimized` when ``compile_ == "1"``) and its warm-up decode, counted from before the compile;
+    the whole decodes interleaved; a stream per mode. Counts run from compile to the stream's end."""
+    from .clock import interleaved
     from .models import build_voxcpm2, silence_progress
     _in_copy(root)
     silence_progress()
@@ -366,14 +353,8 @@ def kit_child(root, preset, device, steps, chunks, repeats, compile_, out) -> No
         for lm in (m.base_lm, m.residual_lm):
             lm.config.decode_attention = mode
         wavs[mode], warm[mode] = counted_decode(m, upstream_optimized if compiled else None, steps, device)
-    times = {mode: [] for mode in models}
-    for _ in range(repeats):  # whole decodes, the two modes alternated
-        for mode, m in models.items():
-            sync(device)
-            t0 = time.perf_counter()
-            m.generate(KIT_TEXT, min_len=steps, max_len=steps, inference_timesteps=2)
-            sync(device)
-            times[mode].append(time.perf_counter() - t0)
+    times = interleaved({mode: lambda m=m: m.generate(KIT_TEXT, min_len=steps, max_len=steps, inference_timesteps=2)
+                         for mode, m in models.items()}, repeats=repeats, warmup=0, device=device)
     rows = []
     for mode, m in models.items():
         reset_graph_counts()
@@ -392,9 +373,8 @@ def kit_child(root, preset, device, steps, chunks, repeats, compile_, out) -> No
 
 def kit_decode(device, *, preset: str = "small", steps: int = 12, chunks: int = 600, repeats: int = 3,
                compile: Optional[bool] = None) -> dict:
-    """The ``decode-attention`` kit applied to a copy of voxcpm, in a fresh process (:func:`kit_child`), bf16, under
-    upstream's own ``optimize()`` when ``compile`` (default on CUDA). ``identical_off``: the mode-off warm-up decode
-    equals upstream's decode here, made the same way; a missing tool or a failing child is a reported failure."""
+    """The ``decode-attention`` kit on a copy of voxcpm in a fresh process (:func:`kit_child`), bf16, under upstream's
+    ``optimize()`` when ``compile`` (default on CUDA); ``identical_off``: mode off equals upstream's decode here."""
     from .upstream import run_in_patched_copy, upstream_decode
     device = select_device(device)
     compile = device.type == "cuda" if compile is None else compile
@@ -415,9 +395,8 @@ def kit_decode(device, *, preset: str = "small", steps: int = 12, chunks: int = 
 
 # --------------------------------------------------------------------------- the runner
 def select_device(device) -> torch.device:
-    """The kit's device, resolved. ``cuda:N`` is made the current CUDA device and the kit then runs on
-    ``"cuda"``: voxcpm's ``optimize()`` compiles only for exactly ``"cuda"``, and CUDA events, SDPA's
-    eligibility checks and cudagraph trees all read the current device."""
+    """The kit's device, resolved: ``cuda:N`` becomes the current device and the kit runs on ``"cuda"`` (voxcpm's
+    ``optimize()`` compiles only for exactly that; events, SDPA's checks and cudagraph trees read the current one)."""
     from .devices import resolve_device
     device = resolve_device(device)
     if device.type == "cuda" and device.index is not None:
@@ -488,10 +467,9 @@ def _run_step(step: Step, folder: Path, left: Optional[float]) -> dict:
 
 def gpu_check(device="cuda", *, quick: bool = False, out=None, log=print, only=None, skip=None,
               budget: Optional[float] = None, resume: bool = False) -> Path:
-    """Run the planned steps (:func:`plan`); return the folder holding their records, ``steps.jsonl`` and
-    ``summary.md``. ``budget`` (seconds; default :data:`QUICK_BUDGET_S` with ``quick``, none otherwise; 0: none)
-    stops a step whose estimate is over what is left, and interrupts one that runs past it. ``resume`` continues a
-    folder, skipping the steps that ended ok there; a run never overwrites an earlier one's files."""
+    """Run :func:`plan`'s steps; return the folder of their records, ``steps.jsonl`` and ``summary.md``. ``budget``
+    (s; default :data:`QUICK_BUDGET_S` with ``quick``; 0: none) stops a step whose estimate is over what is left and
+    interrupts one that runs past it. ``resume`` skips the steps that ended ok in ``out``; nothing is overwritten."""
     asked, device = str(device), select_device(device)
     steps = plan(device, quick, only, skip)
     budget = (QUICK_BUDGET_S if quick else None) if budget is None else (budget or None)
@@ -502,26 +480,25 @@ def gpu_check(device="cuda", *, quick: bool = False, out=None, log=print, only=N
     folder.mkdir(parents=True, exist_ok=True)
     done = {n for n, e in _log_entries(folder).items() if e["status"] == "ok"}
     todo = [s for s in steps if not s.skip and s.name not in done]
-    total = sum(s.estimate_s for s in todo)
-    head = [f"# fastattn gpu-check: {folder_name(device)}", "",
-            f"device {asked} (current CUDA device {torch.cuda.current_device()})" if device.type == "cuda" else
-            f"device {device}", f"quick={quick}, torch {torch.__version__}; estimate {total:.0f} s cold for "
-            f"{len(todo)} step(s), budget {'none' if budget is None else f'{budget:.0f} s'}"]
-    log(f"[gpu-check] plan: {', '.join(f'{s.name} ~{s.estimate_s:.0f} s' for s in todo) or 'nothing to run'}; "
-        f"estimate {total:.0f} s cold; budget {'none' if budget is None else f'{budget:.0f} s'}")
-    atomic_write_text(folder / "summary.md", "\n".join(summary_lines(folder, steps, head)) + "\n")
+    line = (f"plan: {', '.join(f'{s.name} ~{s.estimate_s:.0f} s' for s in todo) or 'nothing to run'}; estimate "
+            f"{sum(s.estimate_s for s in todo):.0f} s cold; budget {'none' if budget is None else f'{budget:.0f} s'}")
+    head = [f"# fastattn gpu-check: {folder_name(device)}", "", f"device {asked}" + (
+        f" (current CUDA device {torch.cuda.current_device()})" if device.type == "cuda" else ""),
+        f"quick={quick}, torch {torch.__version__}; {line}"]
+    log(f"[gpu-check] {line}")
+    write = lambda: atomic_write_text(folder / "summary.md", "\n".join(summary_lines(folder, steps, head)) + "\n")  # noqa: E731
+    write()
     t_start = time.perf_counter()
     for s in steps:
         if s.skip or s.name in done:
             log(f"[gpu-check] {s.name}: {'skipped (' + s.skip + ')' if s.skip else 'ended ok earlier'}")
             continue
-        left = None if budget is None else budget - (time.perf_counter() - t_start)
-        entry = _run_step(s, folder, left)
+        entry = _run_step(s, folder, None if budget is None else budget - (time.perf_counter() - t_start))
         with open(folder / "steps.jsonl", "a") as f:
             f.write(json.dumps(entry, default=str) + "\n")
-        atomic_write_text(folder / "summary.md", "\n".join(summary_lines(folder, steps, head)) + "\n")
-        log(f"[gpu-check] {s.name}: {entry['status']} ({entry['seconds']:.1f} s)" + (f": {entry['why']}" if entry["why"]
-                                                                                  else ""))
+        write()
+        log(f"[gpu-check] {s.name}: {entry['status']} ({entry['seconds']:.1f} s){': ' * bool(entry['why'])}"
+            f"{entry['why'] or ''}")
     return folder
 
 
@@ -536,8 +513,8 @@ def _failures(rec: dict) -> list[str]:
 
 
 def summary_lines(folder: Path, steps: list, head: list) -> list:
-    """``summary.md`` from what the folder holds: each planned step's outcome (from ``steps.jsonl`` and its
-    records), then what the first-contact records say, then the CUDA opt-in section."""
+    """``summary.md`` from the folder: each planned step's outcome (``steps.jsonl``, its records), what the first
+    contact answers, the CUDA opt-in section."""
     from .bench.records import load_record
     entries, kept = _log_entries(folder), {}
     lines = [*head, "", "| step | outcome | seconds |", "|---|---|---|"]
@@ -572,13 +549,13 @@ def first_contact_lines(kept: dict) -> list:
     for rec in kept.get("forms_check", []):
         out += check_lines(rec["rows"])
     for rec in kept.get("static_inputs", []):
-        layers, ps = rec["params"]["layers"], sorted({r["position"] for r in rec["rows"]})
-        for p in ps:
+        n = rec["params"]["layers"]
+        for p in sorted({r["position"] for r in rec["rows"]}):
             rows = [r for r in rec["rows"] if r["position"] == p]
             per = ", ".join(f"{r['variant']}: {r['per_layer_ms'] * 1e3:.1f} us/layer, host {r['host_ms_per_call']:.3f}"
                             " ms/call" for r in rows)
-            ratio = _ratio_line(rows, f"not static, {layers} calls per replay", f"static, {layers} calls per replay")
-            out.append(f"- static inputs, {rec['params']['form']} at position {p}: {per}; {ratio}")
+            out.append(f"- static inputs, {rec['params']['form']} at position {p}: {per}; "
+                       + _ratio_line(rows, f"not static, {n} calls per replay", f"static, {n} calls per replay"))
     for rec in kept.get("optimize_counters", []):
         r = rec["rows"][0]
         out.append(f"- upstream's optimize(), {rec['params']['steps']} steps counted from before its compile: "
@@ -594,9 +571,8 @@ def first_contact_lines(kept: dict) -> list:
 
 
 def opt_in_section(forms: Optional[list], kit: Optional[list]) -> list:
-    """``summary.md``'s section on the CUDA opt-in: per dtype, the winning static-shape form and its margin
-    (:func:`fastattn.experiments.decode_forms.form_verdict`), and the kit's decodes; where the steps did not run,
-    that the choice is unmeasured."""
+    """The CUDA opt-in: per dtype the winning form and its margin (``form_verdict``), the kit's decodes; or that the
+    choice is unmeasured."""
     from .experiments.decode_forms import form_lines, kit_lines
     out = ["", "## The CUDA opt-in: which decode form upstream should carry", ""]
     if not forms:

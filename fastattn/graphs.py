@@ -48,22 +48,11 @@ def _guarded(compiled, eager, name: str, report: dict):
 
 def optimize(model, *, compile_mode: Optional[str] = None, backend: str = "inductor", fullgraph: bool = True,
              components=("base_lm", "residual_lm", "feat_encoder", "feat_decoder")):
-    """Compile a (patched) VoxCPM model's decode hot paths the way upstream's ``optimize()`` does.
-
-    Args:
-        model: a voxcpm VoxCPM/VoxCPM2 model, normally patched with
-            :func:`fastattn.patch_voxcpm` (``mode="exact"``, ``cache=True``) first.
-        compile_mode: torch.compile mode; default ``"reduce-overhead"`` (CUDA
-            graphs) on CUDA and inductor's default on CPU.
-        backend: torch.compile backend (``"eager"``/``"aot_eager"`` to prove
-            graph safety cheaply).
-        fullgraph: as upstream, so a graph break is an error, not a silent split.
-        components: which of upstream's compiled parts to compile.
-
-    Any compile failure (no C++ compiler, unsupported op) is logged once per
-    component and that component runs eagerly; out-of-memory still raises.
-    Returns the model; ``model.fastattn_compiled`` describes what was done.
-    """
+    """Compile a (patched) VoxCPM model's decode hot paths (``components``) as upstream's ``optimize()`` does:
+    ``fullgraph`` as upstream; ``compile_mode`` defaults to ``"reduce-overhead"`` (CUDA graphs) on CUDA, inductor's
+    default elsewhere; ``backend="eager"``/``"aot_eager"`` proves graph safety cheaply. A compile failure is logged
+    once per component, which then runs eagerly (out-of-memory raises). Returns the model, with
+    ``model.fastattn_compiled`` saying what was done."""
     device = str(getattr(model, "device", "cpu"))
     if compile_mode is None:
         compile_mode = "reduce-overhead" if device.startswith("cuda") and backend == "inductor" else None
@@ -117,11 +106,8 @@ def deoptimize(model):
 
 
 def _parts(model) -> dict:
-    """{component: (object, attribute)} of the callables upstream's optimize() compiles.
-
-    LM decode steps are bound methods set on the LM instance (as upstream does);
-    modules get an instance ``forward`` so their parameters and state_dict keys stay as they are.
-    """
+    """{component: (object, attribute)} of the callables upstream's optimize() compiles: the LMs' ``forward_step``
+    (set on the instance, as upstream does) and the modules' ``forward`` (their state_dict keys unchanged)."""
     out = {}
     for name in ("base_lm", "residual_lm"):
         lm = getattr(model, name, None)
@@ -188,6 +174,8 @@ def reset_graph_counts() -> None:
 def cudagraph_recordings(device) -> Optional[int]:
     """CUDA graphs inductor's cudagraph trees have recorded on ``device`` (plain ``"cuda"``: the current device) so
     far (their graph id counter), or None where no tree manager exists or this torch keeps it elsewhere."""
+    if torch.device(device).type != "cuda":
+        return None
     try:
         from torch._inductor.cudagraph_trees import get_manager
         index = torch.device(device).index

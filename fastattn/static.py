@@ -1,11 +1,8 @@
-"""Static-shape decode attention: the forms a compiled or CUDA-graph decode can use, their checks, and the one rule
-that names the fastest (the narrative: docs/design.md).
+"""Static-shape decode attention: the forms a compiled or CUDA-graph decode can use (the narrative: docs/design.md).
 
-Each form takes the cache view a compiled step holds and the newest token's position ``pos``, a one-element integer
-device tensor (length = pos + 1, Lq = 1); :data:`FORMS` says how many graphs a decode records with it.
-:func:`check_form` compiles one (``fullgraph=True``) and checks it against float64; :func:`choose_graph_form` times
-the accepted ones as layer stacks (:func:`layer_stack`) and names the winner by :func:`form_winner`, the rule
-:func:`fastattn.experiments.decode_forms.form_verdict` applies to records.
+A form takes the cache view a compiled step holds and the newest token's position ``pos``, a one-element integer
+device tensor (length = pos + 1, Lq = 1). :func:`check_form` checks one compiled against float64;
+:func:`choose_graph_form` times the accepted ones as layer stacks and names the winner by :func:`form_winner`.
 """
 
 from __future__ import annotations
@@ -98,11 +95,9 @@ class Form(NamedTuple):
 
 FORMS = {f.name: f for f in (
     Form("slice_live", slice_live, "(a) SDPA over the exact slice (the public fix)", False, True,
-         "1 dynamo graph with capture_scalar_outputs (unbacked length; a host read per step, so no CUDA graph); "
-         "refused under upstream's optimize() settings"),
+         "1 dynamo graph with capture_scalar_outputs (a host read per step: no CUDA graph)"),
     Form("bucketed_window", bucketed_window, "(b) bucketed window, mask kept", True, False,
-         "at most 2 dynamo graphs (static, then dynamic window); one CUDA-graph recording per window, at most "
-         "capacity / bucket"),
+         "at most 2 dynamo graphs; a CUDA graph per window (capacity / bucket at most)"),
     Form("flex_decode", flex_decode, "(c) FlexAttention, block mask from the position", False, False,
          "1 graph for the whole decode (static shapes)"),
     Form("upstream_masked", upstream_masked, "(d) upstream's masked call over the whole cache", False, False,
@@ -111,8 +106,7 @@ FORMS = {f.name: f for f in (
 
 
 def flex_available(device="cpu") -> Optional[str]:
-    """None where this torch has FlexAttention for ``device``, else the reason (compiling can still fail). On CPU
-    inductor lowers it only over AVX2 or AVX-512 kernels, off macOS."""
+    """None where this torch has FlexAttention for ``device`` (compiling can still fail), else the reason."""
     if flex_attention is None:
         return f"torch {torch.__version__} has no FlexAttention"
     build = torch.backends.cpu.get_cpu_capability()
@@ -138,7 +132,7 @@ def layer_stack(fn: Callable, layers: int, tag: str) -> Callable:
 def compile_form(form: Form, backend: str = "inductor", mode: Optional[str] = None, layers: int = 1,
                  tag: str = "") -> Callable:
     """A :func:`layer_stack` of ``form`` under ``torch.compile(fullgraph=True)`` (``mode="reduce-overhead"``: CUDA
-    graphs on CUDA); the slice with ``capture_scalar_outputs``, the only setting it compiles into one graph under."""
+    graphs on CUDA); the slice with ``capture_scalar_outputs``, without which it is no single graph."""
     stack = layer_stack(form.fn, layers, f"{form.name}_x{layers}{tag}")
     opts = {"backend": backend, "fullgraph": True, "dynamic": None if form.window else False}
     fn = torch.compile(stack, **opts, **({"mode": mode} if mode else {}))
@@ -157,9 +151,8 @@ def _static(*tensors) -> None:
 
 
 def form_view(name: str, k_cache, v_cache, length: int, bucket: int, static: bool = False):
-    """The K/V views a decode hands form ``name`` at ``length`` live keys: the bucketed window for
-    ``bucketed_window`` (``window_for(length, capacity, bucket)`` slots, its size dynamic), the whole cache
-    otherwise. ``static``: each window view is marked a static address, as the decode's cache is."""
+    """The K/V views a decode hands form ``name`` at ``length`` keys: ``bucketed_window`` its window (size dynamic;
+    ``static``: marked a static address, as the decode's cache is), the others the whole cache."""
     if not FORMS[name].window:
         return k_cache, v_cache
     w = window_for(length, k_cache.shape[2], bucket)
@@ -173,9 +166,9 @@ def form_view(name: str, k_cache, v_cache, length: int, bucket: int, static: boo
 
 def form_caller(name: str, fn: Callable, q, caches: list, bucket: int, *, static: bool = False,
                 host: Optional[list] = None) -> Callable:
-    """``call(p)``: ``fn`` (a :func:`layer_stack` of form ``name``) once, newest key at ``p``, over ``caches`` [(k, v)]
-    as a decode hands them (:func:`form_view`). ``static`` marks q, the position and every K/V view static (CUDA
-    graphs then copy none per replay); ``host`` receives each call's host seconds (until it returns, no sync)."""
+    """``call(p)``: ``fn`` (a :func:`layer_stack` of form ``name``) once, newest key at ``p``, over ``caches`` as a
+    decode hands them. ``static`` marks q, the position and every K/V view static (CUDA graphs then copy none per
+    replay); ``host`` receives each call's host seconds (until it returns, no sync)."""
     pos = torch.zeros(1, dtype=torch.int64, device=q.device)
     if static:
         _static(q, pos, *(t for kv in caches for t in kv))
@@ -204,8 +197,8 @@ def stack_data(device, dtype, hq, hkv, head_dim, capacity, seed, layers: int = 1
 
 
 def fresh_positions(p: int, n: int, capacity: int, bucket: Optional[int] = None) -> list:
-    """``n`` distinct positions from ``p``, one per call, as a decode adds a key a step (a kernel that plans per key
-    count pays for it): down from ``p`` where the walk stays at or above 0 (and in ``p``'s bucket), else up."""
+    """``n`` distinct positions from ``p``, a call each, as a decode adds a key a step (a kernel that plans per key
+    count pays for it): down where the walk stays at or above 0 and in ``p``'s bucket, else up."""
     lo = 0 if bucket is None else p // bucket * bucket  # lengths (lo, lo + bucket] share p's window
     down = p + 1 - lo >= n
     walk = list(range(p, p - n, -1) if down else range(p, min(p + n, capacity)))
@@ -258,12 +251,11 @@ def _bound(ref_err: float, scale: float, dtype) -> float:
 def check_form(name: str, device="cpu", dtype=torch.float32, *, hq: int = 16, hkv: int = 2, head_dim: int = 128,
                capacity: int = 2048, bucket: int = 256, steps: int = 2000, backend: str = "inductor",
                compiled: bool = True, compile_mode: Optional[str] = None, seed: int = 0, draws: int = 1) -> dict:
-    """One form of :data:`FORMS`, compiled with ``fullgraph=True`` (or eager with ``compiled=False``). A row:
-    ``available`` (else ``reason``, and ``limit="torch"`` where :func:`torch_limit` says so); ``max_err`` and
-    ``reference_err`` (upstream's eager call) against float64 over :func:`sweep_lengths` and ``draws`` draws;
-    ``accepted`` (``max_err <= bound``, :func:`_bound`); ``graphs`` over the sweep and ``steps`` consecutive
-    positions against ``graph_bound``; ``deterministic``; on CUDA ``cudagraph_recordings``. Resets dynamo (and so
-    the cudagraph trees): check forms before compiling a model."""
+    """One form, compiled with ``fullgraph=True`` (or eager). A row: ``available`` (else ``reason``; ``limit="torch"``
+    where :func:`torch_limit` says so); ``max_err``, ``reference_err`` (upstream's eager call) against float64 over
+    :func:`sweep_lengths` and ``draws`` draws; ``accepted`` (``max_err <= bound``, :func:`_bound`); ``graphs`` over
+    the sweep and ``steps`` positions against ``graph_bound``; ``deterministic``; on CUDA ``cudagraph_recordings``.
+    Resets dynamo (and the cudagraph trees): check forms before compiling a model."""
     if name not in FORMS:
         raise ValueError(f"name must be one of {sorted(FORMS)}, got {name!r}")
     form, device = FORMS[name], torch.device(device)
@@ -319,10 +311,9 @@ def check_form(name: str, device="cpu", dtype=torch.float32, *, hq: int = 16, hk
 
 # --------------------------------------------------------------------------- the choice
 def form_winner(medians: dict) -> Optional[str]:
-    """The one winner rule for static forms: ``medians`` is {form: {position: ms}}; the form with the lowest
-    geometric mean over the positions wins (a form with a missing or non-finite time at any position is out).
-    :func:`choose_graph_form` and ``form_verdict`` both call it, so notebook 04, ``fast``'s graph class and
-    gpu-check name the same winner for the same timings."""
+    """The one winner rule for static forms, {form: {position: ms}} -> the lowest geometric mean over the positions
+    (a form lacking a finite time at any position is out). :func:`choose_graph_form` and ``form_verdict`` call it:
+    notebook 04, ``fast``'s graph class and gpu-check name the same winner for the same timings."""
     positions = set().union(*(set(per) for per in medians.values())) if medians else set()
     if not positions:
         return None
@@ -338,8 +329,8 @@ def geomean(xs) -> float:
 @torch.no_grad()
 def _time_forms(names, device, dtype, hq, hkv, head_dim, capacity, bucket, positions, repeats, backend, seed,
                 mode, layers) -> dict:
-    """{form: {p: median ms per layer}}: each form a compiled stack of ``layers`` (static inputs), one replay per
-    sample, forms interleaved (:func:`fastattn.clock.interleaved`), each call at a fresh position."""
+    """{form: {p: median ms per layer}}: compiled stacks of ``layers`` (static inputs), a replay per sample, forms
+    interleaved (:func:`fastattn.clock.interleaved`), a fresh position per call."""
     q, caches = stack_data(device, dtype, hq, hkv, head_dim, capacity, seed, layers)
     calls = {n: form_caller(n, compile_form(FORMS[n], backend, mode, layers), q, caches, bucket, static=True)
              for n in names}
@@ -356,11 +347,10 @@ def choose_graph_form(device="cpu", dtype=torch.float32, *, hq: int, hkv: int, h
                       bucket: int = 256, positions=None, steps: int = 2000, repeats: int = 7,
                       backend: str = "inductor", seed: int = 0, compile_mode: Optional[str] = None,
                       layers: int = 1) -> dict:
-    """Check every form (:func:`check_form`), time the accepted ones within their graph bound at ``positions``
-    (default: a quarter, half and the end of ``capacity``) as stacks of ``layers``, and name the winner
-    (:func:`form_winner`). ``compile_mode`` defaults to ``"reduce-overhead"`` on CUDA (CUDA graphs, as upstream's
-    ``optimize()``). Returns a choice in :func:`fastattn.fast.choose_fast`'s shape, ``length_class="graph"``;
-    a candidate's ``median_ms`` is the geometric mean of its ``per_position_ms`` (ms per layer)."""
+    """Check every form, time the accepted ones within their graph bound at ``positions`` (default: a quarter, half
+    and the end of ``capacity``) as stacks of ``layers``, name the winner (:func:`form_winner`). ``compile_mode``
+    defaults to ``"reduce-overhead"`` on CUDA (CUDA graphs, as upstream's ``optimize()``). A choice in
+    :func:`fastattn.fast.choose_fast`'s shape; a candidate's ``median_ms``: its ``per_position_ms``' geometric mean."""
     from .devices import dtype_name
     device = torch.device(device)
     mode = compile_mode or ("reduce-overhead" if device.type == "cuda" else None)

@@ -95,18 +95,20 @@ def form_lines(rec: dict) -> list:
 
 
 def check_lines(checks: list) -> list:
-    """A line per :func:`fastattn.static.check_form` row: why it is out, or its error, graphs and CUDA graphs."""
+    """A line per :func:`fastattn.static.check_form` row: why it is out, or its error, graphs, CUDA graphs (and, for
+    a graph-class candidate, its ms per layer at each position)."""
     excluded, lines = _eligible({"checks": checks})[1], []
     for c in checks:
         if not c["available"]:
             lines.append(f"- {c['form']}: {excluded[c['form']]}")
             continue
-        rec_graphs = c.get("cudagraph_recordings")
+        rec_graphs, times = c.get("cudagraph_recordings"), c.get("per_position_ms") or {}
         lines.append(f"- {c['form']}: error {c['max_err']:.3g} vs upstream's {c['reference_err']:.3g} "
                      f"({'within' if c['accepted'] else 'above'} its bound {_bound(c):.3g}), {c['graphs']} dynamo "
                      f"graph(s) over {c['steps']} steps (bound {c['graph_bound']})"
                      + (f", {rec_graphs} CUDA graph(s) recorded" if rec_graphs is not None else "")
-                     + ("" if c["deterministic"] else ", NOT deterministic"))
+                     + ("" if c["deterministic"] else ", NOT deterministic")
+                     + "".join(f"; p={p}: {ms:.3f} ms" for p, ms in times.items()))
     return lines
 
 
@@ -134,20 +136,9 @@ def kit_lines(rec: dict) -> list:
 
 
 def choice_lines(choice: dict) -> list:
-    """Lines of a graph-class choice (:func:`fastattn.fast.graph_choice`): each form's status, then the winner and
-    how the forms were compiled (with or without CUDA graphs)."""
-    lines = []
-    for c in choice["candidates"]:
-        if not c["available"]:
-            lines.append(f"{c['form']:<16} unavailable: {c['reason']}")
-            continue
-        times = ", ".join(f"p={p}: {ms:.3f} ms" for p, ms in (c.get("per_position_ms") or {}).items())
-        lines.append(f"{c['form']:<16} error {c['max_err']:.3g} (upstream {c['reference_err']:.3g}, "
-                     f"{'accepted' if c['accepted'] else 'REJECTED'}), {c['graphs']} graph(s) over {c['steps']} "
-                     f"steps (bound {c['graph_bound']}), "
-                     f"{'deterministic' if c['deterministic'] else 'NOT deterministic'}"
-                     + (f"; {times}" if times else ""))
+    """Lines of a graph-class choice (:func:`fastattn.fast.graph_choice`): each form (:func:`check_lines`), then the
+    winner and whether the forms ran under CUDA graphs."""
     graphs = "CUDA graphs" if choice.get("compile_mode") == "reduce-overhead" and choice["device"].startswith(
         "cuda") else "no CUDA graphs"
-    lines.append(f"winner here ({choice['device']}, {choice['dtype']}, compiled, {graphs}): {choice['winner']}")
-    return lines
+    return check_lines(choice["candidates"]) + [
+        f"winner here ({choice['device']}, {choice['dtype']}, compiled, {graphs}): {choice['winner']}"]
