@@ -15,6 +15,7 @@ WH=$PWD/wheelhouse-py$PY
 VENV=$PWD/.venv-wheelhouse-test-py$PY
 IMAGE=${IMAGE:-"torchaudio numpy scipy matplotlib transformers tokenizers huggingface_hub einops safetensors tqdm pytest
 hypothesis"}
+IMAGE=$(echo $IMAGE)  # one line
 LACKS="pydantic pydantic-core voxcpm librosa papermill nbconvert ipykernel ipywidgets"
 export PIP_CONSTRAINT=
 [ -f "$WH/gpu-box.sh" ] || { echo "no $WH: run make wheelhouse PY=$PY" >&2; exit 2; }

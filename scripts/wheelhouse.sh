@@ -21,6 +21,7 @@ MAX_MIB=${MAX_MIB:-60}
 # What the GPU image already has; the wheelhouse never enters these or their requirements.
 IMAGE=${IMAGE:-"torch triton torchaudio numpy scipy matplotlib transformers tokenizers huggingface_hub einops safetensors
 tqdm pytest hypothesis"}
+IMAGE=$(echo $IMAGE)  # one line
 # The packages in requirements.txt the kit and notebooks need beside the image (jupyterlab and ruff are
 # desk tools, not needed on the box). TOP are installed at their pins; pyyaml's wheel is there in case
 # the box lacks it (its transformers requires it), never to replace the box's own.
