@@ -1,113 +1,229 @@
-"""``python -m fastattn gpu-check``: everything CUDA-side the workbook claims, produced in one command.
+"""``python -m fastattn gpu-check``: everything CUDA-side the workbook claims, in named steps.
 
-On a GPU box with the workbook installed it runs, in order: ``doctor``; the
-backend matrix (bf16/fp16/fp32, torch's ``can_use_*`` reasons); the exactness
-calibration ladder at capacity 8192 (Lq 1 and 5, bf16 and fp32); the attention
-sweep (reference / exact / fast, fast's chosen implementation, CUDA-event
-timing); the decode-step sweep; the whole decode of the full preset in bf16,
-upstream vs patched, eager and under :func:`fastattn.optimize` (graph counts,
-outputs compared); and a decode through the upstream diff under a
-``fullgraph`` compile. Every step writes a record (JSON + CSV, each with its
-environment); ``summary.md`` lists each step with its outcome or the reason it
-was skipped. The folder is named by device and torch version, ready to commit
-under ``data/results/``.
-
-``--device cpu --quick`` runs the same sequence on CPU at small sizes, CUDA-only
-steps reported as skipped with the reason, so the kit is tested on every CI run.
+``--quick`` runs the first contact (:data:`FIRST_CONTACT`, about 7 minutes cold on one H200), the full run adds the
+rest; ``--only``/``--skip`` name steps, ``--resume`` continues a folder. Each step saves its records as it ends and
+``summary.md`` is rebuilt from the folder after every step; a step that would overrun the budget is stopped.
+``--device cpu --quick`` runs the same code at small sizes, CUDA-only steps skipped with the reason.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import json
 import os
 import re
+import shutil
+import signal
+import statistics
 import sys
+import threading
 import time
 import traceback
 from pathlib import Path
-from typing import Optional
+from typing import Callable, NamedTuple, Optional
 
 import torch
 
-from .graphs import cudagraph_recordings
+from .graphs import cudagraph_recordings, graph_counts, reset_graph_counts
 from .paths import atomic_write_text
 
-#: the text the kit's decodes read (whole decodes under optimize(), and the decode-attention kit)
+#: the text the kit's decodes read
 KIT_TEXT = "The quick brown fox jumps over the lazy dog. " * 4
+#: the first-contact set (``--quick``), in run order
+FIRST_CONTACT = ("environment", "forms_check", "static_inputs", "optimize_counters", "eager_slices")
+#: ``--quick``'s budget: a first look on a shared GPU box gets a job slot of about ten minutes
+QUICK_BUDGET_S = 480
+#: what a patched-copy child runs: a function of this module, its arguments from argv
+_LAUNCH = "import sys; from fastattn import gpucheck; gpucheck.{}(*sys.argv[1:])"
 
-__all__ = ["gpu_check", "main", "select_device", "child_env", "stream_chunks", "upstream_optimized",
-           "kit_decode"]
+__all__ = ["gpu_check", "main", "select_device", "child_env", "stream_chunks", "upstream_optimized", "kit_decode",
+           "counted_decode", "kit_child", "diff_child", "FIRST_CONTACT", "Step"]
 
 
-def _slug(text: str) -> str:
-    return re.sub(r"[^a-z0-9]+", "-", text.lower()).strip("-")[:40]
+class Step(NamedTuple):
+    name: str
+    fn: Callable         # () -> [records]
+    estimate_s: float    # cold, at this device's sizes: a plan figure, not a measurement
+    skip: Optional[str]  # why it cannot run here
+
+
+class Overrun(BaseException):
+    """The run's budget ran out inside a step (a BaseException: a step's own ``except Exception`` must not eat it)."""
 
 
 def folder_name(device: torch.device) -> str:
     from .devices import device_name
-    return f"{device.type}-{_slug(device_name(device))}-torch{torch.__version__.split('+')[0]}"
+    slug = re.sub(r"[^a-z0-9]+", "-", device_name(device).lower()).strip("-")[:40]
+    return f"{device.type}-{slug}-torch{torch.__version__.split('+')[0]}"
 
 
 def _sizes(device: torch.device, quick: bool) -> dict:
-    if quick and device.type == "cpu":
-        return {"capacity": 1024, "positions": [0, 256, 768], "repeats": 2, "preset": "tiny", "steps": 6,
-                "ladder_capacity": 1024, "dtypes": ("float32", "bfloat16")}
+    if device.type == "cpu" and quick:
+        return dict(capacity=1024, positions=[0, 256, 768], repeats=2, preset="tiny", steps=6, dtypes=("float32",
+                    "bfloat16"), stream_chunks=6, form_positions=[0, 500, 1000], form_dtypes=("bfloat16",),
+                    geometry=dict(hq=4, hkv=2, head_dim=32), form_steps=50, layers=2, stack_positions=[100, 1000],
+                    slice_calls=20, slice_position=700, counter_steps=6)
+    first = dict(capacity=8192, geometry=dict(hq=16, hkv=2, head_dim=128), form_steps=200, layers=28,
+                 stack_positions=[512, 8000], slice_calls=50, slice_position=4096, counter_steps=30)
     if quick:
-        return {"capacity": 8192, "positions": [0, 256, 4096], "repeats": 3, "preset": "small", "steps": 8,
-                "ladder_capacity": 8192, "dtypes": ("bfloat16", "float32"), "stream_chunks": 600,
-                "form_positions": [0, 1024, 4096, 8000], "form_dtypes": ("bfloat16",)}
-    return {"capacity": 8192, "positions": [0, 256, 1024, 4096, 8000], "repeats": 7, "preset": "full", "steps": 12,
-            "ladder_capacity": 8192, "dtypes": ("bfloat16", "float16", "float32"), "stream_chunks": 600,
-            "form_positions": [0, 256, 1024, 2048, 4096, 6144, 8000], "form_dtypes": ("bfloat16", "float32")}
+        return dict(first, positions=[0, 256, 4096], repeats=3, preset="small", steps=8, dtypes=("bfloat16",),
+                    stream_chunks=100, form_positions=[0, 1024, 4096, 8000], form_dtypes=("bfloat16",))
+    return dict(first, positions=[0, 256, 1024, 4096, 8000], repeats=7, preset="full", steps=12, dtypes=(
+        "bfloat16", "float16", "float32"), stream_chunks=600, form_positions=[0, 256, 1024, 2048, 4096, 6144, 8000],
+        form_dtypes=("bfloat16", "float32"))
 
 
 def _steps(device: torch.device, size: dict) -> list:
-    """(name, function returning records, reason it cannot run here or None)."""
+    """Every step in run order: :data:`FIRST_CONTACT`, then the full run's."""
     from . import bench
-    from .backends import backend_matrix
-    from .bench.records import env_record, record
-    from .doctor import doctor
     from .experiments.causality import calibration_ladders
-
-    cuda_only = None if device.type == "cuda" else "CUDA graphs and upstream's reduce-overhead compile need CUDA"
-    env = lambda: env_record(device)  # noqa: E731
-
-    def matrix():
-        rows = [r for dt in size["dtypes"] for r in backend_matrix(device, dtype=dt, capacity=size["capacity"],
-                                                                 position=size["positions"][1])]
-        for r in rows:
-            r.pop("report", None)
-        return [record("backend_matrix", env=env(), params={"dtypes": list(size["dtypes"])}, rows=rows)]
-
-    def ladder():
-        rows = calibration_ladders(device, capacity=size["ladder_capacity"], dtypes=("bfloat16", "float32"))
-        return [record("exactness_calibration", env=env(), params={"capacity": size["ladder_capacity"]}, rows=rows)]
-
+    gpu = device.type == "cuda"
+    cuda_only = None if gpu else "CUDA graphs and upstream's reduce-overhead compile need CUDA"
+    est = lambda cuda_s, cpu_s: cuda_s if gpu else cpu_s  # noqa: E731
+    rec = _recorder(device)
+    small = "small" if size["preset"] != "tiny" else "tiny"
     return [
-        ("doctor", lambda: [record("doctor", env=env(), params={}, rows=[doctor()])], None),
-        ("backend_matrix", matrix, None),
-        ("exactness_calibration", ladder, None),
-        ("attention_sweep", lambda: [bench.attention_sweep(size["positions"], capacity=size["capacity"], dtype=dt,
-                                                           device=device, repeats=size["repeats"], progress=False)
-                                     for dt in ("bfloat16", "float32")], None),
-        ("decode_step_sweep", lambda: [bench.decode_step_sweep(size["positions"], preset="small" if size["preset"] !=
-                                                               "tiny" else "tiny", dtype="bfloat16", device=device,
-                                                               repeats=size["repeats"], progress=False,
-                                                               slice_fix=True)], None),
-        ("whole_decode_eager", lambda: [bench.whole_decode(size["preset"], steps=size["steps"], dtype="bfloat16",
-                                                           device=str(device), repeats=1, progress=False)], None),
-        ("whole_decode_optimized", lambda: [_optimized_decode(device, size)], cuda_only),
-        ("stream_under_optimize", lambda: [_stream_under_upstream_optimize(device, size)], cuda_only),
-        ("upstream_diff_compiled", lambda: [_diff_compiled(device, size)], cuda_only),
-        ("decode_forms", lambda: [bench.form_sweep(size["form_positions"], device=device, dtype=dt,
-                                                   capacity=size["capacity"], repeats=size["repeats"], progress=False)
-                                  for dt in size["form_dtypes"]],
-         cuda_only and "the CUDA opt-in is chosen on CUDA (on CPU: notebook 04's graph_choice, tests/test_static.py)"),
-        ("kit_decode", lambda: [kit_decode(device, preset=size["preset"], steps=size["steps"],
-                                           chunks=size["stream_chunks"], repeats=3)], cuda_only),
+        Step("environment", lambda: _environment(device, size), est(40, 15), None),
+        Step("forms_check", lambda: _forms_check(device, size), est(120, 40), None),
+        Step("static_inputs", lambda: _static_inputs(device, size), est(120, 30), None),
+        Step("optimize_counters", lambda: _optimize_counters(device, size), est(120, 0), cuda_only),
+        Step("eager_slices", lambda: _eager_slices(device, size), est(15, 5), None),
+        Step("exactness_calibration", lambda: [rec("exactness_calibration", {"capacity": size["capacity"]},
+                                                   calibration_ladders(device, capacity=size["capacity"],
+                                                                       dtypes=("bfloat16", "float32")))],
+             est(30, 30), None),
+        Step("attention_sweep", lambda: [bench.attention_sweep(size["positions"], capacity=size["capacity"], dtype=dt,
+                                                               device=device, repeats=size["repeats"], progress=False)
+                                         for dt in ("bfloat16", "float32")], est(60, 60), None),
+        Step("decode_step_sweep", lambda: [bench.decode_step_sweep(size["positions"], preset=small, dtype="bfloat16",
+                                                                   device=device, repeats=size["repeats"],
+                                                                   progress=False, slice_fix=True)], est(60, 60), None),
+        Step("whole_decode_eager", lambda: [bench.whole_decode(size["preset"], steps=size["steps"], dtype="bfloat16",
+                                                               device=str(device), repeats=1, progress=False)],
+             est(60, 60), None),
+        Step("whole_decode_optimized", lambda: [_optimized_decode(device, size)], est(300, 0), cuda_only),
+        Step("stream_under_optimize", lambda: [_stream_under_upstream_optimize(device, size)], est(300, 0), cuda_only),
+        Step("upstream_diff_compiled", lambda: [_diff_compiled(device, size)], est(200, 0), cuda_only),
+        Step("decode_forms", lambda: [bench.form_sweep(size["form_positions"], device=device, dtype=dt,
+                                                       capacity=size["capacity"], repeats=size["repeats"],
+                                                       progress=False, layers=size["layers"])
+                                      for dt in size["form_dtypes"]], est(600, 0),
+             cuda_only and "the CUDA opt-in is chosen on CUDA (on CPU: notebook 04's graph_choice)"),
+        Step("kit_decode", lambda: [kit_decode(device, preset=size["preset"], steps=size["steps"],
+                                               chunks=size["stream_chunks"], repeats=3)], est(600, 0), cuda_only),
+        Step("kit_decode_eager", lambda: [kit_decode(device, preset="small", steps=size["steps"], chunks=20, repeats=3,
+                                                     compile=False)], est(200, 0),
+             cuda_only and "eager live against masked matters where cuDNN plans per key length (CUDA)"),
     ]
 
 
+def _recorder(device, dtype=None) -> Callable:
+    from .bench.records import env_record, record
+    return lambda kind, params, rows, **extra: record(kind, env=env_record(device, dtype), params=params, rows=rows,
+                                                      **extra)
+
+
+# --------------------------------------------------------------------------- the first-contact steps
+def _environment(device, size) -> list:
+    """doctor (SDPA's priority order; GNU ``patch`` on PATH?) and the backend matrix with SDPA's refusal reasons."""
+    from .backends import backend_matrix
+    from .doctor import doctor
+    rows = [r for dt in size["dtypes"] for r in backend_matrix(device, dtype=dt, capacity=size["capacity"],
+                                                             position=size["positions"][1])]
+    for r in rows:
+        r["refused"] = {b: e["reason"] for b, e in r.pop("report", {}).get("eligibility", {}).items()
+                        if not e["eligible"]}
+    rec = _recorder(device)
+    return [rec("doctor", {}, [dict(doctor(), patch_binary=shutil.which("patch"))]),
+            rec("backend_matrix", {"dtypes": list(size["dtypes"])}, rows)]
+
+
+def _forms_check(device, size) -> list:
+    """flex, masked and slice at the capacity, bf16, under ``reduce-overhead`` on CUDA (:func:`check_form`)."""
+    from .static import check_form
+    mode = "reduce-overhead" if device.type == "cuda" else None
+    rows = [check_form(n, device, torch.bfloat16, capacity=size["capacity"], steps=size["form_steps"],
+                       compile_mode=mode, **size["geometry"]) for n in ("flex_decode", "upstream_masked", "slice_live")]
+    return [_recorder(device, "bfloat16")("form_checks", {"capacity": size["capacity"], "compile_mode": mode,
+                                                          **size["geometry"]}, rows)]
+
+
+def _static_inputs(device, size) -> list:
+    """One compiled form (flex where torch has it): ``layers`` calls per replay with q/K/V static, the same unmarked
+    (every replay copies them), and one call per replay (:func:`fastattn.bench.forms.stack_sweep`)."""
+    from .bench.forms import stack_sweep
+    from .static import flex_available
+    form, layers = "upstream_masked" if flex_available(device) else "flex_decode", size["layers"]
+    variants = {"static, 1 call per replay": (form, True, True, 1),
+                f"static, {layers} calls per replay": (form, True, True, layers),
+                f"not static, {layers} calls per replay": (form, True, False, layers)}
+    mode = "reduce-overhead" if device.type == "cuda" else None
+    torch._dynamo.reset()
+    rows = stack_sweep(variants, size["stack_positions"], device=device, dtype=torch.bfloat16,
+                       capacity=size["capacity"], bucket=256, repeats=7, warmup=2, seed=0, mode=mode,
+                       **size["geometry"])
+    return [_recorder(device, "bfloat16")("static_inputs", {"form": form, "compile_mode": mode, "layers": layers,
+                                                            "capacity": size["capacity"], **size["geometry"]}, rows,
+                                          cudagraph_recordings=cudagraph_recordings(device) if mode else None)]
+
+
+def counted_decode(model, prepare: Optional[Callable], steps: int, device, text: str = KIT_TEXT) -> tuple:
+    """Counters reset, ``prepare(model)`` (a compile), one decode of ``steps`` steps from seed 0: (waveform on CPU,
+    {wall_s, :func:`graph_counts`, ``cudagraph_recordings``}), skips logged at compile or in that decode included."""
+    from .clock import sync
+    reset_graph_counts()
+    before = cudagraph_recordings(device) or 0  # None: no tree yet (or no CUDA)
+    if prepare is not None:
+        prepare(model)
+    torch.manual_seed(0)
+    t0 = time.perf_counter()
+    wav = model.generate(text, min_len=steps, max_len=steps, inference_timesteps=2)
+    sync(device)
+    after = cudagraph_recordings(device)
+    return wav.cpu(), {"wall_s": time.perf_counter() - t0, **graph_counts(),
+                       "cudagraph_recordings": None if after is None else after - before}
+
+
+def _optimize_counters(device, size) -> list:
+    """The small preset under voxcpm's own ``optimize()``, counted from before it compiles: does upstream replay
+    CUDA graphs (0 skips, recordings > 0)?"""
+    from .models import build_voxcpm2
+    model = build_voxcpm2("small", device="cuda", dtype="bfloat16")
+    torch._dynamo.reset()
+    _, row = counted_decode(model, upstream_optimized, size["counter_steps"], device)
+    return [_recorder(device, "bfloat16")("optimize_counters", {"preset": "small", "steps": size["counter_steps"]},
+                                          [dict(row, variant="upstream optimize()")])]
+
+
+def _eager_slices(device, size) -> list:
+    """The eager slice (as the kit's eager ``live``) at ``slice_calls`` fresh key counts, against one count repeated
+    and upstream's masked call: a kernel that plans per key count (cuDNN on Hopper) pays it in the first only."""
+    from .backends import explain_sdpa
+    from .bench.timing import stats_ms, time_interleaved
+    from .fast import sdpa_slice
+    from .static import decode_data, fresh_positions, upstream_masked
+    n, p, cap = size["slice_calls"], size["slice_position"], size["capacity"]
+    q, k, v = decode_data(device, torch.bfloat16, capacity=cap, seed=0, **size["geometry"])
+    walk = fresh_positions(p, n + 2, cap)  # two warm-up calls, then n timed ones: every key count new
+    pos = [torch.tensor([i], device=device) for i in walk]
+    sliced = lambda i: sdpa_slice(q, k[:, :, :i + 1], v[:, :, :i + 1])  # noqa: E731
+    fns = {"slice, fresh length per call": _walker(walk, sliced), "slice, one length": lambda: sliced(p),
+           "masked, whole cache": _walker(pos, lambda t: upstream_masked(q, k, v, t))}
+    host = {}
+    times = time_interleaved(fns, repeats=n, warmup=2, device=device, host=host)
+    rows = [{"variant": name, "position": p, **stats_ms(t, host[name])} for name, t in times.items()]
+    chosen = explain_sdpa(q, k[:, :, :p + 1], v[:, :, :p + 1], enable_gqa=True).backend
+    return [_recorder(device, "bfloat16")("eager_slices", {"position": p, "calls": n, "capacity": cap,
+                                                           **size["geometry"]}, rows, slice_backend=chosen)]
+
+
+def _walker(items: list, fn: Callable) -> Callable:
+    it = iter(items)
+    return lambda: fn(next(it))
+
+
+# --------------------------------------------------------------------------- the full run's own steps
 def upstream_optimized(model) -> None:
     """voxcpm's own ``optimize()``, checked: it compiles only when ``model.device == "cuda"`` exactly and triton
     imports, and otherwise prints a warning and runs eagerly; an eager run must not pass for a compiled one."""
@@ -118,46 +234,32 @@ def upstream_optimized(model) -> None:
 
 
 def _optimized_decode(device, size) -> dict:
-    """Upstream under its own ``optimize()`` vs patched under :func:`fastattn.optimize` (CUDA graphs): outputs,
-    dynamo's graphs, cudagraph skips with their reasons (a skipped LM step replays no graph), recordings."""
-    from .bench.records import env_record, record
-    from .graphs import graph_counts, optimize, reset_graph_counts
+    """Upstream under its own ``optimize()`` against patched under :func:`fastattn.optimize`: outputs, graphs and
+    cudagraph skips (counted from before each compile), recordings."""
+    from .graphs import optimize
     from .models import build_voxcpm2
     from .patch import patch_voxcpm
-    text, rows = KIT_TEXT, []
-    outs = {}
+    rows, outs = [], {}
     for variant in ("upstream", "patched"):
         model = build_voxcpm2(size["preset"], device="cuda", dtype="bfloat16")
         handle = patch_voxcpm(model) if variant == "patched" else None
         try:
             torch._dynamo.reset()
-            reset_graph_counts()
-            before = cudagraph_recordings(device) or 0
-            if variant == "patched":
-                optimize(model)
-            else:
-                upstream_optimized(model)
-            torch.manual_seed(0)
-            t0 = time.perf_counter()
-            outs[variant] = model.generate(text, min_len=size["steps"], max_len=size["steps"], inference_timesteps=2)
-            torch.cuda.synchronize()
-            rec = cudagraph_recordings(device)
-            rows.append({"variant": variant, "wall_s": time.perf_counter() - t0, **graph_counts(),
-                         "cudagraph_recordings": None if rec is None else rec - before})
+            outs[variant], row = counted_decode(model, optimize if handle else upstream_optimized, size["steps"],
+                                                device)
+            rows.append(dict(row, variant=variant))
         finally:
             if handle is not None:
                 handle.revert()
-    return record("whole_decode_optimized", env=env_record(device, "bfloat16"), params=dict(size), rows=rows,
-                  identical=bool(torch.equal(outs["upstream"], outs["patched"])))
+    return _recorder(device, "bfloat16")("whole_decode_optimized", dict(size), rows,
+                                         identical=bool(torch.equal(outs["upstream"], outs["patched"])))
 
 
 def stream_chunks(model, chunks: int, *, text: str, seed: int = 0, device="cpu", inference_timesteps: int = 2,
                   recordings=cudagraph_recordings) -> list[dict]:
-    """Every chunk of one ``generate_streaming`` run: its ms, and after it the compile counters
-    (:func:`fastattn.graphs.graph_counts`) and CUDA graphs recorded so far: a stream that records a graph per
-    new shape shows it chunk by chunk (#209/#269; #293's one GPU-only hypothesis)."""
+    """Every chunk of one ``generate_streaming`` run: its ms, then the compile counters and CUDA graphs so far (a
+    graph recorded per new shape shows chunk by chunk: #209/#269, #293)."""
     from .bench.stream import time_chunks
-    from .graphs import graph_counts
 
     def counters():
         g = graph_counts()
@@ -170,14 +272,11 @@ def stream_chunks(model, chunks: int, *, text: str, seed: int = 0, device="cpu",
 
 
 def _stream_under_upstream_optimize(device, size) -> dict:
-    """A long stream (>= 600 chunks, twice) under voxcpm's own ``optimize()``: per chunk ms, host counters,
-    graphs and recordings; the trend of the per-chunk cost over both streams (quiet chunks only)."""
-    from .bench.records import env_record, record
+    """A long stream, twice, under voxcpm's own ``optimize()``: per chunk ms and counters; the per-chunk trend."""
     from .bench.stream import sixths, text_for
     from .bench.trend import describe, trend
-    from .graphs import reset_graph_counts
     from .models import build_voxcpm2
-    chunks = size.get("stream_chunks", 600)
+    chunks = size["stream_chunks"]
     model = build_voxcpm2(size["preset"], device="cuda", dtype="bfloat16")
     torch._dynamo.reset()
     reset_graph_counts()
@@ -185,49 +284,50 @@ def _stream_under_upstream_optimize(device, size) -> dict:
     rows = [dict(r, repeat=k) for k in range(2)
             for r in stream_chunks(model, chunks, text=text_for(chunks), device=device)]
     t = trend([[(r["chunk"], r["ms"], r["disturbed"]) for r in rows if r["repeat"] == k] for k in range(2)])
-    six = sixths([r["ms"] for r in rows if r["repeat"] == 0])
-    return record("stream_under_optimize", env=env_record(device, "bfloat16"), params={**size, "chunks": chunks},
-                  rows=rows, sixths=six, trend=t, verdict=describe(t),
-                  graphs_recorded_after_first_sixth=_grew_after(rows, "cudagraph_recordings"),
-                  graphs_compiled_after_first_sixth=_grew_after(rows, "unique_graphs"))
+    return _recorder(device, "bfloat16")("stream_under_optimize", {**size, "chunks": chunks}, rows,
+                                         sixths=sixths([r["ms"] for r in rows if r["repeat"] == 0]), trend=t,
+                                         verdict=describe(t),
+                                         graphs_recorded_after_first_sixth=_grew_after(rows, "cudagraph_recordings"),
+                                         graphs_compiled_after_first_sixth=_grew_after(rows, "unique_graphs"))
 
 
 def _grew_after(rows: list, key: str) -> Optional[int]:
-    """How much a per-chunk counter grew after the first sixth of a stream (None where it is unknown)."""
+    """How much a per-chunk counter grew after a stream's first sixth (None: unknown)."""
     start = rows[len(rows) // 6][key] if rows else None
     return None if start is None or rows[-1][key] is None else rows[-1][key] - start
 
 
-_DIFF_SCRIPT = """
-import sys, torch, fastattn, voxcpm
-from fastattn.models import build_voxcpm2
-assert voxcpm.__file__.startswith(sys.argv[1]), voxcpm.__file__
-preset, steps, out = sys.argv[2], int(sys.argv[3]), sys.argv[4]
-m = build_voxcpm2(preset, device="cuda", dtype="bfloat16")
-m.optimize()
-assert "forward_step" in m.base_lm.__dict__, "optimize() did not compile"
-torch.manual_seed(0)
-w = m.generate("hello world " * 8, min_len=steps, max_len=steps, inference_timesteps=2)
-torch.save({"shape": list(w.shape)}, out)
-"""
+def _in_copy(root: str) -> None:
+    import voxcpm
+    if not voxcpm.__file__.startswith(root):
+        raise RuntimeError(f"the child imported {voxcpm.__file__}, not the patched copy under {root}")
+
+
+def diff_child(root: str, preset: str, steps: str, out: str) -> None:
+    """:func:`_diff_compiled`'s child (the right-sized kit's copy): a decode under upstream's ``optimize()``."""
+    from .models import build_voxcpm2
+    _in_copy(root)
+    m = build_voxcpm2(preset, device="cuda", dtype="bfloat16")
+    upstream_optimized(m)
+    torch.manual_seed(0)
+    w = m.generate("hello world " * 8, min_len=int(steps), max_len=int(steps), inference_timesteps=2)
+    torch.save({"shape": list(w.shape)}, out)
 
 
 def _diff_compiled(device, size) -> dict:
     """The upstream diff applied to a copy of voxcpm, decoding under upstream's own fullgraph compile."""
-    from .bench.records import env_record, record
     from .upstream import run_in_patched_copy
     try:
-        rows = [{"returncode": 0, **run_in_patched_copy("right-sized", _DIFF_SCRIPT, size["preset"], size["steps"],
-                                                         timeout=900, env=child_env(device))}]
-    except RuntimeError as exc:
-        rows = [{"returncode": 1, "stderr": str(exc)}]
-    return record("upstream_diff_compiled", env=env_record(device, "bfloat16"), params=dict(size), rows=rows)
+        rows = [{"returncode": 0, **run_in_patched_copy("right-sized", _LAUNCH.format("diff_child"), size["preset"],
+                                                         size["steps"], timeout=900, env=child_env(device))}]
+    except Exception as exc:  # noqa: BLE001 - no patch tool, a failing child: a reported failure, never a lost step
+        rows = [{"returncode": 1, "stderr": f"{type(exc).__name__}: {exc}"}]
+    return _recorder(device, "bfloat16")("upstream_diff_compiled", dict(size), rows)
 
 
 def child_env(device) -> dict:
-    """What a child process needs to run on ``device`` as ``"cuda"`` (voxcpm's ``optimize()`` wants exactly that):
-    ``CUDA_VISIBLE_DEVICES`` narrowed to this process's current GPU (or ``cuda:N``'s), read through any
-    ``CUDA_VISIBLE_DEVICES`` already set; nothing off CUDA."""
+    """What a child needs to run on ``device`` as ``"cuda"`` (voxcpm's ``optimize()`` wants exactly that):
+    ``CUDA_VISIBLE_DEVICES`` narrowed to the current GPU (or ``cuda:N``'s), through any already set."""
     device = torch.device(device)
     if device.type != "cuda":
         return {}
@@ -238,71 +338,168 @@ def child_env(device) -> dict:
     return {"CUDA_VISIBLE_DEVICES": visible[index] if visible else str(index)}
 
 
-_KIT_SCRIPT = """
-import statistics, sys, time, torch, fastattn, voxcpm
-from fastattn.gpucheck import KIT_TEXT, stream_chunks, upstream_optimized
-from fastattn.graphs import reset_graph_counts
-from fastattn.models import build_voxcpm2, silence_progress
-assert voxcpm.__file__.startswith(sys.argv[1]), voxcpm.__file__
-silence_progress()
-preset, device, steps, chunks, repeats, compile_, out = (sys.argv[2], sys.argv[3], int(sys.argv[4]), int(sys.argv[5]),
-                                                         int(sys.argv[6]), sys.argv[7] == "1", sys.argv[8])
-text = KIT_TEXT
-sync = torch.cuda.synchronize if device.startswith("cuda") else (lambda: None)
-models, wavs, rows = {}, {}, []
-for mode in ("masked", "live"):
-    m = build_voxcpm2(preset, device=device, dtype="bfloat16")
-    for lm in (m.base_lm, m.residual_lm):
-        lm.config.decode_attention = mode
-    if compile_:
-        upstream_optimized(m)
-    torch.manual_seed(0)
-    wavs[mode] = m.generate(text, min_len=steps, max_len=steps, inference_timesteps=2).cpu()  # warm-up, compiles
-    models[mode] = m
-times = {mode: [] for mode in models}
-for _ in range(repeats):  # whole decodes, the two modes alternated
+def kit_child(root, preset, device, steps, chunks, repeats, compile_, out) -> None:
+    """:func:`kit_decode`'s child (the decode-attention kit's copy): per mode a model (compiled by
+    :func:`upstream_optimized` when ``compile_ == "1"``) and its warm-up decode, counted from before the compile;
+    the whole decodes interleaved; a stream per mode. Counts run from compile to the stream's end."""
+    from .clock import interleaved
+    from .models import build_voxcpm2, silence_progress
+    _in_copy(root)
+    silence_progress()
+    steps, chunks, repeats, compiled = int(steps), int(chunks), int(repeats), compile_ == "1"
+    models, wavs, warm = {}, {}, {}
+    for mode in ("masked", "live"):
+        models[mode] = m = build_voxcpm2(preset, device=device, dtype="bfloat16")
+        for lm in (m.base_lm, m.residual_lm):
+            lm.set_decode_attention(mode)
+        wavs[mode], warm[mode] = counted_decode(m, upstream_optimized if compiled else None, steps, device)
+    times = interleaved({mode: lambda m=m: m.generate(KIT_TEXT, min_len=steps, max_len=steps, inference_timesteps=2)
+                         for mode, m in models.items()}, repeats=repeats, warmup=0, device=device)
+    rows = []
     for mode, m in models.items():
-        sync(); t0 = time.perf_counter()
-        m.generate(text, min_len=steps, max_len=steps, inference_timesteps=2)
-        sync(); times[mode].append(time.perf_counter() - t0)
-for mode, m in models.items():
-    reset_graph_counts()
-    stream = stream_chunks(m, chunks, text=text * 8, device=device)
-    rows.append({"mode": mode, "phase": "optimize()" if compile_ else "eager", "wall_s": statistics.median(times[mode]),
-                 "wall_samples_s": times[mode], "chunks": chunks, "chunk_ms": [r["ms"] for r in stream],
-                 "unique_graphs": stream[-1]["unique_graphs"], "cudagraph_skips": stream[-1]["cudagraph_skips"],
-                 "cudagraph_recordings": None if stream[0]["cudagraph_recordings"] is None
-                 else stream[-1]["cudagraph_recordings"] - stream[0]["cudagraph_recordings"]})
-torch.save({"rows": rows, "wavs": wavs}, out)
-"""
+        reset_graph_counts()
+        stream, end = stream_chunks(m, chunks, text=KIT_TEXT * 8, device=device), graph_counts()
+        rec = [stream[0]["cudagraph_recordings"], stream[-1]["cudagraph_recordings"]]
+        rows.append({"mode": mode, "phase": "optimize()" if compiled else "eager",
+                     "wall_s": statistics.median(times[mode]), "wall_samples_s": times[mode], "chunks": chunks,
+                     "chunk_ms": [r["ms"] for r in stream], "compile_counts": warm[mode],
+                     "unique_graphs": warm[mode]["unique_graphs"] + end["unique_graphs"],
+                     "cudagraph_skips": warm[mode]["cudagraph_skips"] + end["cudagraph_skips"],
+                     "cudagraph_skip_reasons": sorted({*warm[mode]["cudagraph_skip_reasons"],
+                                                       *end["cudagraph_skip_reasons"]}),
+                     "cudagraph_recordings": None if None in rec else rec[1] - rec[0]})
+    torch.save({"rows": rows, "wavs": wavs}, out)
 
 
 def kit_decode(device, *, preset: str = "small", steps: int = 12, chunks: int = 600, repeats: int = 3,
                compile: Optional[bool] = None) -> dict:
-    """The ``decode-attention`` kit applied to a copy of voxcpm (a fresh process), bf16: a model per mode
-    (``"masked"``, ``"live"``), each under upstream's own ``optimize()`` (``compile``, default on CUDA; its
-    warm-up decode compiles), then ``repeats`` whole decodes of ``steps`` steps, the modes alternated, and a
-    ``chunks``-chunk stream per mode counting dynamo graphs, cudagraph skips and CUDA graphs recorded after the
-    first chunk. ``identical_off``: the mode-off warm-up decode equals upstream's decode here, made the same way
-    (under ``optimize()`` when ``compile``: inductor's fusions may round differently from eager)."""
-    from .bench.records import env_record, record
+    """The ``decode-attention`` kit on a copy of voxcpm in a fresh process (:func:`kit_child`), bf16, under upstream's
+    ``optimize()`` when ``compile`` (default on CUDA); ``identical_off``: mode off equals upstream's decode here."""
     from .upstream import run_in_patched_copy, upstream_decode
     device = select_device(device)
     compile = device.type == "cuda" if compile is None else compile
+    rec = _recorder(device, "bfloat16")
     try:
-        res = run_in_patched_copy("decode-attention", _KIT_SCRIPT, preset, device, steps, chunks, repeats,
-                                  "1" if compile else "0", timeout=3600, env=child_env(device))
-    except RuntimeError as exc:
-        return record("kit_decode", env=env_record(device, "bfloat16"), params={"preset": preset},
-                      rows=[{"returncode": 1, "stderr": str(exc)}])
+        res = run_in_patched_copy("decode-attention", _LAUNCH.format("kit_child"), preset, device, steps, chunks,
+                                  repeats, "1" if compile else "0", timeout=3600, env=child_env(device))
+    except Exception as exc:  # noqa: BLE001 - no patch tool, a failing child: a reported failure, never a lost step
+        return rec("kit_decode", {"preset": preset}, [{"returncode": 1, "stderr": f"{type(exc).__name__}: {exc}"}])
     _, ref = upstream_decode(preset, text=KIT_TEXT, steps=steps, dtype="bfloat16", seed=0, device=str(device),
                              prepare=upstream_optimized if compile else None)
     live, masked = res["wavs"]["live"], res["wavs"]["masked"]
-    return record("kit_decode", env=env_record(device, "bfloat16"),
-                  params={"preset": preset, "steps": steps, "chunks": chunks, "repeats": repeats, "compile": compile},
-                  rows=res["rows"], identical_off=bool(torch.equal(ref, res["wavs"]["masked"])),
-                  max_abs_diff_on=float((live.double() - masked.double()).abs().max()) if live.shape == masked.shape
-                  else float("inf"))
+    return rec("kit_decode", {"preset": preset, "steps": steps, "chunks": chunks, "repeats": repeats,
+                              "compile": compile}, res["rows"], identical_off=bool(torch.equal(ref, masked)),
+               max_abs_diff_on=float((live.double() - masked.double()).abs().max()) if live.shape == masked.shape
+               else float("inf"))
+
+
+# --------------------------------------------------------------------------- the runner
+def select_device(device) -> torch.device:
+    """The kit's device, resolved: ``cuda:N`` becomes the current device and the kit runs on ``"cuda"`` (voxcpm's
+    ``optimize()`` compiles only for exactly that; events, SDPA's checks and cudagraph trees read the current one)."""
+    from .devices import resolve_device
+    device = resolve_device(device)
+    if device.type == "cuda" and device.index is not None:
+        torch.cuda.set_device(device.index)
+        return torch.device("cuda")
+    return device
+
+
+def plan(device: torch.device, quick: bool, only=None, skip=None) -> list:
+    """The steps to run: :data:`FIRST_CONTACT` with ``quick``, else every step; ``only`` and ``skip`` name steps."""
+    steps = _steps(device, _sizes(device, quick))
+    names = [s.name for s in steps]
+    bad = [n for n in [*(only or []), *(skip or [])] if n not in names]
+    if bad:
+        raise ValueError(f"unknown step(s) {bad}; the steps are {', '.join(names)}")
+    chosen = set(only) if only else set(FIRST_CONTACT if quick else names)
+    return [s for s in steps if s.name in chosen and s.name not in set(skip or [])]
+
+
+@contextlib.contextmanager
+def _deadline(seconds: Optional[float]):
+    """Raise :class:`Overrun` in this (main) thread once ``seconds`` have passed; a no-op without a budget."""
+    if seconds is None or threading.current_thread() is not threading.main_thread() \
+            or not hasattr(signal, "setitimer"):
+        yield
+        return
+
+    def fire(*_):
+        raise Overrun("the run's budget ran out during this step")
+    old = signal.signal(signal.SIGALRM, fire)
+    signal.setitimer(signal.ITIMER_REAL, max(seconds, 0.001))
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, old)
+
+
+def _log_entries(folder: Path) -> dict:
+    """{step: its last entry} of the folder's ``steps.jsonl`` (one line appended as each step ends)."""
+    path = folder / "steps.jsonl"
+    entries = [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.exists() else []
+    return {e["step"]: e for e in entries}
+
+
+def _run_step(step: Step, folder: Path, left: Optional[float]) -> dict:
+    """Run one step under the deadline; save its records at once; return its log entry."""
+    from .bench.records import save_record
+    if left is not None and step.estimate_s > left:
+        return {"step": step.name, "status": "stopped", "seconds": 0.0,
+                "why": f"its estimate of {step.estimate_s:.0f} s is over the {max(left, 0):.0f} s left of the budget"}
+    t0, entry = time.perf_counter(), {"step": step.name, "files": [], "why": None}
+    try:
+        with _deadline(left):
+            recs = step.fn()
+        kinds = [r["kind"] for r in recs]  # a kind written twice by one step is told apart by its dtype
+        stems = [k + (f"_{r['params']['dtype']}" if kinds.count(k) > 1 and isinstance(r["params"].get("dtype"), str)
+                      else "") for k, r in zip(kinds, recs)]
+        entry.update(files=[save_record(r, folder, stem).name for r, stem in zip(recs, stems)],
+                     status="failed" if any(_failures(r) for r in recs) else "ok")
+    except Overrun as exc:
+        entry.update(status="stopped", why=str(exc))
+    except Exception as exc:  # noqa: BLE001 - one failing step is reported, the kit goes on
+        entry.update(status="failed", why=f"{type(exc).__name__}: {str(exc).splitlines()[0][:200] if str(exc) else ''}",
+                     traceback=traceback.format_exc())
+    return dict(entry, seconds=time.perf_counter() - t0)
+
+
+def gpu_check(device="cuda", *, quick: bool = False, out=None, log=print, only=None, skip=None,
+              budget: Optional[float] = None, resume: bool = False) -> Path:
+    """Run :func:`plan`'s steps; return the folder of their records, ``steps.jsonl`` and ``summary.md``. ``budget``
+    (s; default :data:`QUICK_BUDGET_S` with ``quick``; 0: none) stops a step whose estimate is over what is left and
+    interrupts one that runs past it. ``resume`` skips the steps that ended ok in ``out``; nothing is overwritten."""
+    asked, device = str(device), select_device(device)
+    steps = plan(device, quick, only, skip)
+    budget = (QUICK_BUDGET_S if quick else None) if budget is None else (budget or None)
+    folder = Path(out) if out else Path("reports") / folder_name(device)
+    if folder.exists() and any(folder.iterdir()) and not resume:
+        raise ValueError(f"--out {folder}: exists and is not empty (a run never overwrites an earlier one; --resume "
+                         "continues it)")
+    folder.mkdir(parents=True, exist_ok=True)
+    done = {n for n, e in _log_entries(folder).items() if e["status"] == "ok"}
+    todo = [s for s in steps if not s.skip and s.name not in done]
+    line = (f"plan: {', '.join(f'{s.name} ~{s.estimate_s:.0f} s' for s in todo) or 'nothing to run'}; estimate "
+            f"{sum(s.estimate_s for s in todo):.0f} s cold; budget {'none' if budget is None else f'{budget:.0f} s'}")
+    head = [f"# fastattn gpu-check: {folder_name(device)}", "", f"device {asked}" + (
+        f" (current CUDA device {torch.cuda.current_device()})" if device.type == "cuda" else ""),
+        f"quick={quick}, torch {torch.__version__}; {line}"]
+    log(f"[gpu-check] {line}")
+    write = lambda: atomic_write_text(folder / "summary.md", "\n".join(summary_lines(folder, steps, head)) + "\n")  # noqa: E731
+    write()
+    t_start = time.perf_counter()
+    for s in steps:
+        if s.skip or s.name in done:
+            log(f"[gpu-check] {s.name}: {'skipped (' + s.skip + ')' if s.skip else 'ended ok earlier'}")
+            continue
+        entry = _run_step(s, folder, None if budget is None else budget - (time.perf_counter() - t_start))
+        with open(folder / "steps.jsonl", "a") as f:
+            f.write(json.dumps(entry, default=str) + "\n")
+        write()
+        log(f"[gpu-check] {s.name}: {entry['status']} ({entry['seconds']:.1f} s){': ' * bool(entry['why'])}"
+            f"{entry['why'] or ''}")
+    return folder
 
 
 def _failures(rec: dict) -> list[str]:
@@ -315,59 +512,67 @@ def _failures(rec: dict) -> list[str]:
     return out
 
 
-def select_device(device) -> torch.device:
-    """The kit's device, resolved. ``cuda:N`` is made the current CUDA device and the kit then runs on
-    ``"cuda"``: voxcpm's ``optimize()`` compiles only for exactly ``"cuda"``, and CUDA events, SDPA's
-    eligibility checks and cudagraph trees all read the current device."""
-    from .devices import resolve_device
-    device = resolve_device(device)
-    if device.type == "cuda" and device.index is not None:
-        torch.cuda.set_device(device.index)
-        return torch.device("cuda")
-    return device
-
-
-def gpu_check(device="cuda", *, quick: bool = False, out=None, log=print) -> Path:
-    """Run the kit; return the folder holding its records and ``summary.md``."""
-    from .bench.records import save_record
-    asked = str(device)
-    device = select_device(device)
-    size = _sizes(device, quick)
-    folder = Path(out) if out else Path("reports") / folder_name(device)
-    if folder.exists() and any(folder.iterdir()):
-        raise ValueError(f"--out {folder}: exists and is not empty (a run never overwrites an earlier one)")
-    folder.mkdir(parents=True, exist_ok=True)
-    lines = [f"# fastattn gpu-check: {folder_name(device)}", "",
-             f"device {asked} (current CUDA device {torch.cuda.current_device()})" if device.type == "cuda" else
-             f"device {device}", f"quick={quick}, torch {torch.__version__}", "", "| step | outcome | seconds |",
-             "|---|---|---|"]
-    kept = {}  # step -> its records, for the sections after the table
-    for name, fn, skip in _steps(device, size):
-        if skip:
-            lines.append(f"| {name} | skipped: {skip} | |")
-            log(f"[gpu-check] {name}: skipped ({skip})")
+def summary_lines(folder: Path, steps: list, head: list) -> list:
+    """``summary.md`` from the folder: each planned step's outcome (``steps.jsonl``, its records), what the first
+    contact answers, the CUDA opt-in section."""
+    from .bench.records import load_record
+    entries, kept = _log_entries(folder), {}
+    lines = [*head, "", "| step | outcome | seconds |", "|---|---|---|"]
+    for s in steps:
+        e = entries.get(s.name)
+        if e is None:
+            lines.append(f"| {s.name} | {'skipped: ' + s.skip if s.skip else 'not run (not reached, or killed)'} | |")
             continue
-        t0 = time.perf_counter()
-        try:
-            recs = kept[name] = fn()
-            paths = [save_record(rec, folder, f"{name}-{i}" if i else name) for i, rec in enumerate(recs)]
-            bad = [why for rec in recs for why in _failures(rec)]
-            outcome = ("failed: " + "; ".join(bad) + " (records: " if bad else "ok: ") + \
-                ", ".join(p.name for p in paths) + (")" if bad else "")
-        except Exception as exc:  # noqa: BLE001 - one failing step is reported, the kit goes on
-            outcome = f"failed: {type(exc).__name__}: {str(exc).splitlines()[0][:200] if str(exc) else ''}"
-            (folder / f"{name}-error.txt").write_text(traceback.format_exc())
-        lines.append(f"| {name} | {outcome} | {time.perf_counter() - t0:.1f} |")
-        log(f"[gpu-check] {name}: {outcome.split(':')[0]} ({time.perf_counter() - t0:.1f} s)")
-    lines += opt_in_section(kept.get("decode_forms"), kept.get("kit_decode"))
-    atomic_write_text(folder / "summary.md", "\n".join(lines) + "\n")
-    return folder
+        kept[s.name] = recs = [load_record(folder / f) for f in e.get("files", [])]
+        bad = [why for r in recs for why in _failures(r)] or ([e["why"]] if e["status"] == "failed" else [])
+        files = ", ".join(e.get("files", []))
+        what = f"ok: {files}" if e["status"] == "ok" else f"{e['status']}: " + "; ".join(bad or [e.get("why") or ""]) \
+            + (f" (records: {files})" if files else "")
+        lines.append(f"| {s.name} | {what} | {e['seconds']:.1f} |")
+    lines += first_contact_lines({k: v for k, v in kept.items() if k in FIRST_CONTACT})
+    return lines + opt_in_section(kept.get("decode_forms"), kept.get("kit_decode", []) + kept.get("kit_decode_eager",
+                                                                                                  []))
+
+
+def _ratio_line(rows: list, num: str, den: str, key: str = "variant") -> str:
+    from .bench.stats import fmt_ci
+    from .bench.targets import quiet_ratio
+    a, b = (next(r for r in rows if r[key] == name) for name in (num, den))
+    r, ci, _, _ = quiet_ratio(a, b)
+    return f"{num} / {den}: {r:.2f}x {fmt_ci(ci)}"
+
+
+def first_contact_lines(kept: dict) -> list:
+    """What the first-contact records answer, a line each (only for the steps that wrote records)."""
+    from .experiments.decode_forms import check_lines
+    out = ["", "## First contact", ""] if kept else []
+    for rec in kept.get("forms_check", []):
+        out += check_lines(rec["rows"])
+    for rec in kept.get("static_inputs", []):
+        n = rec["params"]["layers"]
+        for p in sorted({r["position"] for r in rec["rows"]}):
+            rows = [r for r in rec["rows"] if r["position"] == p]
+            per = ", ".join(f"{r['variant']}: {r['per_layer_ms'] * 1e3:.1f} us/layer, host {r['host_ms_per_call']:.3f}"
+                            " ms/call" for r in rows)
+            out.append(f"- static inputs, {rec['params']['form']} at position {p}: {per}; "
+                       + _ratio_line(rows, f"not static, {n} calls per replay", f"static, {n} calls per replay"))
+    for rec in kept.get("optimize_counters", []):
+        r = rec["rows"][0]
+        out.append(f"- upstream's optimize(), {rec['params']['steps']} steps counted from before its compile: "
+                   f"{r['unique_graphs']} dynamo graph(s), {r['cudagraph_skips']} cudagraph skip(s)"
+                   f"{' (' + '; '.join(r['cudagraph_skip_reasons']) + ')' if r['cudagraph_skip_reasons'] else ''}, "
+                   f"{'unknown' if r['cudagraph_recordings'] is None else r['cudagraph_recordings']} CUDA graph(s) "
+                   "recorded")
+    for rec in kept.get("eager_slices", []):
+        out.append(f"- eager slices at position {rec['params']['position']} (SDPA picks {rec['slice_backend']}): "
+                   f"{_ratio_line(rec['rows'], 'slice, fresh length per call', 'slice, one length')}; "
+                   f"{_ratio_line(rec['rows'], 'slice, fresh length per call', 'masked, whole cache')}")
+    return out
 
 
 def opt_in_section(forms: Optional[list], kit: Optional[list]) -> list:
-    """``summary.md``'s section on the CUDA opt-in: per dtype, the winning static-shape form and its margin
-    (:func:`fastattn.experiments.decode_forms.form_verdict`), and the kit's decodes under ``optimize()``; where the
-    steps did not run, that the choice is unmeasured."""
+    """The CUDA opt-in: per dtype the winning form and its margin (``form_verdict``), the kit's decodes; or that the
+    choice is unmeasured."""
     from .experiments.decode_forms import form_lines, kit_lines
     out = ["", "## The CUDA opt-in: which decode form upstream should carry", ""]
     if not forms:
@@ -378,14 +583,20 @@ def opt_in_section(forms: Optional[list], kit: Optional[list]) -> list:
         out += [f"### {rec['params']['dtype']}, positions {rec['params']['positions']}", ""] + form_lines(rec) + [""]
     for rec in kit or []:
         if rec["rows"] and "mode" in rec["rows"][0]:
-            out += ["### The decode-attention kit, whole decodes", ""] + kit_lines(rec)
+            out += [f"### The decode-attention kit, whole decodes ({rec['rows'][0]['phase']})", ""] + kit_lines(rec)
     return out
 
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python -m fastattn gpu-check", description=__doc__.split("\n\n")[0])
+    names = lambda s: [n for n in s.split(",") if n]  # noqa: E731
     ap.add_argument("--device", default="cuda", help="cuda (default), cuda:N, or cpu (the kit's own test)")
-    ap.add_argument("--quick", action="store_true", help="small sizes: under 3 minutes on a modern GPU")
+    ap.add_argument("--quick", action="store_true", help=f"the first contact: {', '.join(FIRST_CONTACT)} (about 7 "
+                    f"minutes cold on one H200; a budget of {QUICK_BUDGET_S} s)")
+    ap.add_argument("--only", type=names, action="extend", help="run only these steps (names, comma-separated)")
+    ap.add_argument("--skip", type=names, action="extend", help="leave these steps out")
+    ap.add_argument("--budget", type=float, default=None, help="seconds for the whole run (0: none)")
+    ap.add_argument("--resume", action="store_true", help="continue --out, skipping the steps that ended ok there")
     ap.add_argument("--out", default=None, help="output folder (default: reports/<device>-<name>-torch<version>)")
     args = ap.parse_args(argv)
     if args.device.startswith("cuda") and not torch.cuda.is_available():
@@ -393,10 +604,10 @@ def main(argv=None) -> int:
               "(run it on a GPU box, or pass --device cpu --quick to test the kit itself)", file=sys.stderr)
         return 2
     try:
-        folder = gpu_check(args.device, quick=args.quick, out=args.out)
+        folder = gpu_check(args.device, quick=args.quick, out=args.out, only=args.only, skip=args.skip,
+                           budget=args.budget, resume=args.resume)
     except ValueError as exc:
         print(f"[gpu-check] error: {exc}", file=sys.stderr)
         return 2
     print(f"[gpu-check] records and summary.md in {folder}")
-    failed = "failed:" in (folder / "summary.md").read_text()
-    return 1 if failed else 0
+    return 1 if "| failed:" in (folder / "summary.md").read_text() else 0

@@ -1,31 +1,11 @@
-"""Graph-safe decode: ``torch.compile`` (and CUDA graphs) on a patched VoxCPM model.
+"""Graph-safe decode: ``torch.compile`` (and CUDA graphs) on a patched VoxCPM model (the narrative: docs/design.md).
 
-Why upstream's compile and the published slice fix do not mix: slicing the cache by
-a tensor position is data-dependent (``Could not guard on data-dependent
-expression`` under ``fullgraph=True``), and reading the length as a Python int
-makes dynamo specialise on it, recompiling every step until the recompile limit
-(8) fails the decode.
-
-fastattn's ``exact`` path keeps every per-step value in tensors (the position,
-the mask built from it on the device) and lets only the bucketed window reach a
-shape: :class:`fastattn.RightSizedKVCache` exposes the window as the slot
-dimension of its ``kv_cache`` view, marked dynamic, so the compiled step is
-traced once with a symbolic window and reused across buckets. ``fast`` mode
-compiles the same way: under compile its layers take the cache's window and
-mask the keys past the position inside the grouped form
-(:func:`fastattn.fast.grouped_window`) instead of slicing by a Python int.
-``cache=False`` keeps upstream's 8192-slot views (graph-safe, O(8192)).
-
-:func:`optimize` is the counterpart of voxcpm's ``optimize()`` for a patched
-model. CUDA graphs need the KV cache at a static address: the tensor each
-compiled step reads and writes (the cache's ``kv_cache`` window view, not only
-its storage: dynamo reads static-ness from the tensor it receives) is marked with
-``torch._dynamo.mark_static_address``, again after every growth or window change
-(a moved storage makes a captured graph stale: it is re-recorded). Otherwise
-inductor's cudagraph trees run the mutating step without CUDA graphs and count a
-``cudagraph_skip``. Whether graphs are really replayed must be checked on a GPU
-(:func:`graph_counts`: 0 skips, and the skip reasons), never assumed. Upstream's
-own ``optimize()`` marks nothing.
+:func:`optimize` is the counterpart of voxcpm's ``optimize()`` for a patched model. Every per-step value stays in
+tensors; only the bucketed window reaches a shape (marked dynamic), so a compiled step is traced once across buckets.
+CUDA graphs need the tensor each compiled step reads and writes at a static address: the cache's ``kv_cache`` view is
+marked (:func:`mark_cache_static`), again after every growth or window change. Dynamo also treats tensor attributes
+reached from an ``nn.Module`` as static, so upstream's own cache most likely replays graphs too: gpu-check's
+``optimize_counters`` measures it (:func:`graph_counts`: skips and their reasons), never assumed.
 """
 
 from __future__ import annotations
@@ -68,22 +48,11 @@ def _guarded(compiled, eager, name: str, report: dict):
 
 def optimize(model, *, compile_mode: Optional[str] = None, backend: str = "inductor", fullgraph: bool = True,
              components=("base_lm", "residual_lm", "feat_encoder", "feat_decoder")):
-    """Compile a (patched) VoxCPM model's decode hot paths the way upstream's ``optimize()`` does.
-
-    Args:
-        model: a voxcpm VoxCPM/VoxCPM2 model, normally patched with
-            :func:`fastattn.patch_voxcpm` (``mode="exact"``, ``cache=True``) first.
-        compile_mode: torch.compile mode; default ``"reduce-overhead"`` (CUDA
-            graphs) on CUDA and inductor's default on CPU.
-        backend: torch.compile backend (``"eager"``/``"aot_eager"`` to prove
-            graph safety cheaply).
-        fullgraph: as upstream, so a graph break is an error, not a silent split.
-        components: which of upstream's compiled parts to compile.
-
-    Any compile failure (no C++ compiler, unsupported op) is logged once per
-    component and that component runs eagerly; out-of-memory still raises.
-    Returns the model; ``model.fastattn_compiled`` describes what was done.
-    """
+    """Compile a (patched) VoxCPM model's decode hot paths (``components``) as upstream's ``optimize()`` does:
+    ``fullgraph`` as upstream; ``compile_mode`` defaults to ``"reduce-overhead"`` (CUDA graphs) on CUDA, inductor's
+    default elsewhere; ``backend="eager"``/``"aot_eager"`` proves graph safety cheaply. A compile failure is logged
+    once per component, which then runs eagerly (out-of-memory raises). Returns the model, with
+    ``model.fastattn_compiled`` saying what was done."""
     device = str(getattr(model, "device", "cpu"))
     if compile_mode is None:
         compile_mode = "reduce-overhead" if device.startswith("cuda") and backend == "inductor" else None
@@ -137,11 +106,8 @@ def deoptimize(model):
 
 
 def _parts(model) -> dict:
-    """{component: (object, attribute)} of the callables upstream's optimize() compiles.
-
-    LM decode steps are bound methods set on the LM instance (as upstream does);
-    modules get an instance ``forward`` so their parameters and state_dict keys stay as they are.
-    """
+    """{component: (object, attribute)} of the callables upstream's optimize() compiles: the LMs' ``forward_step``
+    (set on the instance, as upstream does) and the modules' ``forward`` (their state_dict keys unchanged)."""
     out = {}
     for name in ("base_lm", "residual_lm"):
         lm = getattr(model, name, None)
@@ -168,7 +134,9 @@ class _SkipReasons(logging.Handler):
         self.reasons: list = []
 
     def emit(self, record):
-        self.reasons.append(record.getMessage()[:300])
+        msg = record.getMessage()
+        if msg.lower().startswith(("skipping cudagraph", "disabling cudagraph")):  # not the dynamic-shape warning
+            self.reasons.append(msg[:300])
 
 
 _SKIPS = _SkipReasons()
@@ -204,11 +172,14 @@ def reset_graph_counts() -> None:
 
 
 def cudagraph_recordings(device) -> Optional[int]:
-    """CUDA graphs inductor's cudagraph trees have recorded on ``device`` so far (their graph id counter), or
-    None where no tree manager exists or this torch keeps the counter elsewhere."""
+    """CUDA graphs inductor's cudagraph trees have recorded on ``device`` (plain ``"cuda"``: the current device) so
+    far (their graph id counter), or None where no tree manager exists or this torch keeps it elsewhere."""
+    if torch.device(device).type != "cuda":
+        return None
     try:
         from torch._inductor.cudagraph_trees import get_manager
-        manager = get_manager(torch.device(device).index or 0, create_if_none_exists=False)
+        index = torch.device(device).index
+        manager = get_manager(torch.cuda.current_device() if index is None else index, create_if_none_exists=False)
         return None if manager is None else int(re.fullmatch(r"count\((\d+)\)", repr(manager.graph_counter))[1])
     except Exception:  # noqa: BLE001 - an internal that moved: say unknown, never guess
         return None

@@ -1,40 +1,18 @@
-"""Static-shape decode attention: the forms a compiled or CUDA-graph decode can use, and their checks.
+"""Static-shape decode attention: the forms a compiled or CUDA-graph decode can use (the narrative: docs/design.md).
 
-An eager decode slices the cache to the live keys (``fast``). A compiled one cannot do that for free:
-slicing by a device position is data-dependent (``fullgraph=True`` refuses it), a Python-int position
-makes dynamo specialise on it (one graph per step until the recompile limit), and CUDA graphs replay
-fixed shapes. Each form here takes the cache view a compiled step holds and the newest token's position
-``pos`` as a one-element integer device tensor (``length = pos + 1``, Lq = 1), and states how many graphs a
-decode records with it (:data:`FORMS`):
-
-``slice_live`` (a)
-    SDPA over exactly ``[0, pos]``, no mask: the public slice fix. Compiles into one graph only with
-    ``capture_scalar_outputs`` (the length becomes an unbacked size): that is a host read of the
-    position per step, so no CUDA graph can hold it; under upstream's ``optimize()`` settings it is refused.
-``bucketed_window`` (b)
-    upstream's masked SDPA over a window of the cache rounded up to ``bucket`` slots (the caller's host
-    bookkeeping picks the window): O(length + bucket), at most two dynamo graphs (static, then dynamic) and
-    one CUDA-graph recording per window (``capacity / bucket`` at most).
-``flex_decode`` (c)
-    FlexAttention over the whole cache with a block mask built in the graph from ``pos``: full blocks
-    ``[0, length // B)`` skip the mask, one partial block holds the last key, blocks past it are never
-    read. Static shapes, no host sync, GQA native: one graph for the whole decode. Fused only under
-    ``torch.compile`` (eager FlexAttention is torch's unfused reference over every slot); on CPU it
-    needs inductor's C++ backend.
-``upstream_masked`` (d)
-    upstream's call: a bool mask over every slot, SDPA with ``enable_gqa``. One graph, O(capacity).
-
-:func:`check_form` compiles one form with ``fullgraph=True`` and reports its availability (the reason
-where it cannot compile), its max error against float64 over a dense sweep of lengths around every
-block and bucket edge, against twice upstream's error on the same data, its graphs over a long run of
-consecutive steps, and its determinism. :func:`choose_graph_form` adds an interleaved timing and picks the
-fastest accepted form (the ``fast`` chain's graph class, :func:`fastattn.fast.graph_choice`).
+A form takes the cache view a compiled step holds and the newest token's position ``pos``, a one-element integer
+device tensor (length = pos + 1, Lq = 1). :func:`check_form` checks one compiled against float64;
+:func:`choose_graph_form` times the accepted ones as layer stacks and names the winner by :func:`form_winner`.
 """
 
 from __future__ import annotations
 
+import inspect
+import math
 import statistics
 import sys
+import time
+import types
 from typing import Callable, NamedTuple, Optional
 
 import torch
@@ -43,12 +21,25 @@ import torch.nn.functional as F
 from .clock import interleaved
 from .core import causal_mask, f64_attention, random_decode, sdpa, window_for
 
-__all__ = ["FLEX_BLOCK", "FORMS", "Form", "slice_live", "bucketed_window", "flex_decode", "upstream_masked",
-           "decode_block_mask", "flex_available", "sweep_lengths", "check_form",
-           "choose_graph_form", "form_view", "form_caller", "compile_form", "decode_data", "fresh_calls"]
+try:  # torch >= 2.5
+    from torch.nn.attention.flex_attention import BlockMask, flex_attention
+    #: decode never reads the q-blocks (backward does): skip their transpose where torch lets us (N10)
+    _KV_ONLY = {"compute_q_blocks": False} if "compute_q_blocks" in inspect.signature(
+        BlockMask.from_kv_blocks).parameters else {}
+except ImportError:  # pragma: no cover
+    BlockMask = flex_attention = None
+    _KV_ONLY = {}
+
+__all__ = ["FLEX_BLOCK", "FORMS", "Form", "ULP_FLOOR", "slice_live", "bucketed_window", "flex_decode",
+           "upstream_masked", "decode_block_mask", "flex_available", "sweep_lengths", "check_form", "form_winner",
+           "choose_graph_form", "form_view", "form_caller", "compile_form", "layer_stack", "decode_data",
+           "stack_data", "fresh_positions", "fresh_calls"]
 
 #: FlexAttention's key block (torch's default block size): blocks past the position are never read
 FLEX_BLOCK = 128
+#: float32 acceptance floor, in ulps of the output scale: upstream's fp32 error is itself ulp noise, and twice
+#: a lucky small one would reject a form on rounding alone
+ULP_FLOOR = 4
 
 
 # --------------------------------------------------------------------------- the forms: (q, k, v, pos) -> out
@@ -71,11 +62,8 @@ def slice_live(q, k, v, pos):
 
 
 def decode_block_mask(pos, n_keys: int, block: int = FLEX_BLOCK):
-    """The block mask of one decode step (Lq = 1) over ``n_keys`` slots, built from tensor ops on ``pos``
-    (no host sync, fixed shapes): ``length // block`` full blocks, then the one partial block holding key
-    ``pos`` (none where ``length`` ends on a block edge); ``mask_mod`` masks keys past ``pos`` inside it."""
-    from torch.nn.attention.flex_attention import BlockMask
-
+    """The block mask of one decode step over ``n_keys`` slots, from tensor ops on ``pos`` (no host sync, fixed
+    shapes): ``length // block`` full blocks, then the partial block holding key ``pos`` (none on a block edge)."""
     n_blocks = -(-n_keys // block)
     idx = torch.arange(n_blocks, device=pos.device, dtype=torch.int32).view(1, 1, 1, -1)  # (1, 1, 1, nb)
     length = pos.reshape(()) + 1
@@ -88,13 +76,11 @@ def decode_block_mask(pos, n_keys: int, block: int = FLEX_BLOCK):
         return kv_idx <= last[0]
 
     return BlockMask.from_kv_blocks(partial.view(1, 1, 1), partial_idx, full.view(1, 1, 1), idx,
-                                    BLOCK_SIZE=(block, block), mask_mod=mask_mod, seq_lengths=(1, n_keys))
+                                    BLOCK_SIZE=(block, block), mask_mod=mask_mod, seq_lengths=(1, n_keys), **_KV_ONLY)
 
 
 def flex_decode(q, k, v, pos):
     """(c) FlexAttention over every slot of ``k``, ``v``, reading only blocks up to ``pos``."""
-    from torch.nn.attention.flex_attention import flex_attention
-
     return flex_attention(q, k, v, block_mask=decode_block_mask(pos, k.shape[2]), enable_gqa=True)
 
 
@@ -109,11 +95,9 @@ class Form(NamedTuple):
 
 FORMS = {f.name: f for f in (
     Form("slice_live", slice_live, "(a) SDPA over the exact slice (the public fix)", False, True,
-         "1 dynamo graph with capture_scalar_outputs (unbacked length; a host read per step, so no CUDA graph); "
-         "refused under upstream's optimize() settings"),
+         "1 dynamo graph with capture_scalar_outputs (a host read per step: no CUDA graph)"),
     Form("bucketed_window", bucketed_window, "(b) bucketed window, mask kept", True, False,
-         "at most 2 dynamo graphs (static, then dynamic window); one CUDA-graph recording per window, at most "
-         "capacity / bucket"),
+         "at most 2 dynamo graphs; a CUDA graph per window (capacity / bucket at most)"),
     Form("flex_decode", flex_decode, "(c) FlexAttention, block mask from the position", False, False,
          "1 graph for the whole decode (static shapes)"),
     Form("upstream_masked", upstream_masked, "(d) upstream's masked call over the whole cache", False, False,
@@ -121,25 +105,10 @@ FORMS = {f.name: f for f in (
 )}
 
 
-def form_view(name: str, k_cache, v_cache, length: int, bucket: int):
-    """The K/V views a decode hands form ``name`` at ``length`` live keys: the bucketed window for
-    ``bucketed_window`` (``min(ceil(length / bucket) * bucket, capacity)`` slots), the whole cache otherwise."""
-    if not FORMS[name].window:
-        return k_cache, v_cache
-    w = window_for(length, k_cache.shape[2], bucket)
-    k, v = k_cache[:, :, :w], v_cache[:, :, :w]
-    for t in (k, v):  # the window's size is symbolic from the first trace on (as RightSizedKVCache marks it)
-        torch._dynamo.maybe_mark_dynamic(t, 2)
-    return k, v
-
-
 def flex_available(device="cpu") -> Optional[str]:
-    """None where this torch has FlexAttention for ``device``, else the reason (compiling it can still fail:
-    see check_form). On CPU inductor lowers it only over AVX2 or AVX-512 kernels, off macOS."""
-    try:
-        from torch.nn.attention.flex_attention import BlockMask, flex_attention  # noqa: F401
-    except ImportError as exc:
-        return f"torch {torch.__version__} has no FlexAttention ({exc})"
+    """None where this torch has FlexAttention for ``device`` (compiling can still fail), else the reason."""
+    if flex_attention is None:
+        return f"torch {torch.__version__} has no FlexAttention"
     build = torch.backends.cpu.get_cpu_capability()
     if torch.device(device).type == "cpu" and (build not in ("AVX2", "AVX512") or sys.platform == "darwin"):
         return f"inductor compiles FlexAttention on CPU only over AVX2 or AVX-512 kernels, off macOS ({build}, " \
@@ -147,18 +116,26 @@ def flex_available(device="cpu") -> Optional[str]:
     return None
 
 
-# --------------------------------------------------------------------------- the checks
-def sweep_lengths(capacity: int, bucket: int, block: int = FLEX_BLOCK) -> list:
-    """Key counts around every FlexAttention block edge and every bucket edge up to ``capacity``, and 1."""
-    edges = set(range(block, capacity + 1, block)) | set(range(bucket, capacity + 1, bucket))
-    return sorted({n for e in edges for n in (e - 1, e, e + 1) if 1 <= n <= capacity} | {1, capacity})
+# --------------------------------------------------------------------------- calling a form as a decode does
+def layer_stack(fn: Callable, layers: int, tag: str) -> Callable:
+    """``stack(q, caches, pos)``: ``fn`` once per (k, v) of ``caches``, each output the next layer's query (a decode
+    step chains its layers). A fresh code object named ``tag``: dynamo caches graphs per code object and does not
+    guard on static addresses, so two stacks differing only in their marks never share a graph."""
+    def stack(q, caches, pos):
+        x = q
+        for k, v in caches:
+            x = fn(x, k, v, pos)
+        return x
+    return types.FunctionType(stack.__code__.replace(co_name=tag), stack.__globals__, tag, None, stack.__closure__)
 
 
-def compile_form(form: Form, backend: str = "inductor", mode: Optional[str] = None) -> Callable:
-    """``form`` under ``torch.compile(fullgraph=True)`` (``mode="reduce-overhead"``: CUDA graphs on CUDA); the
-    slice with ``capture_scalar_outputs``, the only setting under which it compiles into one graph."""
+def compile_form(form: Form, backend: str = "inductor", mode: Optional[str] = None, layers: int = 1,
+                 tag: str = "") -> Callable:
+    """A :func:`layer_stack` of ``form`` under ``torch.compile(fullgraph=True)`` (``mode="reduce-overhead"``: CUDA
+    graphs on CUDA); the slice with ``capture_scalar_outputs``, without which it is no single graph."""
+    stack = layer_stack(form.fn, layers, f"{form.name}_x{layers}{tag}")
     opts = {"backend": backend, "fullgraph": True, "dynamic": None if form.window else False}
-    fn = torch.compile(form.fn, **opts, **({"mode": mode} if mode else {}))
+    fn = torch.compile(stack, **opts, **({"mode": mode} if mode else {}))
     if not form.scalar_outputs:
         return fn
 
@@ -168,53 +145,123 @@ def compile_form(form: Form, backend: str = "inductor", mode: Optional[str] = No
     return call
 
 
-def form_caller(name: str, fn: Callable, q, k_cache, v_cache, bucket: int) -> Callable:
-    """``call(p)``: one decode step of form ``name`` (run as ``fn``) with the newest key at position ``p``, handed
-    the views a decode hands it (:func:`form_view`) and its own position tensor."""
+def _static(*tensors) -> None:
+    for t in tensors:  # guard=False: a fresh window view each step must not recompile
+        torch._dynamo.mark_static_address(t, guard=False)
+
+
+def form_view(name: str, k_cache, v_cache, length: int, bucket: int, static: bool = False):
+    """The K/V views a decode hands form ``name`` at ``length`` keys: ``bucketed_window`` its window (size dynamic;
+    ``static``: marked a static address, as the decode's cache is), the others the whole cache."""
+    if not FORMS[name].window:
+        return k_cache, v_cache
+    w = window_for(length, k_cache.shape[2], bucket)
+    k, v = k_cache[:, :, :w], v_cache[:, :, :w]
+    for t in (k, v):  # the window's size is symbolic from the first trace on (as RightSizedKVCache marks it)
+        torch._dynamo.maybe_mark_dynamic(t, 2)
+    if static:
+        _static(k, v)
+    return k, v
+
+
+def form_caller(name: str, fn: Callable, q, caches: list, bucket: int, *, static: bool = False,
+                host: Optional[list] = None) -> Callable:
+    """``call(p)``: ``fn`` (a :func:`layer_stack` of form ``name``) once, newest key at ``p``, over ``caches`` as a
+    decode hands them. ``static`` marks q, the position and every K/V view static (CUDA graphs then copy none per
+    replay); ``host`` receives each call's host seconds (until it returns, no sync)."""
     pos = torch.zeros(1, dtype=torch.int64, device=q.device)
+    if static:
+        _static(q, pos, *(t for kv in caches for t in kv))
 
     def call(p):
         pos.fill_(p)
-        return fn(q, *form_view(name, k_cache, v_cache, p + 1, bucket), pos)
+        views = [form_view(name, k, v, p + 1, bucket, static) for k, v in caches]
+        t0 = time.perf_counter()
+        out = fn(q, views, pos)
+        if host is not None:
+            host.append(time.perf_counter() - t0)
+        return out
     return call
 
 
+def decode_data(device, dtype, hq, hkv, head_dim, capacity, seed):
+    """q (1, Hq, 1, D) and K, V (1, Hkv, capacity, D): :func:`fastattn.core.random_decode`."""
+    return random_decode(device, dtype, hq=hq, hkv=hkv, head_dim=head_dim, capacity=capacity, seed=seed)
+
+
+def stack_data(device, dtype, hq, hkv, head_dim, capacity, seed, layers: int = 1):
+    """q and ``layers`` distinct (K, V) caches (layer i drawn from ``seed + i``): a stack reads each layer's own."""
+    q, k, v = decode_data(device, dtype, hq, hkv, head_dim, capacity, seed)
+    return q, [(k, v)] + [decode_data(device, dtype, hq, hkv, head_dim, capacity, seed + i)[1:]
+                          for i in range(1, layers)]
+
+
+def fresh_positions(p: int, n: int, capacity: int, bucket: Optional[int] = None) -> list:
+    """``n`` distinct positions from ``p``, a call each, as a decode adds a key a step (a kernel that plans per key
+    count pays for it): down where the walk stays at or above 0 and in ``p``'s bucket, else up."""
+    lo = 0 if bucket is None else p // bucket * bucket  # lengths (lo, lo + bucket] share p's window
+    down = p + 1 - lo >= n
+    walk = list(range(p, p - n, -1) if down else range(p, min(p + n, capacity)))
+    if len(walk) < n:
+        raise ValueError(f"no {n} fresh positions from {p} within capacity {capacity}")
+    return walk
+
+
+def fresh_calls(calls: dict, p: int, capacity: int, n: int, bucket: Optional[int] = None) -> dict:
+    """``{form: call()}`` for ``n`` calls at :func:`fresh_positions` from ``p``: every form walks the same ones."""
+    walk = fresh_positions(p, n, capacity, bucket)
+
+    def step(call):
+        it = iter(walk)
+        return lambda: call(next(it))
+    return {name: step(c) for name, c in calls.items()}
+
+
+# --------------------------------------------------------------------------- the checks
+def sweep_lengths(capacity: int, bucket: int, block: int = FLEX_BLOCK) -> list:
+    """Key counts around every FlexAttention block edge and every bucket edge up to ``capacity``, and 1."""
+    edges = set(range(block, capacity + 1, block)) | set(range(bucket, capacity + 1, bucket))
+    return sorted({n for e in edges for n in (e - 1, e, e + 1) if 1 <= n <= capacity} | {1, capacity})
+
+
 def _error_line(exc: BaseException) -> str:
-    text = str(exc).strip()
-    lines = [ln for ln in text.splitlines() if ln.strip()]
+    lines = [ln for ln in str(exc).strip().splitlines() if ln.strip()]
     key = next((ln for ln in lines if "Error" in ln and len(ln) < 400), lines[0] if lines else "")
     return f"{type(exc).__name__}: {key.strip()[:300]}"
 
 
-def decode_data(device, dtype, hq, hkv, head_dim, capacity, seed):
-    """Random q (1, Hq, 1, D) and K, V caches (1, Hkv, capacity, D), seeded, on ``device`` in ``dtype``. K and V
-    are views of one (2, 1, Hkv, capacity, D) tensor, as voxcpm's caches hold them."""
-    return random_decode(device, dtype, hq=hq, hkv=hkv, head_dim=head_dim, capacity=capacity, seed=seed)
+def torch_limit(form: Form, exc: BaseException, device) -> Optional[str]:
+    """Why a failure is torch's, not the form's, or None: the slice's unbacked key length reaches SDPA's CUDA backend
+    selection, whose cuDNN and flash checks guard on it before torch 2.14 (TORCH_GUARD_OR_FALSE came after 2.13)."""
+    text = f"{type(exc).__name__} {exc}".lower()
+    version = tuple(int(x) for x in torch.__version__.split("+")[0].split(".")[:2])
+    if form.scalar_outputs and torch.device(device).type == "cuda" and version < (2, 14) \
+            and ("data-dependent" in text or "datadependent" in text):
+        return f"torch {torch.__version__}'s SDPA backend selection cannot take an unbacked key length (< 2.14)"
+    return None
+
+
+def _bound(ref_err: float, scale: float, dtype) -> float:
+    """The accepted error: twice upstream's, floored at :data:`ULP_FLOOR` ulps of the output scale in float32."""
+    floor = ULP_FLOOR * torch.finfo(dtype).eps * scale if torch.finfo(dtype).bits >= 32 else 0.0
+    return max(2 * ref_err, floor) + 1e-12
 
 
 @torch.no_grad()
 def check_form(name: str, device="cpu", dtype=torch.float32, *, hq: int = 16, hkv: int = 2, head_dim: int = 128,
                capacity: int = 2048, bucket: int = 256, steps: int = 2000, backend: str = "inductor",
                compiled: bool = True, compile_mode: Optional[str] = None, seed: int = 0, draws: int = 1) -> dict:
-    """One form of :data:`FORMS`, compiled with ``fullgraph=True`` (or eager with ``compiled=False``).
-
-    Returns a row: ``available`` (False with ``reason`` where it cannot compile or run here), ``max_err`` and
-    ``reference_err`` against float64 over :func:`sweep_lengths` and ``draws`` random draws of q, K and V
-    (copied into the same tensors: one compiled graph) (``reference``: upstream's eager call on the same
-    data), ``accepted`` (``max_err <= 2 * reference_err``), ``graphs`` (dynamo graphs compiled over the
-    sweep and ``steps`` consecutive positions, each one more key), ``graph_bound`` (what the form promises),
-    ``deterministic`` (the same inputs twice give the same bits) and, on CUDA, ``cudagraph_recordings``
-    (graphs cudagraph trees recorded, with ``compile_mode="reduce-overhead"``).
-
-    Resets dynamo (``torch._dynamo.reset()``, which also drops the cudagraph trees) and its counters: every
-    function compiled earlier in this process compiles again on its next call. Check forms before compiling
-    a model."""
+    """One form, compiled with ``fullgraph=True`` (or eager). A row: ``available`` (else ``reason``; ``limit="torch"``
+    where :func:`torch_limit` says so); ``max_err``, ``reference_err`` (upstream's eager call) against float64 over
+    :func:`sweep_lengths` and ``draws`` draws; ``accepted`` (``max_err <= bound``, :func:`_bound`); ``graphs`` over
+    the sweep and ``steps`` positions against ``graph_bound``; ``deterministic``; on CUDA ``cudagraph_recordings``.
+    Resets dynamo (and the cudagraph trees): check forms before compiling a model."""
     if name not in FORMS:
         raise ValueError(f"name must be one of {sorted(FORMS)}, got {name!r}")
     form, device = FORMS[name], torch.device(device)
     row = {"form": name, "label": form.label, "compiled": compiled, "backend": backend if compiled else None,
-           "available": False, "reason": None, "max_err": None, "reference_err": None, "accepted": False,
-           "graphs": None, "graph_bound": (2 if form.window else 1) if compiled else None,
+           "available": False, "reason": None, "limit": None, "max_err": None, "reference_err": None, "bound": None,
+           "accepted": False, "graphs": None, "graph_bound": (2 if form.window else 1) if compiled else None,
            "within_bound": None, "graphs_note": form.graphs, "deterministic": None, "steps": steps,
            "compile_mode": compile_mode, "cudagraph_recordings": None}
     if name == "flex_decode" and flex_available(device):
@@ -226,16 +273,18 @@ def check_form(name: str, device="cpu", dtype=torch.float32, *, hq: int = 16, hk
     torch._dynamo.reset()
     counters.clear()
     before = (cudagraph_recordings(device) or 0) if device.type == "cuda" else None  # the reset dropped the trees
-    step = form_caller(name, compile_form(form, backend, compile_mode) if compiled else form.fn, q, kc, vc, bucket)
-    at = lambda n: step(n - 1)  # noqa: E731 - n keys: the newest at n - 1
-    errs, refs = [], []
+    fn = compile_form(form, backend, compile_mode) if compiled else layer_stack(form.fn, 1, name)
+    call = form_caller(name, fn, q, [(kc, vc)], bucket)
+    at = lambda n: call(n - 1)  # noqa: E731 - n keys: the newest at n - 1
+    errs, refs, scale = [], [], 0.0
     try:
         for d in range(draws):
-            if d:
+            if d:  # copied into the same tensors: one compiled graph
                 for t, new in zip((q, kc, vc), decode_data(device, dtype, hq, hkv, head_dim, capacity, seed + d)):
                     t.copy_(new)
             for n in sweep_lengths(capacity, bucket):
                 want = f64_attention(q, kc, vc, n)
+                scale = max(scale, want.abs().max().item())
                 errs.append((at(n).double() - want).abs().max().item())
                 refs.append((upstream_masked(q, kc, vc, torch.tensor([n - 1], device=device)).double() - want)
                             .abs().max().item())
@@ -246,9 +295,11 @@ def check_form(name: str, device="cpu", dtype=torch.float32, *, hq: int = 16, hk
     except Exception as exc:  # noqa: BLE001 - a form that cannot compile or run here is reported, not raised
         if isinstance(exc, torch.OutOfMemoryError):
             raise
-        return dict(row, reason=_error_line(exc))
-    row.update(available=True, max_err=max(errs), reference_err=max(refs),
-               accepted=max(errs) <= 2 * max(refs) + 1e-12)
+        limit = torch_limit(form, exc, device)
+        return dict(row, reason=f"{limit}: {_error_line(exc)}" if limit else _error_line(exc),
+                    limit="torch" if limit else None)
+    bound = _bound(max(refs), scale, dtype)
+    row.update(available=True, max_err=max(errs), reference_err=max(refs), bound=bound, accepted=max(errs) <= bound)
     if compiled:
         row["graphs"] = counters["stats"].get("unique_graphs", 0)
         row["within_bound"] = row["graphs"] <= row["graph_bound"]
@@ -258,55 +309,65 @@ def check_form(name: str, device="cpu", dtype=torch.float32, *, hq: int = 16, hk
     return row
 
 
-def fresh_calls(calls: dict, p: int, capacity: int) -> dict:
-    """``{form: call()}`` for a timing at position ``p``: each call of a form steps to a position no earlier call
-    used (``p``, ``p - 1``, ... or, near 0, ``p``, ``p + 1``, ...), as a decode adds a key every step: a kernel
-    that builds a plan per key count (cuDNN's graph cache on Hopper) pays for it here too. Every form walks the
-    same positions."""
-    def walk(call):
-        down = p >= capacity // 2
-        it = iter(range(p, -1, -1) if down else range(p, capacity))
-        return lambda: call(next(it))
-    return {n: walk(c) for n, c in calls.items()}
+# --------------------------------------------------------------------------- the choice
+def form_winner(medians: dict) -> Optional[str]:
+    """The one winner rule for static forms, {form: {position: ms}} -> the lowest geometric mean over the positions
+    (a form lacking a finite time at any position is out). :func:`choose_graph_form` and ``form_verdict`` call it:
+    notebook 04, ``fast``'s graph class and gpu-check name the same winner for the same timings."""
+    positions = set().union(*(set(per) for per in medians.values())) if medians else set()
+    if not positions:
+        return None
+    ok = {f: per for f, per in medians.items()
+          if set(per) == positions and all(math.isfinite(t) and t > 0 for t in per.values())}
+    return min(ok, key=lambda f: (geomean(ok[f].values()), f)) if ok else None
+
+
+def geomean(xs) -> float:
+    return math.exp(statistics.fmean(math.log(x) for x in xs))
 
 
 @torch.no_grad()
-def _time_forms(names, device, dtype, hq, hkv, head_dim, capacity, bucket, positions, repeats, backend,
-                seed) -> dict:
-    """Median ms per position per form, compiled, interleaved (:func:`fastattn.clock.interleaved`), each call
-    one more key count (:func:`fresh_calls`)."""
-    q, kc, vc = decode_data(device, dtype, hq, hkv, head_dim, capacity, seed)
-    calls = {n: form_caller(n, compile_form(FORMS[n], backend), q, kc, vc, bucket) for n in names}
-    out = {}
+def _time_forms(names, device, dtype, hq, hkv, head_dim, capacity, bucket, positions, repeats, backend, seed,
+                mode, layers) -> dict:
+    """{form: {p: median ms per layer}}: compiled stacks of ``layers`` (static inputs), a replay per sample, forms
+    interleaved (:func:`fastattn.clock.interleaved`), a fresh position per call."""
+    q, caches = stack_data(device, dtype, hq, hkv, head_dim, capacity, seed, layers)
+    calls = {n: form_caller(n, compile_form(FORMS[n], backend, mode, layers), q, caches, bucket, static=True)
+             for n in names}
+    out = {n: {} for n in names}
     for p in positions:
-        times = interleaved(fresh_calls(calls, p, capacity), repeats=repeats, warmup=2, device=device)
-        out[p] = {n: statistics.median(t) * 1e3 for n, t in times.items()}
+        times = interleaved(fresh_calls(calls, p, capacity, repeats + 2, bucket), repeats=repeats, warmup=2,
+                            device=device)
+        for n, t in times.items():
+            out[n][p] = statistics.median(t) * 1e3 / layers
     return out
 
 
 def choose_graph_form(device="cpu", dtype=torch.float32, *, hq: int, hkv: int, head_dim: int, capacity: int,
                       bucket: int = 256, positions=None, steps: int = 2000, repeats: int = 7,
-                      backend: str = "inductor", seed: int = 0) -> dict:
-    """Check every form (:func:`check_form`), time the accepted ones within their graph bound at
-    ``positions`` (default: a quarter, half and the end of ``capacity``), and pick the fastest by the sum of
-    its medians. Returns a choice in :func:`fastattn.fast.choose_fast`'s shape, ``length_class="graph"``."""
+                      backend: str = "inductor", seed: int = 0, compile_mode: Optional[str] = None,
+                      layers: int = 1) -> dict:
+    """Check every form, time the accepted ones within their graph bound at ``positions`` (default: a quarter, half
+    and the end of ``capacity``) as stacks of ``layers``, name the winner (:func:`form_winner`). ``compile_mode``
+    defaults to ``"reduce-overhead"`` on CUDA (CUDA graphs, as upstream's ``optimize()``). A choice in
+    :func:`fastattn.fast.choose_fast`'s shape; a candidate's ``median_ms``: its ``per_position_ms``' geometric mean."""
     from .devices import dtype_name
     device = torch.device(device)
+    mode = compile_mode or ("reduce-overhead" if device.type == "cuda" else None)
     positions = list(positions or [capacity // 4 - 1, capacity // 2 - 1, capacity - 1])
     rows = [check_form(n, device, dtype, hq=hq, hkv=hkv, head_dim=head_dim, capacity=capacity, bucket=bucket,
-                       steps=steps, backend=backend, seed=seed) for n in FORMS]
+                       steps=steps, backend=backend, seed=seed, compile_mode=mode) for n in FORMS]
     ok = [r["form"] for r in rows if r["available"] and r["accepted"] and r["within_bound"]]
     medians = _time_forms(ok, device, dtype, hq, hkv, head_dim, capacity, bucket, positions, repeats, backend,
-                          seed) if ok else {}
+                          seed, mode, layers) if ok else {}
     for r in rows:
-        r.update(candidate=r["form"], median_ms=sum(medians[p][r["form"]] for p in positions)
-                 if r["form"] in ok else None,
-                 per_position_ms={p: medians[p][r["form"]] for p in positions} if r["form"] in ok else None)
-    timed = [r for r in rows if r["median_ms"] is not None]
-    winner = min(timed, key=lambda r: r["median_ms"])["form"] if timed else None
+        per = medians.get(r["form"])
+        r.update(candidate=r["form"], per_position_ms=per, median_ms=geomean(per.values()) if per else None)
+    how = f"mode={mode}: CUDA graphs" if mode == "reduce-overhead" and device.type == "cuda" else \
+        f"mode={mode or 'default'}: no CUDA graphs"
     return {"device": str(device), "dtype": dtype_name(dtype), "hq": hq, "hkv": hkv, "head_dim": head_dim,
             "lq_class": "lq=1", "length_class": "graph", "capacity": capacity, "bucket": bucket,
             "probe_lengths": positions, "reference_max_err": max((r["reference_err"] or 0) for r in rows),
-            "candidates": rows, "winner": winner,
-            "note": "graph class: static-shape forms for compiled / CUDA-graph decodes, compiled with "
-                    f"fullgraph=True ({backend}); within twice upstream's error vs float64"}
+            "candidates": rows, "winner": form_winner(medians), "compile_mode": mode, "layers": layers,
+            "note": f"graph class: static-shape forms compiled with fullgraph=True ({backend}, {how}), timed as "
+                    f"stacks of {layers} layer(s); within twice upstream's error vs float64"}

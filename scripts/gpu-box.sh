@@ -2,7 +2,8 @@
 # On the GPU box (torch already installed, no network), e.g. from the checkout's root:
 #   bash wheelhouse-py3.12/gpu-box.sh                       install the kit offline, then gpu-check on CUDA
 #   bash wheelhouse-py3.12/gpu-box.sh --device cpu --quick --out kit-cpu   the same, the CPU rehearsal
-# Arguments go to `python -m fastattn gpu-check`. PYTHON picks the interpreter (default: python, else python3).
+# Arguments go to `python -m fastattn gpu-check`. PYTHON picks the interpreter (default: python3, the image's, else
+# python).
 # Fails, before gpu-check, if the install changed torch or if the kit does not import.
 # fastattn needs data/ and notebooks/ beside it (a checkout): outside one, this sets FASTATTN_ROOT to the
 # wheelhouse's fastattn-root/; to run the notebooks on the box likewise: FASTATTN_ROOT=<that folder>.
@@ -10,7 +11,7 @@ set -euo pipefail
 HERE=$(cd "$(dirname "$0")" && pwd)
 WH=${WHEELHOUSE:-$HERE}
 [ -f "$WH/requirements-nodeps.txt" ] || { echo "no wheelhouse at $WH (set WHEELHOUSE=wheelhouse-pyX.Y)" >&2; exit 2; }
-PYTHON=${PYTHON:-$(command -v python || command -v python3)}
+PYTHON=${PYTHON:-$(command -v python3 || command -v python)}
 torch_version() { "$PYTHON" -c 'import torch; print(torch.__version__)'; }
 
 before=$(torch_version)

@@ -1,19 +1,21 @@
 #!/usr/bin/env bash
 # Rehearse the GPU box's offline install here:   scripts/wheelhouse-test.sh [PY [TORCH]]   (3.12, 2.11.0)
-# A fresh venv stands in for the box's image: torch==TORCH and the image's other packages (wheelhouse.sh's
-# IMAGE, at requirements.txt's pins) from the index, minus pydantic, which the image lacks although
-# transformers' CLI pulls it here. Then, with the index switched off, wheelhouse-py<PY>/gpu-box.sh installs
-# the kit and runs `gpu-check --device cpu --quick`. Checks that torch is untouched and that no package the
-# image had changed version. First, a strict resolve: the wheelhouse must complete the image's named
-# packages alone (installed without their requirements), so a fuller stand-in here hides no missing wheel.
-# The venv is .venv-wheelhouse-test-py<PY> (recreated each run).
+# A fresh venv stands in for the box's image: torch==TORCH and the image's other packages (IMAGE) at the box's own
+# versions (scripts/wheelhouse-pins.sh, else requirements.txt's pins), from the index, minus pydantic, which the
+# image lacks although transformers' CLI pulls it here. Then, with the index switched off,
+# wheelhouse-py<PY>/gpu-box.sh installs the kit and runs `gpu-check --device cpu --quick`. Checks that torch is
+# untouched and that no package the image had changed version. First, a strict resolve: the wheelhouse must
+# complete the image's named packages alone (installed without their requirements), so a fuller stand-in here
+# hides no missing wheel. The venv is .venv-wheelhouse-test-py<PY> (recreated each run).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${1:-3.12}
 TORCH=${2:-2.11.0}
 WH=$PWD/wheelhouse-py$PY
 VENV=$PWD/.venv-wheelhouse-test-py$PY
-IMAGE=${IMAGE:-"numpy scipy matplotlib transformers einops safetensors tqdm pytest hypothesis"}
+IMAGE=${IMAGE:-"torchaudio numpy scipy matplotlib transformers tokenizers huggingface_hub einops safetensors tqdm pytest
+hypothesis"}
+IMAGE=$(echo $IMAGE)  # one line
 LACKS="pydantic pydantic-core voxcpm librosa papermill nbconvert ipykernel ipywidgets"
 export PIP_CONSTRAINT=
 [ -f "$WH/gpu-box.sh" ] || { echo "no $WH: run make wheelhouse PY=$PY" >&2; exit 2; }
@@ -23,7 +25,9 @@ rm -rf "$VENV"
 pip=("$VENV/bin/python" -m pip)
 "${pip[@]}" install --quiet --upgrade pip
 "${pip[@]}" install --quiet "torch==$TORCH"
-image=$(for p in $IMAGE; do grep -iE "^$p==" requirements.txt || echo "$p"; done)
+# shellcheck source=wheelhouse-pins.sh
+. scripts/wheelhouse-pins.sh
+image=$(for p in $IMAGE; do box_pin "$p" || echo "$p"; done)
 # Strict: with the image's named packages alone (none of what they require), the wheelhouse must still
 # resolve the kit. Catches a wheel missing here that this machine's fuller stand-in would hide.
 # shellcheck disable=SC2086

@@ -19,7 +19,9 @@ PY=${1:-3.12}
 OUT=${OUT:-wheelhouse-py$PY}
 MAX_MIB=${MAX_MIB:-60}
 # What the GPU image already has; the wheelhouse never enters these or their requirements.
-IMAGE=${IMAGE:-"torch triton numpy scipy matplotlib transformers einops safetensors tqdm pytest hypothesis"}
+IMAGE=${IMAGE:-"torch triton torchaudio numpy scipy matplotlib transformers tokenizers huggingface_hub einops safetensors
+tqdm pytest hypothesis"}
+IMAGE=$(echo $IMAGE)  # one line
 # The packages in requirements.txt the kit and notebooks need beside the image (jupyterlab and ruff are
 # desk tools, not needed on the box). TOP are installed at their pins; pyyaml's wheel is there in case
 # the box lacks it (its transformers requires it), never to replace the box's own.
@@ -30,6 +32,8 @@ TARGET=(--only-binary=:all: --platform manylinux2014_x86_64 --platform manylinux
         --platform manylinux_2_28_x86_64 --platform any)
 
 pin() { grep -iE "^$1==" requirements.txt; }
+# shellcheck source=wheelhouse-pins.sh
+. scripts/wheelhouse-pins.sh
 PYBIN=$(scripts/find-python.sh "$PY")   # markers (python_version) are evaluated by the resolving interpreter
 WORK=$(mktemp -d)
 trap 'rm -rf "$WORK"' EXIT
@@ -44,11 +48,11 @@ if [ -n "${REF:-}" ]; then git archive "$REF" | tar -xf - -C "$WORK/src"; else
     || { cat "$WORK/build.log"; exit 1; }
 FASTATTN=$(basename "$OUT"/fastattn-*.whl | cut -d- -f2)
 
-# One resolve of the roots together with the image's packages (pinned as in requirements.txt where pinned),
-# so that shared requirements get versions that agree with the image.
+# One resolve of the roots together with the image's packages at the box's own versions (wheelhouse-pins.sh,
+# else requirements.txt's pins), so that shared requirements get versions that agree with the box.
 for p in $ROOTS librosa; do pin "$p" || { echo "$p is not pinned in requirements.txt" >&2; exit 2; }; done \
     > "$WORK/resolve.txt"
-for p in $IMAGE; do case $p in torch|triton) ;; *) pin "$p" || echo "$p";; esac; done >> "$WORK/resolve.txt"
+for p in $IMAGE; do case $p in torch|triton|torchaudio) ;; *) box_pin "$p" || echo "$p";; esac; done >> "$WORK/resolve.txt"
 echo "[wheelhouse] resolving for Python $PY"
 "$PYBIN" -m pip install --quiet --dry-run --ignore-installed --target "$WORK/t" "${TARGET[@]}" \
     --report "$WORK/report.json" -r "$WORK/resolve.txt" 2> >(grep -v "is ignored" >&2)

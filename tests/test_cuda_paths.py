@@ -62,6 +62,11 @@ def test_cudagraph_skips_and_their_reasons_are_counted():
     assert g["cudagraph_skips"] == 1 and g["cudagraph_skip_reasons"] == [
         "skipping cudagraphs due to mutated inputs (1 instances)"]
     assert "recompiles" not in g  # torch never writes that counter: reporting 0 would be a false claim
+    import logging
+    logging.getLogger("torch._inductor.cudagraph_utils.__cudagraphs").warning(
+        "CUDAGraph supports dynamic shapes by recording a new graph for each distinct input size. ... We have "
+        "observed 9 distinct sizes.")  # a warning on the same logger that is not a skip
+    assert graph_counts()["cudagraph_skip_reasons"] == g["cudagraph_skip_reasons"]
     reset_graph_counts()
     assert graph_counts()["cudagraph_skips"] == 0 and graph_counts()["cudagraph_skip_reasons"] == []
 
@@ -166,8 +171,11 @@ def test_cudagraph_recordings_read_the_tree_managers_counter(monkeypatch):
 
     class Manager:
         graph_counter = itertools.count(5)
-    monkeypatch.setattr(trees, "get_manager", lambda index, create_if_none_exists=True: Manager())
+    asked = []
+    monkeypatch.setattr(trees, "get_manager", lambda i, create_if_none_exists=True: asked.append(i) or Manager())
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 1)  # after select_device("cuda:1"): plain "cuda"
     assert cudagraph_recordings("cuda") == 5 and next(Manager.graph_counter) == 5  # read, not consumed
+    assert cudagraph_recordings("cuda:2") == 6 and asked == [1, 2]  # the current device's tree, not device 0's
     monkeypatch.setattr(trees, "get_manager", lambda index, create_if_none_exists=True: None)
     assert cudagraph_recordings("cuda") is None
 

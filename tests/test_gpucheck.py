@@ -1,35 +1,50 @@
-"""The GPU validation kit: its CPU quick run end to end, CUDA-only steps skipped with a reason, the refusal."""
+"""The GPU validation kit: its CPU first-contact run end to end, named steps (--only, --skip, --resume), a budget that
+stops a step, a killed run that leaves its records and a summary, counters from before the compile, the refusal."""
 
+import json
 import subprocess
 import sys
+import time
 
 import pytest
 import torch
 
-from fastattn import bench
-from fastattn.gpucheck import gpu_check
+from fastattn import bench, gpucheck
+from fastattn.gpucheck import FIRST_CONTACT, Step, gpu_check
 
 from .conftest import cuda
 
+QUIET = {"log": lambda *_: None}
+
+
+def _stub(monkeypatch, *steps):
+    monkeypatch.setattr(gpucheck, "_steps", lambda device, size: list(steps))
+
+
+def _rec(**kw):
+    return bench.record("x", env={}, params={}, rows=kw.pop("rows", []), **kw)
+
 
 @pytest.mark.slow
-def test_cpu_quick_run_writes_records_and_summary(tmp_path):
-    folder = gpu_check("cpu", quick=True, out=tmp_path / "kit", log=lambda *_: None)
+def test_cpu_quick_run_is_the_first_contact_set_with_its_plan(tmp_path):
+    said = []
+    folder = gpu_check("cpu", quick=True, out=tmp_path / "kit", log=said.append)
     summary = (folder / "summary.md").read_text()
-    for step in ("doctor", "backend_matrix", "exactness_calibration", "attention_sweep", "decode_step_sweep",
-                 "whole_decode_eager"):
+    assert said[0].startswith("[gpu-check] plan: environment ~") and "budget 480 s" in said[0]
+    for step in ("environment", "forms_check", "static_inputs", "eager_slices"):
         assert f"| {step} | ok: " in summary, summary
-    for step in ("whole_decode_optimized", "stream_under_optimize", "upstream_diff_compiled", "kit_decode"):
-        assert f"| {step} | skipped: " in summary and "need CUDA" in summary
-    assert "| decode_forms | skipped: the CUDA opt-in is chosen on CUDA" in summary
+    assert "| optimize_counters | skipped: " in summary and "need CUDA" in summary
+    assert "exactness_calibration" not in summary and "failed" not in summary  # the full run's steps: not planned
+    assert "- static inputs, flex_decode at position" in summary and "- eager slices at position" in summary
     assert "Until a GPU has run it, the CUDA choice is unmeasured." in summary
-    assert "failed" not in summary
     kinds = {bench.load_record(p)["kind"] for p in folder.glob("*.json")}
-    assert {"doctor", "backend_matrix", "exactness_calibration", "attention", "decode_step", "whole_decode"} <= kinds
+    assert kinds == {"doctor", "backend_matrix", "form_checks", "static_inputs", "eager_slices"}
     assert all(bench.load_record(p)["env"]["torch"] == torch.__version__ for p in folder.glob("*.json"))
-    assert list(folder.glob("*.csv"))
+    doctor = bench.load_record(folder / "doctor.json")["rows"][0]
+    assert "patch_binary" in doctor and "sdp_priority_order" in doctor or doctor["device"] == "cpu"
+    assert all("refused" in r for r in bench.load_record(folder / "backend_matrix.json")["rows"])
     with pytest.raises(ValueError, match="not empty"):
-        gpu_check("cpu", quick=True, out=folder, log=lambda *_: None)  # never over an earlier run
+        gpu_check("cpu", quick=True, out=folder, **QUIET)  # never over an earlier run
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has CUDA")
@@ -40,35 +55,112 @@ def test_refuses_without_cuda_naming_it():
 
 @cuda
 def test_cuda_quick_run(tmp_path):
-    folder = gpu_check("cuda", quick=True, out=tmp_path / "kit", log=lambda *_: None)
+    folder = gpu_check("cuda", quick=True, out=tmp_path / "kit", **QUIET)
     assert "failed" not in (folder / "summary.md").read_text()
 
 
 def test_a_step_whose_record_reports_a_failure_fails_the_kit(tmp_path, monkeypatch):
     """A step that returns records saying "not bit-identical" or "exit status 1" is a failure, not an "ok"."""
-    from fastattn import gpucheck
-    rec = lambda **kw: bench.record("x", env={}, params={}, **kw)  # noqa: E731
-    steps = [("diverged", lambda: [rec(rows=[], identical=False)], None),
-             ("crashed", lambda: [rec(rows=[{"returncode": 1, "stderr": "Traceback: boom"}])], None),
-             ("fine", lambda: [rec(rows=[{"returncode": 0}], identical=True)], None)]
-    monkeypatch.setattr(gpucheck, "_steps", lambda device, size: steps)
-    summary = (gpu_check("cpu", quick=True, out=tmp_path / "k", log=lambda *_: None) / "summary.md").read_text()
-    assert "| diverged | failed: x: not bit-identical" in summary
-    assert "| crashed | failed: x: exit status 1: Traceback: boom" in summary and "| fine | ok: " in summary
-    assert list((tmp_path / "k").glob("diverged*.json"))  # the evidence is kept
+    _stub(monkeypatch, Step("diverged", lambda: [_rec(identical=False)], 1, None),
+          Step("crashed", lambda: [_rec(rows=[{"returncode": 1, "stderr": "Traceback: boom"}])], 1, None),
+          Step("raised", lambda: 1 / 0, 1, None), Step("fine", lambda: [_rec(rows=[{"returncode": 0}])], 1, None))
+    summary = (gpu_check("cpu", out=tmp_path / "k", **QUIET) / "summary.md").read_text()
+    assert "| diverged | failed: x: not bit-identical" in summary and "(records: x.json)" in summary
+    assert "| crashed | failed: x: exit status 1: Traceback: boom" in summary and "| fine | ok: x-3.json" in summary
+    assert "| raised | failed: ZeroDivisionError: division by zero |" in summary
+    log = [json.loads(line) for line in (tmp_path / "k" / "steps.jsonl").read_text().splitlines()]
+    assert "ZeroDivisionError" in log[2]["traceback"]  # the evidence is kept
+
+
+def test_only_skip_and_resume_name_steps(tmp_path, monkeypatch):
+    ran = []
+    steps = [Step(n, lambda n=n: ran.append(n) or [_rec()], 1, None) for n in ("a", "b", "c")]
+    _stub(monkeypatch, *steps)
+    gpu_check("cpu", out=tmp_path / "k", only=["b"], **QUIET)
+    assert ran == ["b"]
+    gpu_check("cpu", out=tmp_path / "k", skip=["c"], resume=True, **QUIET)  # b ended ok there: not again
+    assert ran == ["b", "a"]
+    summary = (tmp_path / "k" / "summary.md").read_text()
+    assert "| a | ok: " in summary and "| b | ok: " in summary and "| c | not run" not in summary
+    with pytest.raises(ValueError, match="unknown step.*the steps are a, b, c"):
+        gpu_check("cpu", out=tmp_path / "new", only=["nosuch"], **QUIET)
+    assert gpucheck.main(["--device", "cpu", "--only", "nosuch", "--out", str(tmp_path / "m")]) == 2
+
+
+def test_a_step_that_would_overrun_the_budget_is_stopped(tmp_path, monkeypatch):
+    """Before a step: its estimate against what is left. During it: interrupted when the budget runs out (a
+    BaseException, so the step's own ``except Exception`` cannot swallow it); the run goes on and says so."""
+    def swallows():
+        try:
+            time.sleep(30)
+        except Exception:  # noqa: BLE001 - what a step's own handler does
+            return [_rec()]
+    _stub(monkeypatch, Step("quick", lambda: [_rec()], 0.0, None), Step("slow", swallows, 0.1, None),
+          Step("big", lambda: [_rec()], 100, None))
+    t0 = time.perf_counter()
+    summary = (gpu_check("cpu", out=tmp_path / "k", budget=1.0, **QUIET) / "summary.md").read_text()
+    assert time.perf_counter() - t0 < 10
+    assert "| quick | ok: " in summary and "| slow | stopped: the run's budget ran out during this step" in summary
+    assert "| big | stopped: its estimate of 100 s is over the 0 s left of the budget" in summary
+    summary = (gpu_check("cpu", out=tmp_path / "k", only=["big"], resume=True, budget=0, **QUIET) / "summary.md")
+    assert "| big | ok: " in summary.read_text()
+
+
+def test_a_killed_run_leaves_the_records_before_it_and_a_summary(tmp_path):
+    """A run killed inside a step (SIGKILL: no handler runs) keeps the records of the steps before it and a summary
+    rebuilt after each of them."""
+    script = f"""
+import os, signal
+from fastattn import bench, gpucheck
+rec = lambda: [bench.record("first", env={{}}, params={{}}, rows=[{{"a": 1}}])]
+steps = [gpucheck.Step("first", rec, 1, None), gpucheck.Step("killed", lambda: os.kill(os.getpid(), signal.SIGKILL),
+         1, None), gpucheck.Step("after", rec, 1, None)]
+gpucheck._steps = lambda device, size: steps
+gpucheck.gpu_check("cpu", out={str(tmp_path / "k")!r}, log=lambda *_: None)
+"""
+    r = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert r.returncode == -9, r.stderr[-2000:]
+    summary = (tmp_path / "k" / "summary.md").read_text()
+    assert "| first | ok: first.json |" in summary and bench.load_record(tmp_path / "k" / "first.json")["rows"]
+    assert "| killed | not run (not reached, or killed) |" in summary and "| after | not run" in summary
+
+
+def test_a_missing_tool_for_the_kits_is_a_reported_failure_not_a_lost_step(monkeypatch):
+    """A kit whose copy cannot be made (no ``patch`` binary: FileNotFoundError, not RuntimeError) fails the step
+    with the reason, in a record."""
+    from fastattn import upstream
+
+    def no_tool(*a, **k):
+        raise FileNotFoundError(2, "No such file or directory", "patch")
+    monkeypatch.setattr(upstream, "run_in_patched_copy", no_tool)
+    for rec in (gpucheck.kit_decode("cpu", preset="tiny"), gpucheck._diff_compiled("cpu", {"preset": "tiny",
+                                                                                           "steps": 2})):
+        assert gpucheck._failures(rec) and "FileNotFoundError" in rec["rows"][0]["stderr"]
+        assert "patch" in rec["rows"][0]["stderr"]
+
+
+#: the kit's child with a cudagraph skip planted where a compile logs one (before the warm-up decode)
+_PLANTED = ("import sys; from fastattn import gpucheck; "
+            "from torch._inductor.cudagraph_utils import log_cudagraph_skip_and_bump_counter as skip; "
+            "gpucheck.upstream_optimized = lambda m: skip('skipping cudagraphs due to a planted mutated input'); "
+            "gpucheck.{}(*sys.argv[1:])")
 
 
 @pytest.mark.slow
-def test_kit_decode_runs_the_decode_attention_kit_and_keeps_the_default_identical():
-    """gpu-check's kit_decode on CPU (eager: upstream's optimize() compiles only on CUDA): both modes decode
-    through the patched copy, alternated; the mode off equals upstream here bit for bit."""
+def test_kit_decode_counts_a_skip_logged_at_compile_and_keeps_the_default_identical(monkeypatch):
+    """gpu-check's kit_decode on CPU through the decode-attention kit (a fresh process), with a cudagraph skip
+    planted in the compile: counters reset before it, so each mode reports it (they used to be reset after the
+    warm-up, which always read 0). Both modes decode, alternated; the mode off equals upstream's here bit for bit."""
     from fastattn.experiments.decode_forms import kit_lines
-    from fastattn.gpucheck import kit_decode
-    rec = kit_decode("cpu", preset="tiny", steps=4, chunks=6, repeats=3)
-    assert rec["identical_off"] is True and rec["params"]["compile"] is False
+    monkeypatch.setattr(gpucheck, "_LAUNCH", _PLANTED)
+    monkeypatch.setattr(gpucheck, "upstream_optimized", lambda m: None)  # the parent's upstream decode: eager here
+    rec = gpucheck.kit_decode("cpu", preset="tiny", steps=4, chunks=6, repeats=3, compile=True)
+    assert rec["identical_off"] is True and rec["params"]["compile"] is True, rec["rows"]
     assert [r["mode"] for r in rec["rows"]] == ["masked", "live"]
     assert all(len(r["wall_samples_s"]) == 3 and len(r["chunk_ms"]) == 6 for r in rec["rows"])
-    assert "live / masked whole decode" in "\n".join(kit_lines(rec))
+    assert all(r["cudagraph_skips"] == 1 and "planted" in r["cudagraph_skip_reasons"][0] for r in rec["rows"])
+    text = "\n".join(kit_lines(rec))
+    assert "live / masked whole decode" in text and "1 cudagraph skip(s) (skipping cudagraphs due to a planted" in text
 
 
 def test_a_child_process_runs_on_the_chosen_gpu(monkeypatch):
@@ -83,3 +175,13 @@ def test_a_child_process_runs_on_the_chosen_gpu(monkeypatch):
     assert child_env("cuda") == {"CUDA_VISIBLE_DEVICES": "6"}
     with pytest.raises(ValueError, match="past CUDA_VISIBLE_DEVICES"):
         child_env("cuda:2")
+
+
+def test_the_first_contact_set_fits_its_budget_on_cuda():
+    """The plan read without a GPU: --quick is exactly the first-contact set, its estimate inside the budget (the
+    estimates are plan figures; the records' seconds are what a GPU run measures)."""
+    plan = gpucheck.plan(torch.device("cuda"), quick=True)
+    assert [s.name for s in plan] == list(FIRST_CONTACT) and not any(s.skip for s in plan)
+    assert sum(s.estimate_s for s in plan) <= gpucheck.QUICK_BUDGET_S
+    full = [s.name for s in gpucheck.plan(torch.device("cuda"), quick=False)]
+    assert full[:len(FIRST_CONTACT)] == list(FIRST_CONTACT) and "kit_decode_eager" in full

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 from typing import Optional, Sequence
 
 import torch
@@ -27,7 +28,8 @@ def attention_sweep(positions: Sequence[int], *, capacity: int = 8192, dtype="fl
     floor_meaningful, x_floor}``. ``caches`` > 1 rotates the calls over that many K/V caches (36: one per layer of
     both LMs) so each reads its K/V cold, as a model step does; ``floor_meaningful`` says whether they exceed the
     last-level cache (None where its size is unknown). ``slice_fix`` adds the public slice fix's rows;
-    ``gemm_floor`` (fp32) the two bare GEMMs of the grouped form, the best torch's BLAS does with these bytes."""
+    ``gemm_floor`` (fp32) the two bare GEMMs of the grouped form, the best torch's BLAS does with these bytes.
+    ``slice_fix`` and ``fast`` are timed at a fresh key count per call, walking from each position (:data:`FRESH`)."""
     from ..fast import fast_report
 
     device, dt = resolve_device(device), _dtype(dtype)
@@ -41,13 +43,13 @@ def attention_sweep(positions: Sequence[int], *, capacity: int = 8192, dtype="fl
     gran = _granularity_of(q, kvs[0][0], bucket)
     rows = []
     for p in progress_bar(positions, progress, f"attention {dtype}"):
-        fns = _variants(q, p + 1, modes, bucket, slice_fix, gemm=gemm_floor and dt == torch.float32)
+        fns = _variants(q, modes, bucket, slice_fix, gemm=gemm_floor and dt == torch.float32)
         rows += _position_rows(fns, q, kvs, p, device, repeats, warmup, capacity, gran, bw, llc)
     fast_choice = [c for c in fast_report() if c["dtype"] == dtype_name(dt) and c["length_class"] != "graph"
                    and (c["hq"], c["hkv"], c["head_dim"]) == (hq, hkv, head_dim)]
     params = {"positions": list(positions), "capacity": capacity, "dtype": dtype_name(dt), "hq": hq, "hkv": hkv,
               "head_dim": head_dim, "bucket": bucket, "exact_granularity": gran, "caches": caches,
-              "repeats": repeats, "warmup": warmup, "modes": list(fns)}
+              "repeats": repeats, "warmup": warmup, "modes": list(fns), "fresh_key_counts": list(FRESH)}
     return record("attention", env=env_record(device, dt), params=params, rows=rows, fast_choice=fast_choice,
                   bandwidth=bw)
 
@@ -63,14 +65,19 @@ def _check_sweep_args(positions, capacity, modes, caches):
         raise ValueError(f"caches must be an int >= 1 (distinct K/V caches to rotate over), got {caches!r}")
 
 
-def _variants(q, n: int, modes, bucket, slice_fix: bool, gemm: bool) -> dict:
-    """name -> fn(k, v) of one call at length ``n`` over full-capacity caches ``k``, ``v``."""
+#: the variants whose kernel sees the live key count: timed at a fresh count per call, as a decode pays it (a
+#: kernel that builds a plan per count, cuDNN's on Hopper, pays that here too)
+FRESH = ("slice_fix", "fast")
+
+
+def _variants(q, modes, bucket, slice_fix: bool, gemm: bool) -> dict:
+    """name -> fn(k, v, n) of one call at length ``n`` over full-capacity caches ``k``, ``v``."""
     from ..fast import sdpa_slice
-    fns = {m: (lambda k, v, m=m: attention_step(q, k, v, n, mode=m, bucket=bucket)) for m in modes}
+    fns = {m: (lambda k, v, n, m=m: attention_step(q, k, v, n, mode=m, bucket=bucket)) for m in modes}
     if slice_fix:
-        fns["slice_fix"] = lambda k, v: sdpa_slice(q, k[:, :, :n], v[:, :, :n])
+        fns["slice_fix"] = lambda k, v, n: sdpa_slice(q, k[:, :, :n], v[:, :, :n])
     if gemm:
-        def gemms(k, v):
+        def gemms(k, v, n):
             b, hq, _, d = q.shape
             qg = q.reshape(b, k.shape[1], hq // k.shape[1], d)                 # (B, Hkv, G, D)
             s = qg @ k[:, :, :n].transpose(-1, -2)                             # (B, Hkv, G, n)
@@ -80,11 +87,16 @@ def _variants(q, n: int, modes, bucket, slice_fix: bool, gemm: bool) -> dict:
 
 
 def _position_rows(fns, q, kvs, p, device, repeats, warmup, capacity, gran, bw, llc) -> list:
+    from ..static import fresh_positions
     n, k0, v0 = p + 1, kvs[0][0], kvs[0][1]
-    turn = iter(range(10**12))
-    timed = {m: (lambda fn=fn: fn(*kvs[next(turn) % len(kvs)])) for m, fn in fns.items()}
+    turn, walk = iter(range(10**12)), [i + 1 for i in fresh_positions(p, warmup + repeats, capacity)]
+
+    def timed(m, fn):
+        lengths = iter(walk) if m in FRESH else itertools.repeat(n)
+        return lambda: fn(*kvs[next(turn) % len(kvs)], next(lengths))
     host: dict = {}
-    times = time_interleaved(timed, repeats=repeats, warmup=warmup, device=device, host=host)
+    times = time_interleaved({m: timed(m, fn) for m, fn in fns.items()}, repeats=repeats, warmup=warmup,
+                             device=device, host=host)
     r64 = f64_attention(q, k0, v0, n)
     live = live_kv_bytes(n, k0.shape[1], q.shape[3], k0.dtype)
     fl = floor_ms(n, k0.shape[1], q.shape[3], k0.dtype, bw["gb_per_s"])
@@ -92,7 +104,7 @@ def _position_rows(fns, q, kvs, p, device, repeats, warmup, capacity, gran, bw, 
     for m, fn in fns.items():
         st = stats_ms(times[m], host[m])
         window = n if m in ("slice_fix", "gemm_floor") else REGISTRY[m].keys(n, capacity, gran)  # the mode's rule
-        err = None if m == "gemm_floor" else (fn(k0, v0).double() - r64).abs().max().item()
+        err = None if m == "gemm_floor" else (fn(k0, v0, n).double() - r64).abs().max().item()
         rows.append({"mode": m, "position": p, "length": n, "window": window, **st, "max_err_f64": err,
                      "live_bytes": live, "floor_ms": fl, "floor_meaningful": floor_binds(live, len(kvs), llc),
                      "x_floor": st["median_ms"] / fl})

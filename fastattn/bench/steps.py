@@ -81,8 +81,9 @@ def decode_step_sweep(positions: Sequence[int], *, preset: str = "small", layers
 
     Rows per variant and position: per-token and per-layer medians, ``bit_identical``, and ``attention_in_step_ms``
     (the SDPA kernel's time per layer inside the step, profiled; None on CUDA). ``params["granularity"]``: the
-    patched cache's bucket (None: all ``max_length`` slots)."""
+    patched cache's bucket (None: all ``max_length`` slots). The slice fix is timed at a fresh key count per call."""
     from ..patch import original_functions, swapped, variant_functions
+    from ..static import fresh_positions
     from ..steps import slice_fix_functions
 
     device, dt = resolve_device(device), _dtype(dtype)
@@ -101,17 +102,24 @@ def decode_step_sweep(positions: Sequence[int], *, preset: str = "small", layers
         start_request(caches, random_prefill(cfg, D, p, g, device, dt), p)
         pos = torch.tensor([p], device=device)
 
-        def call(name, pos=pos):
+        def call(name, pos=pos, walk=None):
+            at = iter((i, torch.tensor([i], device=device)) for i in walk) if walk else None
+
             def run():
                 lm.kv_cache = cache_of[name]
+                if at is not None:  # a fresh key count per call, as a decode pays it (the fix reads the length)
+                    i, step_pos = next(at)
+                    lm.kv_cache.current_length = i + 1
                 with swapped(fns[name]), torch.inference_mode():
-                    return lm.forward_step(x, pos)
+                    return lm.forward_step(x, pos if at is None else step_pos)
             return run
 
         outs = {n: call(n)() for n in fns}
         host: dict = {}
-        times = time_interleaved({n: call(n) for n in fns}, repeats=repeats, warmup=warmup, device=device,
-                                 host=host)
+        walk = fresh_positions(p, warmup + repeats, max_length)
+        times = time_interleaved({n: call(n, walk=walk if n == "slice_fix" else None) for n in fns},
+                                 repeats=repeats, warmup=warmup, device=device, host=host)
+        caches["upstream"].current_length = p + 1
         for n in fns:
             st = stats_ms(times[n], host[n])
             rows.append({"variant": n, "position": p, **st, "per_layer_ms": st["median_ms"] / cfg.num_hidden_layers,
@@ -123,7 +131,8 @@ def decode_step_sweep(positions: Sequence[int], *, preset: str = "small", layers
               "heads": cfg.num_attention_heads, "kv_heads": cfg.num_key_value_heads, "head_dim": D,
               "positions": list(positions), "dtype": dtype_name(dt), "max_length": max_length, "bucket": bucket,
               "granularity": caches["patched"].granularity,
-              "repeats": repeats, "warmup": warmup, "variants": list(fns)}
+              "repeats": repeats, "warmup": warmup, "variants": list(fns),
+              "fresh_key_counts": ["slice_fix"] if slice_fix else []}
     return record("decode_step", env=env_record(device, dt), params=params, rows=rows)
 
 

@@ -1,11 +1,9 @@
-"""Which static-shape decode form a compiled decode should carry: read from a ``decode_forms`` record
-(:func:`fastattn.bench.form_sweep`) and, for the model, a ``kit_decode`` record (the opt-in kit decoding under
-upstream's ``optimize()``). Pure functions of records; they measure nothing.
+"""Which static-shape decode form a compiled decode should carry, read from records: ``decode_forms``
+(:func:`fastattn.bench.form_sweep`) and the kit's ``kit_decode`` (:func:`fastattn.gpucheck.kit_decode`). Pure.
 
-A form is eligible where it compiled, stayed within twice upstream's error against float64 and kept its
-graph bound. The winner is the eligible form with the lowest compiled step time summed over the positions;
-its margin over the runner-up is the ratio of medians at each position with a paired 95% bootstrap interval.
-The choice is *decided* only where every position's interval lies above 1: one noisy burst cannot decide it.
+A form is eligible where it compiled, stayed within its error bound and kept its graph bound. The winner is
+:func:`fastattn.static.form_winner`'s (the rule ``fast``'s graph class uses); it is *decided* only where, at every
+position, the runner-up over the winner has a paired 95% interval above 1.
 """
 
 from __future__ import annotations
@@ -16,22 +14,28 @@ from typing import Optional
 
 from ..bench.stats import fmt_ci, ratio_ci
 from ..bench.targets import quiet_ratio
+from ..static import form_winner, geomean
 
-__all__ = ["form_verdict", "form_lines", "kit_lines", "choice_lines"]
+__all__ = ["form_verdict", "form_lines", "check_lines", "kit_lines", "choice_lines"]
 
 
 def _eligible(rec: dict) -> tuple:
     ok, excluded = [], {}
     for c in rec.get("checks", []):
         if not c["available"]:
-            excluded[c["form"]] = f"unavailable: {c['reason']}"
+            whose = "torch's limit, not the form's: " if c.get("limit") == "torch" else ""
+            excluded[c["form"]] = f"unavailable ({whose}{c['reason']})"
         elif not c["accepted"]:
-            excluded[c["form"]] = f"error {c['max_err']:.3g} above twice upstream's {c['reference_err']:.3g}"
+            excluded[c["form"]] = f"error {c['max_err']:.3g} above its bound {_bound(c):.3g}"
         elif c.get("within_bound") is False:
             excluded[c["form"]] = f"{c['graphs']} graphs, above its bound of {c['graph_bound']}"
         else:
             ok.append(c["form"])
     return ok, excluded
+
+
+def _bound(c: dict) -> float:
+    return c.get("bound") or 2 * c["reference_err"]  # records before the ulp floor: twice upstream's
 
 
 def _row(rec: dict, form: str, p: int, compiled: bool) -> Optional[dict]:
@@ -48,42 +52,34 @@ def _median(row: Optional[dict]) -> float:
 
 
 def form_verdict(rec: dict) -> dict:
-    """The winner among eligible forms, timed compiled where any compiled row exists (else eager).
-
-    Returns ``winner``, ``runner_up``, ``compiled`` (whether compiled timings decided), ``excluded`` ({form:
-    why}), ``per_position`` ({p: {"winner", "ratio", "ci"}}: runner-up over winner), ``margin`` (geometric mean
-    of the per-position ratios), ``decided`` (at every position the winner is fastest and the interval is above
-    1), ``decided_at`` (the positions where that holds), ``other_winners`` ({p: form} where another form is
-    fastest) and ``line``, a sentence."""
+    """The winner among eligible forms (:func:`fastattn.static.form_winner` on the quiet medians), timed compiled
+    where any compiled row exists (else eager). Returns ``winner``, ``runner_up``, ``compiled``, ``excluded``
+    ({form: why}), ``per_position`` ({p: {"winner", "ratio", "ci"}}: runner-up over winner), ``margin`` (their
+    geometric mean), ``decided`` (every position's interval above 1 with the winner fastest there), ``decided_at``,
+    ``other_winners`` ({p: form} fastest elsewhere) and ``line``, a sentence."""
     ok, excluded = _eligible(rec)
     compiled = any(r["compiled"] for r in rec["rows"])
     positions = rec["params"]["positions"]
-    total = {f: sum(_median(_row(rec, f, p, compiled)) for p in positions) for f in ok}
-    timed = sorted((t, f) for f, t in total.items() if math.isfinite(t))
-    out = {"winner": None, "runner_up": None, "compiled": compiled, "excluded": excluded, "per_position": {},
+    medians = {f: {p: _median(_row(rec, f, p, compiled)) for p in positions} for f in ok}
+    winner = form_winner(medians)
+    out = {"winner": winner, "runner_up": None, "compiled": compiled, "excluded": excluded, "per_position": {},
            "margin": None, "decided": False, "decided_at": [], "other_winners": {},
            "device": rec["env"].get("device"), "dtype": rec["params"]["dtype"]}
-    if not timed:
+    runner = form_winner({f: m for f, m in medians.items() if f != winner})
+    if winner is None:
         return dict(out, line="no eligible form was timed: " + "; ".join(f"{f} {why}" for f, why in excluded.items()))
-    winner = timed[0][1]
-    out["winner"] = winner
-    if len(timed) == 1:
+    if runner is None:
         return dict(out, line=f"{winner} is the only eligible form")
-    runner = timed[1][1]
-    ratios = []
+    pp = out["per_position"]
     for p in positions:
         r, ci, _, _ = quiet_ratio(_row(rec, runner, p, compiled), _row(rec, winner, p, compiled))  # paired rounds
-        fastest = min(ok, key=lambda f: _median(_row(rec, f, p, compiled)))
-        out["per_position"][p] = {"winner": fastest, "ratio": r, "ci": ci}
-        ratios.append(r)
-    margin = math.exp(sum(map(math.log, ratios)) / len(ratios))
-    pp = out["per_position"]
+        pp[p] = {"winner": min(ok, key=lambda f: medians[f][p]), "ratio": r, "ci": ci}
+    margin = geomean(v["ratio"] for v in pp.values())
     decided_at = [p for p, v in pp.items() if v["ci"] is not None and v["ci"][0] > 1 and v["winner"] == winner]
     others = {p: v["winner"] for p, v in pp.items() if v["winner"] != winner}
     decided = len(decided_at) == len(positions)
-    how = "compiled" if compiled else "eager"
-    line = (f"{winner} wins ({how}, {out['dtype']}): {runner} takes {margin:.2f}x its time (geometric mean over "
-            f"positions {', '.join(map(str, positions))}; per position " +
+    line = (f"{winner} wins ({'compiled' if compiled else 'eager'}, {out['dtype']}): {runner} takes {margin:.2f}x its "
+            f"time (geometric mean over positions {', '.join(map(str, positions))}; per position " +
             ", ".join(f"{p}: {v['ratio']:.2f}x {fmt_ci(v['ci'])}" for p, v in pp.items()) + ")")
     if not decided:
         line += (f"; decided at {', '.join(map(str, decided_at)) or 'no position'}"
@@ -93,32 +89,41 @@ def form_verdict(rec: dict) -> dict:
 
 
 def form_lines(rec: dict) -> list:
-    """Markdown lines for a report: the verdict, then each form's check (error, graphs, CUDA graphs)."""
+    """Markdown lines for a report: the verdict, then each form's check (:func:`check_lines`)."""
     v = form_verdict(rec)
-    lines = [f"- **{'Decided' if v['decided'] else 'Not decided'}**: {v['line']}"]
-    for c in rec.get("checks", []):
+    return [f"- **{'Decided' if v['decided'] else 'Not decided'}**: {v['line']}"] + check_lines(rec.get("checks", []))
+
+
+def check_lines(checks: list) -> list:
+    """A line per :func:`fastattn.static.check_form` row: why it is out, or its error, graphs, CUDA graphs (and, for
+    a graph-class candidate, its ms per layer at each position)."""
+    excluded, lines = _eligible({"checks": checks})[1], []
+    for c in checks:
         if not c["available"]:
-            lines.append(f"- {c['form']}: unavailable ({c['reason']})")
+            lines.append(f"- {c['form']}: {excluded[c['form']]}")
             continue
-        rec_graphs = c.get("cudagraph_recordings")
+        rec_graphs, times = c.get("cudagraph_recordings"), c.get("per_position_ms") or {}
         lines.append(f"- {c['form']}: error {c['max_err']:.3g} vs upstream's {c['reference_err']:.3g} "
-                     f"({'within' if c['accepted'] else 'above'} twice), {c['graphs']} dynamo graph(s) over "
-                     f"{c['steps']} steps (bound {c['graph_bound']})"
+                     f"({'within' if c['accepted'] else 'above'} its bound {_bound(c):.3g}), {c['graphs']} dynamo "
+                     f"graph(s) over {c['steps']} steps (bound {c['graph_bound']})"
                      + (f", {rec_graphs} CUDA graph(s) recorded" if rec_graphs is not None else "")
-                     + ("" if c["deterministic"] else ", NOT deterministic"))
+                     + ("" if c["deterministic"] else ", NOT deterministic")
+                     + "".join(f"; p={p}: {ms:.3f} ms" for p, ms in times.items()))
     return lines
 
 
 def kit_lines(rec: dict) -> list:
-    """Markdown lines from a ``kit_decode`` record (:func:`fastattn.gpucheck.kit_decode`): each mode's whole
-    decode (median of the alternated repeats, and live's ratio to masked with its 95% interval), the stream's
-    graphs, and whether the mode off stayed bit-identical."""
+    """Markdown lines from a ``kit_decode`` record: each mode's whole decode (median of the alternated repeats;
+    live over masked with its 95% interval), its graphs and cudagraph skips from compile to the stream's end (with
+    the reasons), and whether the mode off stayed bit-identical."""
     rows = {r["mode"]: r for r in rec["rows"]}
     lines = []
     for mode, r in rows.items():
+        why = "; ".join(r.get("cudagraph_skip_reasons") or [])
         lines.append(f"- decode_attention={mode!r} ({r['phase']}): whole decode {r['wall_s']:.3f} s (median of "
-                     f"{len(r['wall_samples_s'])}); over a {r['chunks']}-chunk stream {r['unique_graphs']} dynamo "
-                     f"graph(s), {r['cudagraph_skips']} cudagraph skip(s), "
+                     f"{len(r['wall_samples_s'])}); compile, warm-up and a {r['chunks']}-chunk stream: "
+                     f"{r['unique_graphs']} dynamo graph(s), {r['cudagraph_skips']} cudagraph skip(s)"
+                     + (f" ({why})" if why else "") + ", "
                      f"{'unknown' if r['cudagraph_recordings'] is None else r['cudagraph_recordings']} CUDA graph(s) "
                      "recorded")
     if {"masked", "live"} <= set(rows):
@@ -131,17 +136,9 @@ def kit_lines(rec: dict) -> list:
 
 
 def choice_lines(choice: dict) -> list:
-    """Lines of a graph-class choice (:func:`fastattn.fast.graph_choice`): each form's status, then the winner."""
-    lines = []
-    for c in choice["candidates"]:
-        if not c["available"]:
-            lines.append(f"{c['form']:<16} unavailable: {c['reason']}")
-            continue
-        times = ", ".join(f"p={p}: {ms:.3f} ms" for p, ms in (c.get("per_position_ms") or {}).items())
-        lines.append(f"{c['form']:<16} error {c['max_err']:.3g} (upstream {c['reference_err']:.3g}, "
-                     f"{'accepted' if c['accepted'] else 'REJECTED'}), {c['graphs']} graph(s) over {c['steps']} "
-                     f"steps (bound {c['graph_bound']}), "
-                     f"{'deterministic' if c['deterministic'] else 'NOT deterministic'}"
-                     + (f"; {times}" if times else ""))
-    lines.append(f"winner here ({choice['device']}, {choice['dtype']}, compiled): {choice['winner']}")
-    return lines
+    """Lines of a graph-class choice (:func:`fastattn.fast.graph_choice`): each form (:func:`check_lines`), then the
+    winner and whether the forms ran under CUDA graphs."""
+    graphs = "CUDA graphs" if choice.get("compile_mode") == "reduce-overhead" and choice["device"].startswith(
+        "cuda") else "no CUDA graphs"
+    return check_lines(choice["candidates"]) + [
+        f"winner here ({choice['device']}, {choice['dtype']}, compiled, {graphs}): {choice['winner']}"]
