@@ -15,6 +15,7 @@ import re
 from pathlib import Path
 from typing import Optional
 
+from .bench.metrics import matrix_rows, newest, slice_evidence
 from .bench.records import load_record
 from .paths import data_dir
 from .readme import REFERENCE
@@ -30,12 +31,12 @@ def _results() -> Path:
     return Path(data_dir()) / "results"
 
 
-def _newest(folder: Path, pattern: str) -> list:
-    """The newest record per stem (``name.json``, ``name-2.json``, ...) in ``folder``."""
-    best = {}
-    for p in sorted(folder.glob(pattern), key=lambda p: p.stat().st_mtime):
-        best[p.stem.rsplit("-", 1)[0] if p.stem.rsplit("-", 1)[-1].isdigit() else p.stem] = p
-    return [load_record(p) for _, p in sorted(best.items())]
+def _matrix() -> list:
+    return matrix_rows(_results() / "torch-matrix")
+
+
+def _slice() -> tuple:
+    return slice_evidence(_results() / "torch-matrix")
 
 
 def _machine(env: dict) -> str:
@@ -69,35 +70,13 @@ def _ratio(t: dict) -> str:
     return f"{t['measured']:.2f}x{ci}" + (f", n={t['n']}" if t.get("n") else " (no interval recorded)")
 
 
-def matrix_rows() -> list:
-    """The exactness contract per torch (newest record per version): kernel, windows, decodes, kit tests, slice."""
-    out = []
-    for rec in _newest(_results() / "torch-matrix", "exactness-*.json"):
-        by = {(r["check"], r["dtype"]): r for r in rec["rows"]}
-
-        def ok(check, by=by):  # None: not run by this record's script
-            got = [by.get((check, d), {}).get("identical") for d in ("float32", "bfloat16")]
-            return None if None in got else all(got)
-        kits = by[("kit tests, diffs stacked", None)]
-        out.append({"torch": rec["env"]["torch"].split("+")[0], "python": rec["env"]["python"],
-                    "kernel": by[("sdpa kernel", "float32")].get("kernel", "?").replace("cpu ", ""),
-                    "windows": ok("windows vs whole cache"), "diff": ok("decode through the diff"),
-                    "forced": ok("decode, 512-slot windows forced"),
-                    "forced_diff": max(by.get(("decode, 512-slot windows forced", d), {}).get("max_abs_diff", 0)
-                                       for d in ("float32", "bfloat16")),
-                    "slots": by[("decode through the diff", "float32")].get("capacity"),
-                    "exact": ok("decode, exact patch"), "kits": (kits.get("passed"), kits.get("failed")),
-                    "slice": by[("slice fix under fullgraph", None)], "machine": _machine(rec["env"])})
-    return sorted(out, key=lambda r: tuple(int(x) for x in r["torch"].split(".")))
-
-
 def matrix_table() -> str:
     yes = {True: "yes", False: "**no**", None: "not run"}
     lines = ["| torch | Python | SDPA kernel (CPU) | cache slots after the decode | decode through the diff = "
              "upstream (fp32 and bf16) | the same with 512-slot windows forced | kit tests, diffs stacked |",
              "|---|---|---|---|---|---|---|"]  # the contract, per torch
     lines += [f"| {r['torch']} | {r['python']} | {r['kernel']} | {r['slots']} | {yes[r['diff']]} | "
-              f"{yes[r['forced']]} | {r['kits'][0]} passed, {r['kits'][1]} failed |" for r in matrix_rows()]
+              f"{yes[r['forced']]} | {r['kits'][0]} passed, {r['kits'][1]} failed |" for r in _matrix()]
     return "\n".join(lines)
 
 
@@ -125,7 +104,7 @@ def math_versions() -> str:
 def upstream_check() -> dict:
     """The newest ``upstream_check`` record: the commits, whether every diff applied alone and stacked per tree,
     and upstream's own tests on main, patched and not."""
-    rec = _newest(_results() / "upstream", "upstream-check-*.json")[-1]
+    rec = newest(_results() / "upstream", "upstream-check-*.json")[-1]
     rows = rec["rows"]
     trees = {r["tree"]: all(x["applies"] for x in rows if x["tree"] == r["tree"] and "applies" in x)
              for r in rows if "applies" in r}
@@ -133,25 +112,9 @@ def upstream_check() -> dict:
     return {"commits": rec["params"]["commits"], "applies": trees, "tests": tests}
 
 
-def slice_evidence() -> tuple:
-    """(English, Chinese): on which torch versions the slice to ``position + 1`` compiled under ``fullgraph``."""
-    rows = matrix_rows()
-    if not rows:
-        return "", ""
-    no = [r["torch"] for r in rows if r["slice"].get("compiles") is False]
-    yes = [r["torch"] for r in rows if r["slice"].get("compiles")]
-    en = f"Measured on CPU: torch {', '.join(no) or 'none'} refuse it"
-    zh = f"在 CPU 上实测：torch {'、'.join(no) or '无'} 拒绝编译"
-    if yes:
-        en += (f"; torch {', '.join(yes)} compiles it, with a length the host does not know (which a CUDA graph "
-               "cannot hold, by a reading of torch's sources)")
-        zh += f"；torch {'、'.join(yes)} 能编译，但长度在主机侧未知（按 torch 源码，CUDA graph 无法容纳）"
-    return en + ".", zh + "。"
-
-
 def import_cost() -> Optional[dict]:
     """The newest ``import_cost`` record (``import voxcpm`` in fresh processes), or None."""
-    recs = _newest(_results() / "upstream", "import-cost-*.json")
+    recs = newest(_results() / "upstream", "import-cost-*.json")
     return recs[-1] if recs else None
 
 
@@ -230,7 +193,7 @@ def _slice_table() -> str:
     out = ["| torch (CPU) | `fullgraph=True` compile of the slice |", "|---|---|"]
     return "\n".join(out + [f"| {r['torch']} | " + ("compiles" if r["slice"].get("compiles") else
                                                     f"refused: `{r['slice'].get('error', '?')[:90].strip()}`") + " |"
-                            for r in matrix_rows()])
+                            for r in _matrix()])
 
 
 def fields() -> dict:
@@ -239,20 +202,20 @@ def fields() -> dict:
     from .upstream import LIVE_ERROR_BOUND
     tests = {k: _tests_line(f"test_{k}.py") for k in ("minicpm4_right_sized_cache", "cpu_dtype_override",
                                                        "minicpm4_decode_attention")}
-    return {"machine_table": _machine_table(), "matrix_machine": matrix_rows()[0]["machine"].split(", torch")[0],
+    return {"machine_table": _machine_table(), "matrix_machine": _matrix()[0]["machine"].split(", torch")[0],
             "matrix_table": matrix_table(), "math_versions": math_versions(), "stream_line": _stream_line(),
             "applies": _applies(), "tests_right": "\n".join(tests["minicpm4_right_sized_cache"]),
             "tests_dtype_kit": tests["cpu_dtype_override"][0], "tests_upstream": tests["cpu_dtype_override"][1],
             "tests_live": "\n".join(tests["minicpm4_decode_attention"]), "repo": REPO,
             "dtype_table": dtype_machines(_results()).strip(), "dtype_seen": _dtype_seen(),
-            "slice_evidence": slice_evidence()[0], "live_bound": LIVE_ERROR_BOUND, "import_line": _import_line(),
+            "slice_evidence": _slice()[0], "live_bound": LIVE_ERROR_BOUND, "import_line": _import_line(),
             "forms_table": forms_machines(_results()).strip(), "slice_table": _slice_table()}
 
 
 def reply_293_text() -> str:
     from .experiments.root_cause import diagnosis, reply_293
     stream = load_record(_results() / REFERENCE / "stream_profile_full.json")
-    return reply_293(diagnosis(stream), stream, slice_evidence()) + "\n"
+    return reply_293(diagnosis(stream), stream, _slice()) + "\n"
 
 
 def documents() -> dict:

@@ -262,8 +262,8 @@ MODULES_BEGIN, MODULES_END = "<!-- modules:begin -->", "<!-- modules:end -->"
 LAYERS = {"runtime": ("core", "clock", "exactness", "fast", "static", "modes", "step", "masks", "cache"),
           "voxcpm side": ("compat", "models", "steps", "inflight", "patch", "graphs", "upstream"),
           "proof, devices": ("backends", "devices", "paths"),
-          "reports and running": ("claims", "report", "readme", "plots", "budget", "workbook", "doctor", "gpucheck",
-                                  "__main__")}
+          "reports and running": ("claims", "report", "readme", "prs", "plots", "budget", "workbook", "doctor",
+                                  "gpucheck", "__main__")}
 
 
 def modules_table() -> str:

@@ -17,8 +17,9 @@ import math
 from pathlib import Path
 from typing import Optional
 
-from .bench.metrics import headlines, kv_mb
+from .bench.metrics import headlines, kv_mb, slice_evidence
 from .bench.records import load_run
+from .paths import data_dir
 
 __all__ = ["fmt", "short", "md_table", "write_report", "compare", "compare_markdown", "compare_html", "main"]
 
@@ -54,13 +55,6 @@ def short(text: str, limit: int = 160) -> str:
     """Long texts (a compiler error in a finding) cut to ``limit`` characters; the record keeps the whole."""
     text = " ".join(text.split())
     return text if len(text) <= limit else text[: limit - 1] + "…"
-
-
-def _load(path: Path) -> Optional[dict]:
-    try:
-        return json.loads(path.read_text())
-    except (OSError, ValueError):
-        return None
 
 
 def _targets(run_dir: Path) -> list:
@@ -204,15 +198,14 @@ def reply_for_293(run_dir: Path) -> Optional[str]:
     """The #293 reply from a run's 01 records (its stream, and the consumer matrix, prompt growth and contention
     where run), with the slice fix's compile evidence from the committed torch matrix; None without a stream."""
     from .experiments.root_cause import diagnosis, reply_293
-    from .prs import slice_evidence
-    recs = [_load(p) for p in sorted(Path(run_dir).glob("01_root_cause/records/*.json"))]
-    stream = next((r for r in recs if r and r.get("kind") == "stream_profile"), None)
+    run = load_run(run_dir)
+    kind = lambda k: run.get(k, notebook="01_root_cause")  # noqa: E731
+    stream = kind("stream_profile")
     if stream is None:
         return None
-    kind = lambda k: next((r for r in recs if r and r.get("kind") == k), None)  # noqa: E731
     rows = diagnosis(stream, kind("consumer_matrix"), stream.get("env", {}).get("device", "cpu"), kind("prompt_growth"),
                      kind("consumer_contention"))
-    return reply_293(rows, stream, slice_evidence())
+    return reply_293(rows, stream, slice_evidence(data_dir() / "results" / "torch-matrix"))
 
 
 def _plan_md(summary: dict) -> list:

@@ -7,6 +7,7 @@ device tensor (length = pos + 1, Lq = 1). :func:`check_form` checks one compiled
 
 from __future__ import annotations
 
+import functools
 import inspect
 import math
 import statistics
@@ -21,14 +22,19 @@ import torch.nn.functional as F
 from .clock import interleaved
 from .core import causal_mask, f64_attention, random_decode, sdpa, window_for
 
-try:  # torch >= 2.5
-    from torch.nn.attention.flex_attention import BlockMask, flex_attention
-    #: decode never reads the q-blocks (backward does): skip their transpose where torch lets us (N10)
-    _KV_ONLY = {"compute_q_blocks": False} if "compute_q_blocks" in inspect.signature(
+
+@functools.cache
+def _flex():
+    """``(BlockMask, flex_attention, kv_only)`` imported on first use (importing fastattn loads no FlexAttention), or
+    None where this torch has none. ``kv_only``: decode never reads the q-blocks, so skip their transpose where
+    torch lets us (``compute_q_blocks=False``)."""
+    try:
+        from torch.nn.attention.flex_attention import BlockMask, flex_attention
+    except ImportError:  # pragma: no cover
+        return None
+    kv_only = {"compute_q_blocks": False} if "compute_q_blocks" in inspect.signature(
         BlockMask.from_kv_blocks).parameters else {}
-except ImportError:  # pragma: no cover
-    BlockMask = flex_attention = None
-    _KV_ONLY = {}
+    return BlockMask, flex_attention, kv_only
 
 __all__ = ["FLEX_BLOCK", "FORMS", "Form", "ULP_FLOOR", "slice_live", "bucketed_window", "flex_decode",
            "upstream_masked", "decode_block_mask", "flex_available", "sweep_lengths", "check_form", "form_winner",
@@ -75,13 +81,14 @@ def decode_block_mask(pos, n_keys: int, block: int = FLEX_BLOCK):
     def mask_mod(b, h, q_idx, kv_idx):
         return kv_idx <= last[0]
 
-    return BlockMask.from_kv_blocks(partial.view(1, 1, 1), partial_idx, full.view(1, 1, 1), idx,
-                                    BLOCK_SIZE=(block, block), mask_mod=mask_mod, seq_lengths=(1, n_keys), **_KV_ONLY)
+    block_mask, _, kv_only = _flex()
+    return block_mask.from_kv_blocks(partial.view(1, 1, 1), partial_idx, full.view(1, 1, 1), idx,
+                                     BLOCK_SIZE=(block, block), mask_mod=mask_mod, seq_lengths=(1, n_keys), **kv_only)
 
 
 def flex_decode(q, k, v, pos):
     """(c) FlexAttention over every slot of ``k``, ``v``, reading only blocks up to ``pos``."""
-    return flex_attention(q, k, v, block_mask=decode_block_mask(pos, k.shape[2]), enable_gqa=True)
+    return _flex()[1](q, k, v, block_mask=decode_block_mask(pos, k.shape[2]), enable_gqa=True)
 
 
 class Form(NamedTuple):
@@ -107,7 +114,7 @@ FORMS = {f.name: f for f in (
 
 def flex_available(device="cpu") -> Optional[str]:
     """None where this torch has FlexAttention for ``device`` (compiling can still fail), else the reason."""
-    if flex_attention is None:
+    if _flex() is None:
         return f"torch {torch.__version__} has no FlexAttention"
     build = torch.backends.cpu.get_cpu_capability()
     if torch.device(device).type == "cpu" and (build not in ("AVX2", "AVX512") or sys.platform == "darwin"):

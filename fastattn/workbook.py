@@ -271,9 +271,10 @@ def run_workbook(params: Optional[dict] = None, *, only: Optional[list] = None, 
         nbs = [p for p in nbs if any(p.name.startswith(o) or p.stem == o for o in only)]
         if not nbs:
             raise ValueError(f"--only {only}: no notebook matches (have: {', '.join(p.name for p in notebooks())})")
+    _validate_run(params, nbs)
+    for nb in nbs:  # a profile's sizes are its notebook's own
+        _validate_run(prof.get("notebooks", {}).get(nb.stem, {}), [nb])
     per_nb = {nb.stem: {**prof.get("notebooks", {}).get(nb.stem, {}), **params} for nb in nbs}
-    for nb in nbs:
-        _validate_run(per_nb[nb.stem], [nb])
     device = resolve_device(str(params.get("device", "auto")))  # ValueError for cuda without CUDA
     import shutil
     import tempfile

@@ -144,7 +144,7 @@ def _transform(name: str, rec: dict, profile: str) -> dict:
     elif kind == "exactness_calibration":
         for r in rec["rows"]:
             r.update(eligible=False, chosen=None, kernel=f"cuda {r['kernel'].split()[-1]}")
-    elif kind == "dtype_costs":
+    elif kind in ("dtype_costs", "dtype_decode"):  # no CPU feature flags on a GPU run
         rec["flags"] = {}
     elif kind == "bandwidth":
         rec["llc_bytes"] = None

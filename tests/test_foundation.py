@@ -85,6 +85,8 @@ README_COMMANDS = {
     "make lab": "test_readme_make_targets_resolve (make -n)",
     "python -m fastattn gpu-check --quick": "tests/test_gpucheck.py (--device cpu --quick)",
     "python -m fastattn workbook -p device cuda": "tests/test_workbook.py (refused without CUDA, naming it)",
+    "python -m fastattn gpu-check --only forms_check": "tests/test_gpucheck.py::test_only_skip_and_resume_name_steps",
+    "python -m fastattn workbook --profile reference": "tests/test_workbook.py::test_the_reference_profile_*",
     "make torch-matrix TORCH=2.11.0 PY=3.12": "test_readme_make_targets_resolve (make -n)",
 }
 

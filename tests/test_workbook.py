@@ -89,7 +89,8 @@ def _check_report(run_dir, stem):
     if stem == "05_profiling":
         assert "Verdicts" in index and "| claim | measured (95% CI) | goal | met | note |" in md
         assert "(n=" in md  # every timing ratio a target judges says how many samples it rests on
-    assert "The seeds' claims, judged on this device" in index and "| source | claim | verdict | evidence |" in md
+    assert "The seeds' claims, judged on this device" in index
+    assert "| source | claim | scale | verdict | evidence |" in md
     if stem in ("01_root_cause", "05_profiling"):
         assert "<img src='" in index
     page = (run_dir / f"{stem}.html").read_text()
@@ -160,3 +161,18 @@ def test_plain_papermill_from_another_folder(tmp_path):
                        cwd=tmp_path, capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stderr[-2000:]
     assert (tmp_path / "findings.json").exists()
+
+
+def test_the_reference_profile_sizes_the_seeds_claims_and_is_checked_per_notebook():
+    """The reference profile streams past chunk 400, decodes 12 steps, and plans about an hour here; its sizes are
+    each notebook's own (01's repeats are not 05's); an unknown profile is refused naming the ones there are."""
+    from fastattn import budget
+    prof = wb.load_profile("reference")
+    nbs = prof["notebooks"]
+    assert nbs["01_root_cause"]["chunks"] >= 400 and nbs["05_profiling"]["steps"] >= 12 and not prof["budget"]
+    for nb in wb.notebooks():
+        wb._validate_run(nbs.get(nb.stem, {}), [nb])
+    est = budget.profile_estimate(budget.calibration()["probe"], [p.stem for p in wb.notebooks()], nbs)
+    assert 30 * 60 < sum(est.values()) < 100 * 60
+    with pytest.raises(ValueError, match="expected one of reference"):
+        wb.load_profile("nope")

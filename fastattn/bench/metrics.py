@@ -9,9 +9,10 @@ disturbed ones left out). :data:`HEADLINES` names the figures a run's reports qu
 from __future__ import annotations
 
 import statistics
+from pathlib import Path
 from typing import NamedTuple, Optional
 
-from .records import Run, find_row
+from .records import Run, find_row, load_record
 from .stats import YES, fmt_ci, judge, quiet_ratio, ratio_ci, scaled_ci
 
 
@@ -209,3 +210,58 @@ def _recommendation_line(r: dict, best: dict, rows: list) -> str:
     others = ", ".join(f"{d} {x:.2f}x" for d, x in r["others"].items() if d != r["default"])
     return (f"Run {cfg}{why}: its decode step takes {r['ratio']:.2f}x of voxcpm's default ({r['default']}, "
             f"upstream), 95% interval {r['ci'][0]:.2f}-{r['ci'][1]:.2f} (upstream in {others}).{price}")
+
+
+def _cpu(env: dict) -> str:
+    return (f"{env['threads']}-core {env['device_name']} ({env.get('cpu_capability', '?')}), "
+            f"torch {env['torch'].split('+')[0]}")
+
+
+def newest(folder: Path, pattern: str) -> list:
+    """The newest record per stem in ``folder``: ``save_record`` names a later run ``name-2.json``, ``name-3.json``
+    (file times are not kept by a checkout, so the suffix decides)."""
+    def key(p):
+        base, _, n = p.stem.rpartition("-")
+        return (base, int(n)) if n.isdigit() and base else (p.stem, 1)
+    best = {}
+    for p in sorted(folder.glob(pattern), key=key):
+        best[key(p)[0]] = p
+    return [load_record(p) for _, p in sorted(best.items())]
+
+
+def matrix_rows(folder: Path) -> list:
+    """The exactness contract per torch (newest record per version): kernel, windows, decodes, kit tests, slice."""
+    out = []
+    for rec in newest(folder, "exactness-*.json"):
+        by = {(r["check"], r["dtype"]): r for r in rec["rows"]}
+
+        def ok(check, by=by):  # None: not run by this record's script
+            got = [by.get((check, d), {}).get("identical") for d in ("float32", "bfloat16")]
+            return None if None in got else all(got)
+        kits = by[("kit tests, diffs stacked", None)]
+        out.append({"torch": rec["env"]["torch"].split("+")[0], "python": rec["env"]["python"],
+                    "kernel": by[("sdpa kernel", "float32")].get("kernel", "?").replace("cpu ", ""),
+                    "windows": ok("windows vs whole cache"), "diff": ok("decode through the diff"),
+                    "forced": ok("decode, 512-slot windows forced"),
+                    "forced_diff": max(by.get(("decode, 512-slot windows forced", d), {}).get("max_abs_diff", 0)
+                                       for d in ("float32", "bfloat16")),
+                    "slots": by[("decode through the diff", "float32")].get("capacity"),
+                    "exact": ok("decode, exact patch"), "kits": (kits.get("passed"), kits.get("failed")),
+                    "slice": by[("slice fix under fullgraph", None)], "machine": _cpu(rec["env"])})
+    return sorted(out, key=lambda r: tuple(int(x) for x in r["torch"].split(".")))
+
+
+def slice_evidence(folder: Path) -> tuple:
+    """(English, Chinese): on which torch versions the slice to ``position + 1`` compiled under ``fullgraph``."""
+    rows = matrix_rows(folder)
+    if not rows:
+        return "", ""
+    no = [r["torch"] for r in rows if r["slice"].get("compiles") is False]
+    yes = [r["torch"] for r in rows if r["slice"].get("compiles")]
+    en = f"Measured on CPU: torch {', '.join(no) or 'none'} refuse it"
+    zh = f"在 CPU 上实测：torch {'、'.join(no) or '无'} 拒绝编译"
+    if yes:
+        en += (f"; torch {', '.join(yes)} compiles it, with a length the host does not know (which a CUDA graph "
+               "cannot hold, by a reading of torch's sources)")
+        zh += f"；torch {'、'.join(yes)} 能编译，但长度在主机侧未知（按 torch 源码，CUDA graph 无法容纳）"
+    return en + ".", zh + "。"
