@@ -33,8 +33,8 @@ def test_each_pr_states_its_numbers(docs):
     ref = next(r for r in rows if r["reference"])
     right = docs["1-right-sized-decode.md"]
     assert f"{ref['kv_mb'][0]:.0f} MB -> {ref['kv_mb'][1]:.0f} MB" in right and prs._ratio(ref["whole"]) in right
-    assert all(f"| {r['torch']} |" in right for r in prs.matrix_rows()) and len(prs.matrix_rows()) >= 4
-    assert {"2.5.1", "2.15.0"} <= {r["torch"] for r in prs.matrix_rows()}
+    assert all(f"| {r['torch']} |" in right for r in prs._matrix()) and len(prs._matrix()) >= 4
+    assert {"2.5.1", "2.15.0"} <= {r["torch"] for r in prs._matrix()}
     assert "x the default's step" in docs["2-cpu-dtype.md"] and "*may* be faster" in docs["2-cpu-dtype.md"]
     assert "held until it has GPU numbers" in docs["3-live-decode-attention.md"]
     for name in ("1-right-sized-decode.md", "2-cpu-dtype.md", "3-live-decode-attention.md"):
@@ -46,7 +46,7 @@ def test_each_pr_states_its_numbers(docs):
 def test_the_395_comment_separates_what_ran_from_what_was_read(docs):
     text = docs["comment-395.md"]
     assert "**What we ran** (CPU only)" in text and "**What we only read, not ran**" in text
-    assert all(f"| {r['torch']} |" in text for r in prs.matrix_rows())
+    assert all(f"| {r['torch']} |" in text for r in prs._matrix())
 
 
 def test_the_293_reply_is_bilingual_answers_the_fix_and_names_the_gpu_leads(docs):
