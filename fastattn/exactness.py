@@ -20,7 +20,7 @@ from .devices import device_key, dtype_name
 
 __all__ = ["CPU_FLASH_KEY_BLOCK", "calibrate_exact", "exact_granularity", "exact_window", "kernel_key_block",
            "check_exactness", "self_check_once", "check_bucket_once", "warn_if_unaligned_window", "exactness_report",
-           "reset_exactness_cache"]
+           "reset_exactness_cache", "calibration_ladders"]
 
 #: torch's CPU flash-attention kernel walks keys in blocks of this many (kvSplitSize, every qSize).
 CPU_FLASH_KEY_BLOCK = 512
@@ -289,3 +289,21 @@ def reset_exactness_cache() -> None:
         _CALIBRATIONS.clear()
         _SELF_CHECKS.clear()
         _WARNED.clear()
+
+
+def calibration_ladders(device="cpu", *, capacity: int = 8192, dtypes=("float32", "bfloat16"), lqs=(1, 5),
+                        hq: int = 16, hkv: int = 2, head_dim: int = 128, draws: int = 3) -> list[dict]:
+    """The exhaustive calibration ladder: one row per (dtype, lq, candidate) with its ladder fields and ``chosen``,
+    the bucket the default ``exact`` uses for that geometry."""
+    rows = []
+    for name in dtypes:
+        for lq in lqs:
+            cal = calibrate_exact(device, getattr(torch, name), hq=hq, hkv=hkv, head_dim=head_dim,
+                                  capacity=capacity, lq=lq, draws=draws, exhaustive=True)
+            for r in cal["ladder"]:
+                rows.append({"dtype": name, "lq": lq, "candidate": r["candidate"], "eligible": r["eligible"],
+                             "bit_identical": r["bit_identical"], "max_abs_diff": r["max_abs_diff"],
+                             "lengths": r["lengths_checked"], "draws": r["draws"],
+                             "first_diff_length": r["first_diff_length"], "chosen": cal["bucket"],
+                             "kernel": cal["kernel"], "seconds": cal["seconds"]})
+    return rows

@@ -77,7 +77,7 @@ def _sizes(device: torch.device, quick: bool) -> dict:
 def _steps(device: torch.device, size: dict) -> list:
     """Every step in run order: :data:`FIRST_CONTACT`, then the full run's."""
     from . import bench
-    from .experiments.causality import calibration_ladders
+    from .exactness import calibration_ladders
     gpu = device.type == "cuda"
     cuda_only = None if gpu else "CUDA graphs and upstream's reduce-overhead compile need CUDA"
     est = lambda cuda_s, cpu_s: cuda_s if gpu else cpu_s  # noqa: E731
@@ -544,7 +544,7 @@ def _ratio_line(rows: list, num: str, den: str, key: str = "variant") -> str:
 
 def first_contact_lines(kept: dict) -> list:
     """What the first-contact records answer, a line each (only for the steps that wrote records)."""
-    from .experiments.decode_forms import check_lines
+    from .bench.forms import check_lines
     out = ["", "## First contact", ""] if kept else []
     for rec in kept.get("forms_check", []):
         out += check_lines(rec["rows"])
@@ -573,7 +573,7 @@ def first_contact_lines(kept: dict) -> list:
 def opt_in_section(forms: Optional[list], kit: Optional[list]) -> list:
     """The CUDA opt-in: per dtype the winning form and its margin (``form_verdict``), the kit's decodes; or that the
     choice is unmeasured."""
-    from .experiments.decode_forms import form_lines, kit_lines
+    from .bench.forms import form_lines, kit_lines
     out = ["", "## The CUDA opt-in: which decode form upstream should carry", ""]
     if not forms:
         out += ["Not measured in this run: the decode_forms step runs on CUDA only, and here it was skipped or "

@@ -1,7 +1,7 @@
 """The three upstream PRs, the comment for PR #395 and the reply to #293, written from committed records.
 
 The texts are templates (``data/upstream-prs/templates/*.md``) filled with :func:`fields`; the reply is
-:func:`fastattn.experiments.root_cause.reply_293`'s. ``python -m fastattn prs`` prints them; ``--write`` writes
+:func:`fastattn.diagnosis.reply_293`'s. ``python -m fastattn prs`` prints them; ``--write`` writes
 ``data/upstream-prs/*.md``, which a test checks are current. Each figure comes from one function reading
 ``data/results/``: :func:`machine_rows` (the right-sized decode per machine), :func:`matrix_rows` (the exactness
 contract per torch), :func:`upstream_check` (the diffs on upstream's trees, upstream's own tests),
@@ -213,7 +213,7 @@ def fields() -> dict:
 
 
 def reply_293_text() -> str:
-    from .experiments.root_cause import diagnosis, reply_293
+    from .diagnosis import diagnosis, reply_293
     stream = load_record(_results() / REFERENCE / "stream_profile_full.json")
     return reply_293(diagnosis(stream), stream, _slice()) + "\n"
 

@@ -185,9 +185,9 @@ def reference_findings(ref: Path, other: Optional[Path] = None) -> str:
 
 
 def forms_answer(rec: dict, verdict: dict | None = None) -> str:
-    """One line from a ``decode_forms`` record (and its :func:`~fastattn.experiments.decode_forms.form_verdict`,
+    """One line from a ``decode_forms`` record (and its :func:`~fastattn.bench.forms.form_verdict`,
     computed here where not given): the winner, the runner-up's time over it, decided or not."""
-    from .experiments.decode_forms import form_verdict
+    from .bench.forms import form_verdict
     v = verdict or form_verdict(rec)
     if v["runner_up"] is None:
         return f"`{v['winner']}` (the only eligible form)" if v["winner"] else "no eligible form"
@@ -213,7 +213,7 @@ def forms_machines(results: Path) -> str:
     found = [x for dt in ("bfloat16", "float32") for x in _machines(results, "decode_forms", dtype=dt)]
     if not found:
         return "No machine has a `decode_forms` record yet.\n"
-    from .experiments.decode_forms import form_verdict
+    from .bench.forms import form_verdict
     out = ["| machine | dtype | fastest compiled form, margin | its max error vs float64 (upstream's) |",
            "|---|---|---|---|"]
     for folder, rec in sorted(found, key=lambda x: (x[0].name, x[1]["params"]["dtype"])):
@@ -262,8 +262,8 @@ MODULES_BEGIN, MODULES_END = "<!-- modules:begin -->", "<!-- modules:end -->"
 LAYERS = {"runtime": ("core", "clock", "exactness", "fast", "static", "modes", "step", "masks", "cache"),
           "voxcpm side": ("compat", "models", "steps", "inflight", "patch", "graphs", "upstream"),
           "proof, devices": ("backends", "devices", "paths"),
-          "reports and running": ("claims", "report", "readme", "prs", "plots", "budget", "workbook", "doctor",
-                                  "gpucheck", "__main__")}
+          "reports and running": ("claims", "diagnosis", "report", "readme", "prs", "plots", "budget", "workbook",
+                                  "doctor", "gpucheck", "__main__")}
 
 
 def modules_table() -> str:

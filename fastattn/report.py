@@ -197,7 +197,7 @@ def _summary_md(run_dir: Path, summary: dict, env: dict, verdicts: list, ledger:
 def reply_for_293(run_dir: Path) -> Optional[str]:
     """The #293 reply from a run's 01 records (its stream, and the consumer matrix, prompt growth and contention
     where run), with the slice fix's compile evidence from the committed torch matrix; None without a stream."""
-    from .experiments.root_cause import diagnosis, reply_293
+    from .diagnosis import diagnosis, reply_293
     run = load_run(run_dir)
     kind = lambda k: run.get(k, notebook="01_root_cause")  # noqa: E731
     stream = kind("stream_profile")

@@ -97,3 +97,11 @@ def test_api_doc_is_the_package():
         "docs/api.md's module map is stale: run python -m fastattn readme --write"
     rows = readme.modules_table()
     assert all(f"`{m.removeprefix('fastattn.')}`" in rows for m in imports()), "a module without a row"
+
+
+def test_only_notebooks_import_the_notebooks_modules():
+    """``experiments/`` holds what exactly one notebook needs: no module outside it imports it."""
+    bad = [f"{mod}:{line} imports {target}" for mod, edges in imports().items()
+           if not mod.startswith("fastattn.experiments") for target, _, line in edges
+           if target.startswith("fastattn.experiments")]
+    assert not bad, "\n".join(bad)

@@ -12,7 +12,7 @@ import torch
 from fastattn import bench
 from fastattn.bench.consumers import consumer_matrix, consumer_table
 from fastattn.bench.stream import COMPONENTS, component_table
-from fastattn.experiments.root_cause import ASK, NEEDS, REPRODUCES, RULES_OUT, diagnosis, reply_293
+from fastattn.diagnosis import ASK, NEEDS, REPRODUCES, RULES_OUT, diagnosis, reply_293
 from fastattn.models import build_voxcpm2
 
 

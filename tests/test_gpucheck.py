@@ -151,7 +151,7 @@ def test_kit_decode_counts_a_skip_logged_at_compile_and_keeps_the_default_identi
     """gpu-check's kit_decode on CPU through the decode-attention kit (a fresh process), with a cudagraph skip
     planted in the compile: counters reset before it, so each mode reports it (they used to be reset after the
     warm-up, which always read 0). Both modes decode, alternated; the mode off equals upstream's here bit for bit."""
-    from fastattn.experiments.decode_forms import kit_lines
+    from fastattn.bench.forms import kit_lines
     monkeypatch.setattr(gpucheck, "_LAUNCH", _PLANTED)
     monkeypatch.setattr(gpucheck, "upstream_optimized", lambda m: None)  # the parent's upstream decode: eager here
     rec = gpucheck.kit_decode("cpu", preset="tiny", steps=4, chunks=6, repeats=3, compile=True)

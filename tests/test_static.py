@@ -14,8 +14,8 @@ import torch
 
 from fastattn import fast as FA
 from fastattn import static as S
+from fastattn.bench.forms import choice_lines, form_lines, form_verdict, kit_lines
 from fastattn.core import f64_attention
-from fastattn.experiments.decode_forms import choice_lines, form_lines, form_verdict, kit_lines
 from fastattn.gpucheck import opt_in_section
 
 #: (dtype, (Hq, Hkv, D), draws): GQA groups of 4 and 2, one geometry per dtype (a compile each)

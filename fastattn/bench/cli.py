@@ -41,7 +41,7 @@ def reference_run(out, *, device="cpu", positions=(0, 16, 256, 512, 1024, 2048, 
     from ..backends import backend_matrix
     written.append(save_record(record("backend_matrix", env=env_record(device), rows=backend_matrix(device),
                                       params={"capacity": 8192, "position": 256}), out, "backend_matrix"))
-    from ..experiments.causality import calibration_ladders
+    from ..exactness import calibration_ladders
     ladder = calibration_ladders(device, capacity=8192)
     written.append(save_record(record("exactness_calibration", env=env_record(device), params={"capacity": 8192},
                                       rows=ladder), out, "exactness_calibration"))
@@ -139,7 +139,7 @@ def main(argv=None) -> int:
                                                 dtype=args.dtype or "bfloat16",
                                                 device=str(device)), out))
     if args.what in ("dtype", "all"):  # the whole decode in voxcpm's dtype and float32, upstream and patched
-        from ..experiments.profiling import whole_dtypes
+        from .decode import whole_dtypes
         written.append(save_record(dtype_decode(args.preset or "tiny", dtypes=whole_dtypes(device, "bfloat16"),
                                                 steps=args.steps or 12, device=device), out,
                                    f"dtype_decode_{args.preset or 'tiny'}"))

@@ -297,3 +297,12 @@ def dtype_decode(preset: str = "full", *, dtypes=("bfloat16", "float32"), steps:
                   flags=cpu_flags() if device.type == "cpu" else {},
                   sizing=sizing, step_s=step_s, measured_s=measured,
                   build_s=statistics.mean(o["build_s"] for o in out.values()), spent_s=spent)
+
+
+def whole_dtypes(device, dtype: str) -> tuple:
+    """05's whole-decode dtypes: voxcpm's own first (every ratio's base), float32, ``dtype``, and float16 on CUDA."""
+    import torch
+
+    from ..devices import runtime_dtype
+    extra = ("float32", dtype) + (("float16",) if torch.device(device).type == "cuda" else ())
+    return tuple(dict.fromkeys((runtime_dtype(device),) + extra))

@@ -1,19 +1,32 @@
 """The static-shape decode forms (:mod:`fastattn.static`) timed as a decode runs them: a stack of ``layers`` calls per
 replay, static inputs, a fresh position per call. :func:`form_sweep` writes the ``decode_forms`` record that
-:func:`fastattn.experiments.decode_forms.form_verdict` reads; :func:`stack_sweep` times any set of variants."""
+:func:`form_verdict` reads; :func:`stack_sweep` times any set of variants."""
 
 from __future__ import annotations
 
+import math
 import statistics
+from typing import Optional
 
 import torch
 
 from ..devices import dtype_name, dtype_of, resolve_device
-from ..static import FORMS, check_form, compile_form, form_caller, fresh_calls, layer_stack, stack_data
+from ..static import (
+    FORMS,
+    check_form,
+    compile_form,
+    form_caller,
+    form_winner,
+    fresh_calls,
+    geomean,
+    layer_stack,
+    stack_data,
+)
 from .records import env_record, record
+from .stats import fmt_ci, quiet_ratio, ratio_ci
 from .timing import progress_bar, stats_ms, time_interleaved
 
-__all__ = ["form_sweep", "stack_sweep"]
+__all__ = ["form_sweep", "stack_sweep", "form_verdict", "form_lines", "check_lines", "kit_lines", "choice_lines"]
 
 
 @torch.no_grad()
@@ -74,3 +87,129 @@ def form_sweep(positions, *, device="cpu", dtype="bfloat16", capacity: int = 819
               "compile_mode": mode, "forms": names, "layers": layers, "static_inputs": True,
               "key_counts": "fresh per call, walking from each position within its bucket"}
     return record("decode_forms", env=env_record(device, dt), params=params, rows=rows, checks=checks)
+
+
+# --------------------------------------------------------------------------- the verdict, from records
+def _eligible(rec: dict) -> tuple:
+    ok, excluded = [], {}
+    for c in rec.get("checks", []):
+        if not c["available"]:
+            whose = "torch's limit, not the form's: " if c.get("limit") == "torch" else ""
+            excluded[c["form"]] = f"unavailable ({whose}{c['reason']})"
+        elif not c["accepted"]:
+            excluded[c["form"]] = f"error {c['max_err']:.3g} above its bound {_bound(c):.3g}"
+        elif c.get("within_bound") is False:
+            excluded[c["form"]] = f"{c['graphs']} graphs, above its bound of {c['graph_bound']}"
+        else:
+            ok.append(c["form"])
+    return ok, excluded
+
+
+def _bound(c: dict) -> float:
+    return c.get("bound") or 2 * c["reference_err"]  # records before the ulp floor: twice upstream's
+
+
+def _row(rec: dict, form: str, p: int, compiled: bool) -> Optional[dict]:
+    return next((r for r in rec["rows"] if (r["form"], r["position"], r["compiled"]) == (form, p, compiled)), None)
+
+
+def _median(row: Optional[dict]) -> float:
+    """A row's median over its quiet samples (all of them where fewer than 3 are quiet); inf for no row."""
+    if row is None:
+        return math.inf
+    flags = row.get("disturbed_flags") or [False] * len(row["samples_ms"])
+    quiet = [x for x, f in zip(row["samples_ms"], flags) if not f]
+    return statistics.median(quiet if len(quiet) >= 3 else row["samples_ms"])
+
+
+def form_verdict(rec: dict) -> dict:
+    """The winner among eligible forms (:func:`fastattn.static.form_winner` on the quiet medians), timed compiled
+    where any compiled row exists (else eager). Returns ``winner``, ``runner_up``, ``compiled``, ``excluded``
+    ({form: why}), ``per_position`` ({p: {"winner", "ratio", "ci"}}: runner-up over winner), ``margin`` (their
+    geometric mean), ``decided`` (every position's interval above 1 with the winner fastest there), ``decided_at``,
+    ``other_winners`` ({p: form} fastest elsewhere) and ``line``, a sentence."""
+    ok, excluded = _eligible(rec)
+    compiled = any(r["compiled"] for r in rec["rows"])
+    positions = rec["params"]["positions"]
+    medians = {f: {p: _median(_row(rec, f, p, compiled)) for p in positions} for f in ok}
+    winner = form_winner(medians)
+    out = {"winner": winner, "runner_up": None, "compiled": compiled, "excluded": excluded, "per_position": {},
+           "margin": None, "decided": False, "decided_at": [], "other_winners": {},
+           "device": rec["env"].get("device"), "dtype": rec["params"]["dtype"]}
+    runner = form_winner({f: m for f, m in medians.items() if f != winner})
+    if winner is None:
+        return dict(out, line="no eligible form was timed: " + "; ".join(f"{f} {why}" for f, why in excluded.items()))
+    if runner is None:
+        return dict(out, line=f"{winner} is the only eligible form")
+    pp = out["per_position"]
+    for p in positions:
+        r, ci, _, _ = quiet_ratio(_row(rec, runner, p, compiled), _row(rec, winner, p, compiled))  # paired rounds
+        pp[p] = {"winner": min(ok, key=lambda f: medians[f][p]), "ratio": r, "ci": ci}
+    margin = geomean(v["ratio"] for v in pp.values())
+    decided_at = [p for p, v in pp.items() if v["ci"] is not None and v["ci"][0] > 1 and v["winner"] == winner]
+    others = {p: v["winner"] for p, v in pp.items() if v["winner"] != winner}
+    decided = len(decided_at) == len(positions)
+    line = (f"{winner} wins ({'compiled' if compiled else 'eager'}, {out['dtype']}): {runner} takes {margin:.2f}x its "
+            f"time (geometric mean over positions {', '.join(map(str, positions))}; per position " +
+            ", ".join(f"{p}: {v['ratio']:.2f}x {fmt_ci(v['ci'])}" for p, v in pp.items()) + ")")
+    if not decided:
+        line += (f"; decided at {', '.join(map(str, decided_at)) or 'no position'}"
+                 + ("; faster elsewhere: " + ", ".join(f"{f} at {p}" for p, f in others.items()) if others else ""))
+    return dict(out, runner_up=runner, margin=margin, decided=decided, decided_at=decided_at, other_winners=others,
+                line=line)
+
+
+def form_lines(rec: dict) -> list:
+    """Markdown lines for a report: the verdict, then each form's check (:func:`check_lines`)."""
+    v = form_verdict(rec)
+    return [f"- **{'Decided' if v['decided'] else 'Not decided'}**: {v['line']}"] + check_lines(rec.get("checks", []))
+
+
+def check_lines(checks: list) -> list:
+    """A line per :func:`fastattn.static.check_form` row: why it is out, or its error, graphs, CUDA graphs (and, for
+    a graph-class candidate, its ms per layer at each position)."""
+    excluded, lines = _eligible({"checks": checks})[1], []
+    for c in checks:
+        if not c["available"]:
+            lines.append(f"- {c['form']}: {excluded[c['form']]}")
+            continue
+        rec_graphs, times = c.get("cudagraph_recordings"), c.get("per_position_ms") or {}
+        lines.append(f"- {c['form']}: error {c['max_err']:.3g} vs upstream's {c['reference_err']:.3g} "
+                     f"({'within' if c['accepted'] else 'above'} its bound {_bound(c):.3g}), {c['graphs']} dynamo "
+                     f"graph(s) over {c['steps']} steps (bound {c['graph_bound']})"
+                     + (f", {rec_graphs} CUDA graph(s) recorded" if rec_graphs is not None else "")
+                     + ("" if c["deterministic"] else ", NOT deterministic")
+                     + "".join(f"; p={p}: {ms:.3f} ms" for p, ms in times.items()))
+    return lines
+
+
+def kit_lines(rec: dict) -> list:
+    """Markdown lines from a ``kit_decode`` record: each mode's whole decode (median of the alternated repeats;
+    live over masked with its 95% interval), its graphs and cudagraph skips from compile to the stream's end (with
+    the reasons), and whether the mode off stayed bit-identical."""
+    rows = {r["mode"]: r for r in rec["rows"]}
+    lines = []
+    for mode, r in rows.items():
+        why = "; ".join(r.get("cudagraph_skip_reasons") or [])
+        lines.append(f"- decode_attention={mode!r} ({r['phase']}): whole decode {r['wall_s']:.3f} s (median of "
+                     f"{len(r['wall_samples_s'])}); compile, warm-up and a {r['chunks']}-chunk stream: "
+                     f"{r['unique_graphs']} dynamo graph(s), {r['cudagraph_skips']} cudagraph skip(s)"
+                     + (f" ({why})" if why else "") + ", "
+                     f"{'unknown' if r['cudagraph_recordings'] is None else r['cudagraph_recordings']} CUDA graph(s) "
+                     "recorded")
+    if {"masked", "live"} <= set(rows):
+        a, b = rows["live"]["wall_samples_s"], rows["masked"]["wall_samples_s"]
+        lines.append(f"- live / masked whole decode: {statistics.median(a) / statistics.median(b):.3f}x "
+                     f"{fmt_ci(ratio_ci(a, b))}")
+    lines.append(f"- mode off bit-identical to upstream: {rec.get('identical_off')}; mode on differs by at most "
+                 f"{rec.get('max_abs_diff_on', float('nan')):.3g} (a free-running decode within rounding)")
+    return lines
+
+
+def choice_lines(choice: dict) -> list:
+    """Lines of a graph-class choice (:func:`fastattn.fast.graph_choice`): each form (:func:`check_lines`), then the
+    winner and whether the forms ran under CUDA graphs."""
+    graphs = "CUDA graphs" if choice.get("compile_mode") == "reduce-overhead" and choice["device"].startswith(
+        "cuda") else "no CUDA graphs"
+    return check_lines(choice["candidates"]) + [
+        f"winner here ({choice['device']}, {choice['dtype']}, compiled, {graphs}): {choice['winner']}"]

@@ -7,6 +7,7 @@ from typing import Optional, Sequence
 
 import torch
 
+from ..exactness import calibration_ladders  # noqa: F401 (03 shows the ladder)
 from ..modes import MODES
 from ..step import attention_step, f64_attention
 
@@ -76,26 +77,6 @@ def gqa_check(device="cpu", *, seed: int = 0, capacity: int = 1024, batch: int =
             f"exact == reference ({len(range(1, capacity + 1, 37))} lengths)": same,
             "position 0 returns v[0] in every mode": p0}
     return out
-
-
-def calibration_ladders(device="cpu", *, capacity: int = 8192, dtypes=("float32", "bfloat16"), lqs=(1, 5),
-                        hq: int = 16, hkv: int = 2, head_dim: int = 128, draws: int = 3) -> list[dict]:
-    """The exhaustive calibration ladder: one row per (dtype, lq, candidate) with its ladder fields and ``chosen``,
-    the bucket the default ``exact`` uses for that geometry."""
-    from ..exactness import calibrate_exact
-
-    rows = []
-    for name in dtypes:
-        for lq in lqs:
-            cal = calibrate_exact(device, getattr(torch, name), hq=hq, hkv=hkv, head_dim=head_dim,
-                                  capacity=capacity, lq=lq, draws=draws, exhaustive=True)
-            for r in cal["ladder"]:
-                rows.append({"dtype": name, "lq": lq, "candidate": r["candidate"], "eligible": r["eligible"],
-                             "bit_identical": r["bit_identical"], "max_abs_diff": r["max_abs_diff"],
-                             "lengths": r["lengths_checked"], "draws": r["draws"],
-                             "first_diff_length": r["first_diff_length"], "chosen": cal["bucket"],
-                             "kernel": cal["kernel"], "seconds": cal["seconds"]})
-    return rows
 
 
 def padded_batch_check(*, lengths=(37, 200, 5), Lq: int = 3, Lk: int = 256, hq: int = 8, hkv: int = 2,

@@ -3,6 +3,7 @@ attention calls, and bf16 vs fp32. Pure functions of records; they measure nothi
 
 from __future__ import annotations
 
+from ..bench.decode import whole_dtypes  # noqa: F401 (05 calls it through this module)
 from ..bench.metrics import call_ratio, dtype_recommendation, patched_is_upstream, step_ratio, time_shares, whole_ratio
 from ..bench.records import find_row
 from ..bench.targets import met_count
@@ -168,15 +169,6 @@ def growth_table(growth: dict) -> list[dict]:
                     "final capacity": s["final_capacity"], "right-sized here": s.get("right_sized", True),
                     "upstream zero-fill per request ms": s["upstream_fill_ms"]})
     return out
-
-
-def whole_dtypes(device, dtype: str) -> tuple:
-    """05's whole-decode dtypes: voxcpm's own first (every ratio's base), float32, ``dtype``, and float16 on CUDA."""
-    import torch
-
-    from ..devices import runtime_dtype
-    extra = ("float32", dtype) + (("float16",) if torch.device(device).type == "cuda" else ())
-    return tuple(dict.fromkeys((runtime_dtype(device),) + extra))
 
 
 def dtype_findings(r: dict) -> dict:

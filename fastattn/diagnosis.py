@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Optional
 
-from ..bench.stats import fmt_ci
+from .bench.stats import fmt_ci
 
 __all__ = ["diagnosis", "reply_293", "measured_where", "RULES_OUT", "REPRODUCES", "NEEDS", "NOT_MEASURED", "ASK",
            "SNIPPET"]
@@ -214,7 +214,7 @@ def _why(row: dict, lang: int) -> str:
 
 def _reply(lang: str, **parts) -> str:
     """``data/upstream-prs/reply-templates/<lang>.md`` filled with ``parts``."""
-    from ..paths import data_dir
+    from .paths import data_dir
     return (data_dir() / "upstream-prs" / "reply-templates" / f"{lang}.md").read_text().format(**parts)
 
 
