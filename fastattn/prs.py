@@ -15,10 +15,10 @@ import re
 from pathlib import Path
 from typing import Optional
 
-from .bench.metrics import matrix_rows, newest, slice_evidence
+from .bench.metrics import matrix_rows, newest, slice_evidence, whole_ratio
 from .bench.records import load_record
 from .paths import data_dir
-from .readme import REFERENCE
+from .readme import REFERENCE, records
 
 __all__ = ["machine_rows", "matrix_rows", "upstream_check", "slice_evidence", "import_cost", "math_versions", "fields",
            "documents", "main", "REPO"]
@@ -49,25 +49,32 @@ _OLD_IDS = {"decode step p=256 (bfloat16, hidden 2048)": "decode_bf16", "decode 
             "decode_fp32", "whole decode (full, bfloat16, 12 steps)": "whole"}
 
 
+def _machines() -> list:
+    """Every machine folder under data/results with a whole decode, by :func:`fastattn.readme.records`."""
+    folders = [f for f in sorted(_results().iterdir()) if f.is_dir()]
+    return [(f, r) for f, r in ((f, records(f)) for f in folders) if r["whole"] and r["targets"]]
+
+
 def machine_rows() -> list:
     """Per machine folder with a whole decode: KV MB of a 300-token request (upstream, patched), the decode step at
     p=256 (bf16, fp32) and the whole decode as targets.json judged them, and whether the outputs were identical."""
     rows = []
-    for tr in sorted(_results().glob("*/targets.json")):
-        t = {r.get("id") or _OLD_IDS.get(r["target"].split(":")[0]): r for r in load_record(tr)["rows"]}
-        kv = load_record(tr.parent / "kv_memory_full.json")
-        whole = load_record(tr.parent / "whole_decode_full.json")
+    for folder, r in _machines():
+        t = {x.get("id") or _OLD_IDS.get(x["target"].split(":")[0]): x for x in r["targets"]["rows"]}
+        whole, kv = r["whole"], r["kv"]
         kv_mb = (kv["upstream_bytes"] / 1e6, kv["patched_bytes"] / 1e6)
         rows.append({"machine": _machine(whole["env"]), "kv_mb": kv_mb,
-                     "step_bf16": t["decode_bf16"], "step_fp32": t["decode_fp32"], "whole": t["whole"],
+                     "step_bf16": t["decode_bf16"], "step_fp32": t["decode_fp32"], "whole": whole_ratio(whole),
                      "identical": whole["identical"], "steps": whole["params"]["steps"],
-                     "reference": tr.parent.name == REFERENCE})
+                     "reference": folder.name == REFERENCE})
     return rows
 
 
-def _ratio(t: dict) -> str:
-    ci = "" if t.get("ci_low") is None else f" [{t['ci_low']:.2f}, {t['ci_high']:.2f}]"
-    return f"{t['measured']:.2f}x{ci}" + (f", n={t['n']}" if t.get("n") else " (no interval recorded)")
+def _ratio(t) -> str:
+    """A target row or a :class:`fastattn.bench.metrics.Figure` as the PR quotes it."""
+    value, ci, n = (t.value, t.ci, t.n) if hasattr(t, "value") else (
+        t["measured"], (t["ci_low"], t["ci_high"]) if t.get("ci_low") is not None else None, t.get("n"))
+    return f"{value:.2f}x" + (f" [{ci[0]:.2f}, {ci[1]:.2f}], n={n}" if ci else " (no interval recorded)")
 
 
 def matrix_table() -> str:
@@ -144,10 +151,12 @@ def _applies() -> str:
 
 
 def _stream_line() -> str:
-    s = load_record(_results() / REFERENCE / "stream_profile_full.json")
-    six, p = s["sixths"]["upstream"], s["params"]
-    return (f"a {p['chunks']}-chunk stream on {_machine(s['env'])} ({p['weights']} weights) takes {six[0] / 1e3:.2f} s "
-            f"per chunk in its first sixth and {six[-1] / 1e3:.2f} s in its last, with or without this change")
+    s = records(_results() / REFERENCE)["stream"]
+    six, p = s["sixths"], s["params"]
+    return (f"a {p['chunks']}-chunk stream on {_machine(s['env'])} ({p['weights']} weights) takes "
+            f"{six['upstream'][0] / 1e3:.2f} s per chunk upstream in its first sixth and "
+            f"{six['upstream'][-1] / 1e3:.2f} s in its last ({s['verdict']['upstream']}); patched, "
+            f"{six['exact'][0] / 1e3:.2f} s and {six['exact'][-1] / 1e3:.2f} s")
 
 
 def _import_line() -> str:
@@ -179,7 +188,7 @@ def _machine_table() -> str:
 def _dtype_seen() -> str:
     from .bench.decode import dtype_table
     from .devices import native_bf16
-    recs = [load_record(p) for p in sorted(_results().glob("*/dtype_decode_full.json"))]
+    recs = [r["dtypes"] for _, r in _machines() if r["dtypes"]]
 
     def fp32_ratio(rec):
         row = next(x for x in dtype_table(rec) if (x["dtype"], x["variant"]) == ("float32", "upstream"))
@@ -214,7 +223,7 @@ def fields() -> dict:
 
 def reply_293_text() -> str:
     from .diagnosis import diagnosis, reply_293
-    stream = load_record(_results() / REFERENCE / "stream_profile_full.json")
+    stream = records(_results() / REFERENCE)["stream"]
     return reply_293(diagnosis(stream), stream, _slice()) + "\n"
 
 
