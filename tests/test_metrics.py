@@ -1,0 +1,48 @@
+"""One source for every number: each headline figure that README, docs/results.md, the hardware matrix and the
+targets print is the one function of bench.metrics applied to the committed reference records."""
+
+import pytest
+
+from fastattn import readme
+from fastattn.bench import metrics
+from fastattn.bench.records import load_run
+from fastattn.paths import data_dir
+from fastattn.report import compare
+
+REF = data_dir() / "results" / readme.REFERENCE
+
+
+@pytest.fixture(scope="module")
+def run():
+    return load_run(REF)
+
+
+def test_every_headline_is_printed_as_its_function_gives_it(run):
+    figures = metrics.headlines(run)
+    assert len(figures) >= 6, "the reference run holds the headline records"
+    results = readme.current_block(readme._results_md())
+    matrix = {r["measure"]: r for r in compare([REF])["rows"]}
+    col = compare([REF])["machines"][0]
+    for name, fig in figures.items():
+        assert f"| {name} | {fig.text()} |" in results, name
+        assert matrix[name][col] == fig.text(), name
+
+
+def test_readme_quotes_the_same_functions(run):
+    block = readme.current_block()
+    for name in ("exact / reference, one call, p=256, fp32", "patched / upstream, decode step, p=256, bf16"):
+        assert metrics.HEADLINES[name](run).text() in block, name
+    assert metrics.whole_ratio(readme.records(REF)["whole"]).text() in block
+
+
+def test_the_targets_record_is_the_metrics_of_its_records(run):
+    r = readme.records(REF)
+    t = {x["id"]: x for x in r["targets"]["rows"]}
+    dec16 = run.get("decode_step", dtype="bfloat16")
+    pairs = {"exact_p256": metrics.call_ratio(r["att32"], "exact", "reference"),
+             "fast_p256": metrics.call_ratio(r["att32"], "fast", "reference"),
+             "decode_bf16": metrics.step_ratio(dec16), "decode_fp32": metrics.step_ratio(r["dec32"])}
+    for gid, fig in pairs.items():
+        assert t[gid]["measured"] == pytest.approx(fig.value, rel=1e-12), gid
+        if t[gid].get("ci_low") is not None:
+            assert (t[gid]["ci_low"], t[gid]["ci_high"]) == pytest.approx(fig.ci, rel=1e-12), gid
