@@ -240,11 +240,33 @@ def documents() -> dict:
     return {**out, "reply-293.md": reply_293_text()}
 
 
+MATRIX_BEGIN, MATRIX_END = "<!-- matrix:begin -->", "<!-- matrix:end -->"
+
+
+def install_matrix() -> str:
+    """docs/install.md's tested matrix: CI's pair, then each torch of the exactness records (the contract's
+    decode through the right-sized diff, and the kits' tests, stacked)."""
+    yes = {True: "yes", False: "**no**", None: "not run"}
+    out = ["| torch | Python | how | SDPA kernel (CPU) | default patch = upstream | kit tests |",
+           "|---|---|---|---|---|---|",
+           "| 2.13.0 | 3.11 | `make test` (CI) | FLASH_ATTENTION | every test | every test |"]
+    py = lambda v: "" if v.startswith("3.11") else f" PY={'.'.join(v.split('.')[:2])}"  # noqa: E731
+    out += [f"| {r['torch']} | {r['python']} | `make torch-matrix TORCH={r['torch']}{py(r['python'])} "
+            "SUITE=exactness` | "
+            f"{r['kernel']} | {yes[r['diff'] and r['exact']]} | {r['kits'][0]} passed, {r['kits'][1]} failed |"
+            for r in _matrix()]
+    return "\n".join(out) + "\n"
+
+
 def main(argv=None) -> int:
     import argparse
     ap = argparse.ArgumentParser(prog="python -m fastattn prs", description=__doc__.split("\n\n")[0])
     ap.add_argument("--write", action="store_true", help=f"write data/{PRS}/*.md")
     args = ap.parse_args(argv)
+    if args.write:
+        from .paths import repo_root
+        from .readme import _replace_block
+        _replace_block(repo_root() / "docs" / "install.md", install_matrix(), MATRIX_BEGIN, MATRIX_END)
     for name, text in documents().items():
         if args.write:
             (Path(data_dir()) / PRS / name).write_text(text)
