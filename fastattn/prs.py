@@ -265,8 +265,8 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     if args.write:
         from .paths import repo_root
-        from .readme import _replace_block
-        _replace_block(repo_root() / "docs" / "install.md", install_matrix(), MATRIX_BEGIN, MATRIX_END)
+        from .readme import replace_block
+        replace_block(repo_root() / "docs" / "install.md", install_matrix(), MATRIX_BEGIN, MATRIX_END)
     for name, text in documents().items():
         if args.write:
             (Path(data_dir()) / PRS / name).write_text(text)

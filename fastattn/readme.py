@@ -313,7 +313,7 @@ def current_block(path: Optional[Path] = None, begin: str = BEGIN, end: str = EN
     return text[text.index(begin) + len(begin):text.index(end)].strip("\n") + "\n"
 
 
-def _replace_block(path: Path, block: str, begin: str = BEGIN, end: str = END) -> None:
+def replace_block(path: Path, block: str, begin: str = BEGIN, end: str = END) -> None:
     text = path.read_text()
     head, tail = text[:text.index(begin) + len(begin)], text[text.index(end):]
     path.write_text(head + "\n" + block + tail)
@@ -333,14 +333,14 @@ def main(argv=None) -> int:
     if not args.write:
         print(block, end="")
         return 0
-    _replace_block(_readme(), block)
-    _replace_block(Path(repo_root()) / "docs" / "api.md", modules_table(), MODULES_BEGIN, MODULES_END)
-    _replace_block(_results_md(), reference_findings(results / REFERENCE, results / OTHER))
+    replace_block(_readme(), block)
+    replace_block(Path(repo_root()) / "docs" / "api.md", modules_table(), MODULES_BEGIN, MODULES_END)
+    replace_block(_results_md(), reference_findings(results / REFERENCE, results / OTHER))
     headline_figure(results / REFERENCE, results / HEADLINE)
     for name in PR_FILES:
         path = Path(data_dir()) / name
         if DTYPE_BEGIN in path.read_text():
-            _replace_block(path, dtype_machines(results), DTYPE_BEGIN, DTYPE_END)
+            replace_block(path, dtype_machines(results), DTYPE_BEGIN, DTYPE_END)
         if FORMS_BEGIN in path.read_text():
-            _replace_block(path, forms_machines(results), FORMS_BEGIN, FORMS_END)
+            replace_block(path, forms_machines(results), FORMS_BEGIN, FORMS_END)
     return 0

@@ -164,7 +164,7 @@ def test_plain_papermill_from_another_folder(tmp_path):
 
 
 def test_the_reference_profile_sizes_the_seeds_claims_and_is_checked_per_notebook():
-    """The reference profile streams past chunk 400, decodes 12 steps, and plans about an hour here; its sizes are
+    """The reference profile streams past chunk 400, decodes 12 steps, and plans tens of minutes here; its sizes are
     each notebook's own (01's repeats are not 05's); an unknown profile is refused naming the ones there are."""
     from fastattn import budget
     prof = wb.load_profile("reference")
@@ -173,6 +173,6 @@ def test_the_reference_profile_sizes_the_seeds_claims_and_is_checked_per_noteboo
     for nb in wb.notebooks():
         wb._validate_run(nbs.get(nb.stem, {}), [nb])
     est = budget.profile_estimate(budget.calibration()["probe"], [p.stem for p in wb.notebooks()], nbs)
-    assert 30 * 60 < sum(est.values()) < 100 * 60
+    assert 15 * 60 < sum(est.values()) < 100 * 60  # well past the default run's 600 s, under two hours
     with pytest.raises(ValueError, match="expected one of reference"):
         wb.load_profile("nope")
