@@ -197,8 +197,9 @@ def _optimize_counters(device, size) -> list:
 
 
 def _eager_slices(device, size) -> list:
-    """The eager slice (as the kit's eager ``live``) at ``slice_calls`` fresh key counts, against one count repeated
-    and upstream's masked call: a kernel that plans per key count (cuDNN on Hopper) pays it in the first only."""
+    """The eager slice at ``slice_calls`` fresh key counts, with SDPA's own choice and with cuDNN left out (as the
+    kit's eager ``live`` calls it), against one count repeated and upstream's masked call: a kernel that plans per
+    key count (cuDNN on Hopper) pays it in the first only."""
     from .backends import explain_sdpa
     from .bench.timing import stats_ms, time_interleaved
     from .fast import sdpa_slice
@@ -209,6 +210,7 @@ def _eager_slices(device, size) -> list:
     pos = [torch.tensor([i], device=device) for i in walk]
     sliced = lambda i: sdpa_slice(q, k[:, :, :i + 1], v[:, :, :i + 1])  # noqa: E731
     fns = {"slice, fresh length per call": _walker(walk, sliced), "slice, one length": lambda: sliced(p),
+           "slice, fresh length, cuDNN left out": _walker(walk, lambda i: _without_cudnn(sliced, i)),
            "masked, whole cache": _walker(pos, lambda t: upstream_masked(q, k, v, t))}
     host = {}
     times = time_interleaved(fns, repeats=n, warmup=2, device=device, host=host)
@@ -216,6 +218,13 @@ def _eager_slices(device, size) -> list:
     chosen = explain_sdpa(q, k[:, :, :p + 1], v[:, :, :p + 1], enable_gqa=True).backend
     return [_recorder(device, "bfloat16")("eager_slices", {"position": p, "calls": n, "capacity": cap,
                                                            **size["geometry"]}, rows, slice_backend=chosen)]
+
+
+def _without_cudnn(fn: Callable, *args):
+    """``fn(*args)`` with SDPA limited to flash, efficient and math: the kit's eager ``live`` on CUDA."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    with sdpa_kernel([SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]):
+        return fn(*args)
 
 
 def _walker(items: list, fn: Callable) -> Callable:
@@ -518,17 +527,19 @@ def summary_lines(folder: Path, steps: list, head: list) -> list:
     from .bench.records import load_record
     entries, kept = _log_entries(folder), {}
     lines = [*head, "", "| step | outcome | seconds |", "|---|---|---|"]
-    for s in steps:
-        e = entries.get(s.name)
+    planned = [(s.name, s.skip) for s in steps]
+    earlier = [(n, None) for n in entries if n not in {name for name, _ in planned}]  # an earlier call's (--resume)
+    for name, skip in planned + earlier:
+        e = entries.get(name)
         if e is None:
-            lines.append(f"| {s.name} | {'skipped: ' + s.skip if s.skip else 'not run (not reached, or killed)'} | |")
+            lines.append(f"| {name} | {'skipped: ' + skip if skip else 'not run (not reached, or killed)'} | |")
             continue
-        kept[s.name] = recs = [load_record(folder / f) for f in e.get("files", [])]
+        kept[name] = recs = [load_record(folder / f) for f in e.get("files", [])]
         bad = [why for r in recs for why in _failures(r)] or ([e["why"]] if e["status"] == "failed" else [])
         files = ", ".join(e.get("files", []))
         what = f"ok: {files}" if e["status"] == "ok" else f"{e['status']}: " + "; ".join(bad or [e.get("why") or ""]) \
             + (f" (records: {files})" if files else "")
-        lines.append(f"| {s.name} | {what} | {e['seconds']:.1f} |")
+        lines.append(f"| {name} | {what} | {e['seconds']:.1f} |")
     lines += first_contact_lines({k: v for k, v in kept.items() if k in FIRST_CONTACT})
     return lines + opt_in_section(kept.get("decode_forms"), kept.get("kit_decode", []) + kept.get("kit_decode_eager",
                                                                                                   []))
@@ -566,7 +577,9 @@ def first_contact_lines(kept: dict) -> list:
     for rec in kept.get("eager_slices", []):
         out.append(f"- eager slices at position {rec['params']['position']} (SDPA picks {rec['slice_backend']}): "
                    f"{_ratio_line(rec['rows'], 'slice, fresh length per call', 'slice, one length')}; "
-                   f"{_ratio_line(rec['rows'], 'slice, fresh length per call', 'masked, whole cache')}")
+                   f"{_ratio_line(rec['rows'], 'slice, fresh length per call', 'masked, whole cache')}"
+                   + "".join(f"; {_ratio_line(rec['rows'], v, 'masked, whole cache')}" for v in
+                             ("slice, fresh length, cuDNN left out",) if any(r["variant"] == v for r in rec["rows"])))
     return out
 
 

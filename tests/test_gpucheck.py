@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from fastattn import bench, gpucheck
+from fastattn.bench.timing import stats_ms
 from fastattn.gpucheck import FIRST_CONTACT, Step, gpu_check
 
 from .conftest import cuda
@@ -82,6 +83,9 @@ def test_only_skip_and_resume_name_steps(tmp_path, monkeypatch):
     assert ran == ["b", "a"]
     summary = (tmp_path / "k" / "summary.md").read_text()
     assert "| a | ok: " in summary and "| b | ok: " in summary and "| c | not run" not in summary
+    gpu_check("cpu", out=tmp_path / "k", only=["c"], resume=True, **QUIET)  # a later call names c alone
+    summary = (tmp_path / "k" / "summary.md").read_text()
+    assert all(f"| {n} | ok: " in summary for n in "abc"), summary  # the earlier calls' steps stay in the summary
     with pytest.raises(ValueError, match="unknown step.*the steps are a, b, c"):
         gpu_check("cpu", out=tmp_path / "new", only=["nosuch"], **QUIET)
     assert gpucheck.main(["--device", "cpu", "--only", "nosuch", "--out", str(tmp_path / "m")]) == 2
@@ -185,3 +189,38 @@ def test_the_first_contact_set_fits_its_budget_on_cuda():
     assert sum(s.estimate_s for s in plan) <= gpucheck.QUICK_BUDGET_S
     full = [s.name for s in gpucheck.plan(torch.device("cuda"), quick=False)]
     assert full[:len(FIRST_CONTACT)] == list(FIRST_CONTACT) and "kit_decode_eager" in full
+
+
+def _timed(variant: str, ms: float, n: int = 9, **kw) -> dict:
+    samples = [ms * (1 + 0.01 * (i % 3)) for i in range(n)]
+    return {"variant": variant, **stats_ms([x / 1e3 for x in samples]), **kw}
+
+
+def test_first_contact_lines_read_gpu_shaped_records(tmp_path):
+    """The first-contact summary on records shaped as an H200 run would write them: CUDA graphs recorded, a
+    counted cudagraph skip with its reason, cuDNN's per-length plan in the eager slices, host time per call."""
+    cuda_env = {"device": "cuda", "device_name": "NVIDIA H200", "torch": "2.11.0+cu128"}
+    rec = lambda kind, params, rows, **kw: bench.record(kind, env=cuda_env, params=params, rows=rows, **kw)  # noqa: E731
+    static = rec("static_inputs", {"form": "flex_decode", "layers": 28}, [
+        _timed("not static, 28 calls per replay", 0.9, position=256, per_layer_ms=0.032, host_ms_per_call=0.004),
+        _timed("static, 28 calls per replay", 0.3, position=256, per_layer_ms=0.011, host_ms_per_call=0.004)])
+    counters = rec("optimize_counters", {"preset": "small", "steps": 30}, [{
+        "variant": "upstream optimize()", "unique_graphs": 3, "cudagraph_skips": 1, "cudagraph_recordings": 2,
+        "cudagraph_skip_reasons": ["skipping cudagraphs due to mutated inputs"]}])
+    slices = rec("eager_slices", {"position": 1024, "calls": 50, "capacity": 8192}, [
+        _timed("slice, fresh length per call", 30.0), _timed("slice, one length", 0.05),
+        _timed("slice, fresh length, cuDNN left out", 0.06), _timed("masked, whole cache", 0.2)],
+        slice_backend="CUDNN_ATTENTION")
+    folder = tmp_path / "gpu"
+    folder.mkdir()
+    with open(folder / "steps.jsonl", "w") as f:
+        for name, r in (("static_inputs", static), ("optimize_counters", counters), ("eager_slices", slices)):
+            f.write(json.dumps({"step": name, "status": "ok", "seconds": 1.0,
+                                "files": [bench.save_record(r, folder, name).name]}) + "\n")
+    text = "\n".join(gpucheck.summary_lines(folder, [], ["# head"]))
+    assert "- static inputs, flex_decode at position 256: not static, 28 calls per replay: 32.0 us/layer" in text
+    assert "not static, 28 calls per replay / static, 28 calls per replay: 3.0" in text
+    assert "3 dynamo graph(s), 1 cudagraph skip(s) (skipping cudagraphs due to mutated inputs), 2 CUDA graph(s)" in text
+    assert "(SDPA picks CUDNN_ATTENTION)" in text and "slice, fresh length per call / slice, one length: 600" in text
+    assert "slice, fresh length, cuDNN left out / masked, whole cache: 0.3" in text
+    assert "| eager_slices | ok: eager_slices.json | 1.0 |" in text
