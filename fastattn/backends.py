@@ -234,11 +234,11 @@ def explain_sdpa(q, k, v, *, attn_mask=None, is_causal=False, enable_gqa=False, 
         eligibility=eligibility,
         forced=forced,
     )
-    if attn_mask is not None and attn_mask.dtype == torch.bool and "aten::where" in report.ops:
-        report.notes.append("the bool mask is converted to an additive -inf mask (aten::where) on every call")
-    elif attn_mask is not None and attn_mask.dtype == torch.bool and report.kernel == \
-            "aten::_scaled_dot_product_cudnn_attention":
+    bool_mask = attn_mask is not None and attn_mask.dtype == torch.bool
+    if bool_mask and report.kernel == "aten::_scaled_dot_product_cudnn_attention":  # first: its conversion also
         report.notes.append("cuDNN converts the bool mask itself (convert_boolean_attn_mask_cudnn) on every call")
+    elif bool_mask and "aten::where" in report.ops:  # shows an aten::where
+        report.notes.append("the bool mask is converted to an additive -inf mask (aten::where) on every call")
     if report.kernel and attn_mask is not None:
         report.notes.append(f"the chosen kernel reads all {k.shape[2]} keys; masked keys still cost time")
     return report

@@ -206,3 +206,15 @@ def test_both_caches_are_marked_static_alike():
         mark_cache_static(c)
     marked = lambda t: getattr(t, "_dynamo_static_input_type", None) is not None  # noqa: E731
     assert marked(up.kv_cache) and marked(ours._storage) and marked(ours.kv_cache)
+
+
+def test_cudnn_on_a_bool_mask_is_named_before_the_where_it_also_shows(monkeypatch):
+    """A CUDA profile where cuDNN ran a bool-masked call (its own conversion shows an ``aten::where`` too): the note
+    names cuDNN's conversion, not the generic one."""
+    from fastattn import backends
+    ops = ["aten::where", "aten::_scaled_dot_product_cudnn_attention"]
+    monkeypatch.setattr(backends, "_run_profiled", lambda call: ops)
+    monkeypatch.setattr(backends, "_choice", lambda *a: "CUDNN_ATTENTION")
+    q, k, v = (torch.randn(1, 2, n, 8) for n in (1, 16, 16))
+    notes = backends.explain_sdpa(q, k, v, attn_mask=torch.ones(1, 1, 1, 16, dtype=torch.bool)).notes
+    assert "cuDNN converts the bool mask" in notes[0] and not any("aten::where" in n for n in notes)
