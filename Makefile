@@ -33,7 +33,7 @@ setup: $(STAMP)
 workbook: $(STAMP)
 	$(BIN)/python -m fastattn workbook $(ARGS)
 
-LINT = $(BIN)/ruff check fastattn tests data/upstream-tests
+LINT = $(BIN)/ruff check fastattn tests data/upstream-tests data/kits
 
 test: $(STAMP)
 	$(LINT)

@@ -80,7 +80,7 @@ def _ratio(t) -> str:
 def matrix_table() -> str:
     yes = {True: "yes", False: "**no**", None: "not run"}
     lines = ["| torch | Python | SDPA kernel (CPU) | cache slots after the decode | decode through the diff = "
-             "upstream (fp32 and bf16) | the same with 512-slot windows forced | kit tests, diffs stacked |",
+             "upstream (fp32 and bf16) | the same with 512-slot windows forced | the new tests, three PRs applied |",
              "|---|---|---|---|---|---|---|"]  # the contract, per torch
     lines += [f"| {r['torch']} | {r['python']} | {r['kernel']} | {r['slots']} | {yes[r['diff']]} | "
               f"{yes[r['forced']]} | {r['kits'][0]} passed, {r['kits'][1]} failed |" for r in _matrix()]
@@ -134,7 +134,11 @@ def _tests_line(kit_test: str) -> list:
     fails = ", ".join(f"`{n}`" for n in own["failed_tests"]) or "none"
     missing = r"import (\w+)\W{1,4}n?\s*ModuleNotFoundError"  # a failure that is the test machine's, not the change's
     why = {m[1] for msg in own["failed_tests"].values() for m in re.finditer(missing, msg)}
-    return [f"- `tests/{kit_test}` passes with this change on main ({u['commits']['main'][:7]}) and fails without it.",
+    kits = u["tests"]["the kits' tests, the three diffs stacked"]
+    bare = u["tests"]["the kits' tests, unmodified main"]
+    return [f"- `tests/{kit_test}` (new). The three PRs' new tests on main {u['commits']['main'][:7]} with the three "
+            f"PRs applied: {kits['passed']} passed, {kits['failed']} failed, {kits['skipped']} skipped (CUDA only); "
+            f"on unmodified main {bare['failed']} of them fail.",
             f"- Upstream's own `tests/` on main {u['commits']['main'][:7]} with the three PRs applied: {own['passed']} "
             f"passed, {own['failed']} failed ({fails}); unmodified main gives {same}"
             + (f" (the test machine lacks {', '.join(sorted(why))})." if why else ".")]
@@ -158,7 +162,7 @@ def _stream_line() -> str:
     six, p = s["sixths"], s["params"]
     lead = {"does not hold": "It is not a fix for #293's slowdown, which did not reproduce here",
             "holds": "#293's slowdown reproduced here, and this change does not remove it"}.get(
-        verdict, f"#293's slowdown: {verdict} here")
+        verdict, f"It is not offered as a fix for #293's slowdown, which this run cannot judge ({verdict})")
     return (f"{lead}: a {p['chunks']}-chunk stream on {_machine(s['env'])} ({p['weights']} weights) takes "
             f"{six['upstream'][0] / 1e3:.2f} s per chunk upstream in its first sixth and "
             f"{six['upstream'][-1] / 1e3:.2f} s in its last ({s['verdict']['upstream']}); patched, "
@@ -211,10 +215,42 @@ def _slice_table() -> str:
                             for r in _matrix()])
 
 
+def _matrix_sizes() -> str:
+    """The decode every matrix record ran (one size for all, else an error: the table would mix runs)."""
+    sizes = {tuple(sorted(r["params"].items())) for r in _matrix()}
+    if len(sizes) != 1:
+        raise ValueError(f"the torch-matrix records ran different decodes: {sorted(sizes)}")
+    p = dict(sizes.pop())
+    return f"the {p['preset']} model, a {p['text_chars']}-character prompt and {p['steps']} steps"
+
+
+def _fp32_weights_x() -> float:
+    """float32's weights over voxcpm's default dtype's, the largest over the machines' dtype records."""
+    from .bench.decode import dtype_table
+    xs = []
+    for _, r in _machines():
+        if r["dtypes"]:
+            gb = {x["dtype"]: x["weights GB"] for x in dtype_table(r["dtypes"]) if x["variant"] == "upstream"}
+            xs.append(gb["float32"] / gb[r["dtypes"]["params"]["dtypes"][0]])
+    return max(xs)
+
+
+def _forms_geometry() -> str:
+    """The head geometry the forms records ran (one for all)."""
+    from .readme import machines_with
+    geo = {(r["params"]["hq"], r["params"]["hkv"], r["params"]["head_dim"], r["params"]["capacity"])
+           for dt in ("bfloat16", "float32") for _, r in machines_with(_results(), "decode_forms", dtype=dt)}
+    if len(geo) != 1:
+        raise ValueError(f"the decode_forms records ran different geometries: {sorted(geo)}")
+    hq, hkv, d, cap = geo.pop()
+    return f"{hq} query heads, {hkv} KV heads, {d} dims, {cap} slots"
+
+
 def fields() -> dict:
     """Every figure the PR templates (``data/upstream-prs/templates/``) print, by name."""
     from .readme import dtype_machines, forms_machines
     from .upstream import LIVE_ERROR_BOUND
+    label = lambda folder, env: _machine(env)  # noqa: E731 - a machine in upstream's words, not a folder name
     tests = {k: _tests_line(f"test_{k}.py") for k in ("minicpm4_right_sized_cache", "cpu_dtype_override",
                                                        "minicpm4_decode_attention")}
     return {"machine_table": _machine_table(), "matrix_machine": _matrix()[0]["machine"].split(", torch")[0],
@@ -222,9 +258,10 @@ def fields() -> dict:
             "applies": _applies(), "tests_right": "\n".join(tests["minicpm4_right_sized_cache"]),
             "tests_dtype_kit": tests["cpu_dtype_override"][0], "tests_upstream": tests["cpu_dtype_override"][1],
             "tests_live": "\n".join(tests["minicpm4_decode_attention"]), "repo": REPO,
-            "dtype_table": dtype_machines(_results()).strip(), "dtype_seen": _dtype_seen(),
+            "dtype_table": dtype_machines(_results(), label).strip(), "dtype_seen": _dtype_seen(),
             "slice_evidence": _slice()[0], "live_bound": LIVE_ERROR_BOUND, "import_line": _import_line(),
-            "forms_table": forms_machines(_results()).strip(), "slice_table": _slice_table()}
+            "forms_table": forms_machines(_results(), label).strip(), "slice_table": _slice_table(),
+            "matrix_sizes": _matrix_sizes(), "fp32_weights_x": _fp32_weights_x(), "forms_geometry": _forms_geometry()}
 
 
 def reply_293_text() -> str:

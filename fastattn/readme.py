@@ -201,16 +201,20 @@ def forms_answer(rec: dict, verdict: dict | None = None) -> str:
             f"positions {ps[0]}-{ps[-1]}), {where}")
 
 
-def _machines(results: Path, kind: str, **params) -> list:
+def machines_with(results: Path, kind: str, **params) -> list:
     """``[(folder, record)]``: each machine folder under ``results`` with a record of ``kind``."""
     out = [(f, load_run(f).get(kind, **params)) for f in sorted(p for p in results.iterdir() if p.is_dir())]
     return [(f, r) for f, r in out if r is not None]
 
 
-def forms_machines(results: Path) -> str:
-    """The PR's table of the compiled decode forms: per machine folder and dtype, the verdict; a line saying none
-    exists otherwise."""
-    found = [x for dt in ("bfloat16", "float32") for x in _machines(results, "decode_forms", dtype=dt)]
+def _folder_label(folder: Path, env: dict) -> str:
+    return f"`{folder.name}`: {env.get('device_name', '')}"
+
+
+def forms_machines(results: Path, label=_folder_label) -> str:
+    """The table of the compiled decode forms: per machine folder and dtype, the verdict; a line saying none
+    exists otherwise. ``label(folder, env)`` names the machine."""
+    found = [x for dt in ("bfloat16", "float32") for x in machines_with(results, "decode_forms", dtype=dt)]
     if not found:
         return "No machine has a `decode_forms` record yet.\n"
     from .bench.forms import form_verdict
@@ -220,22 +224,22 @@ def forms_machines(results: Path) -> str:
         verdict = form_verdict(rec)
         won = next((c for c in rec["checks"] if c["form"] == verdict["winner"]), None)
         err = f"{won['max_err']:.3g} ({won['reference_err']:.3g})" if won else "n/a"
-        out.append(f"| `{folder.name}`: {rec['env'].get('device_name', '')} | {rec['params']['dtype']} | "
+        out.append(f"| {label(folder, rec['env'])} | {rec['params']['dtype']} | "
                    f"{forms_answer(rec, verdict)} | {err} |")
     return "\n".join(out) + "\n"
 
 
-def dtype_machines(results: Path) -> str:
-    """The PR's table: per machine folder with a whole-decode dtype comparison, its CPU, native bf16, each dtype's
-    median step against voxcpm's default and the weights' memory."""
+def dtype_machines(results: Path, label=_folder_label) -> str:
+    """Per machine folder with a whole-decode dtype comparison: its CPU, native bf16, each dtype's median step
+    against voxcpm's default and the weights' memory. ``label(folder, env)`` names the machine."""
     out = ["| machine | native bf16 | decode step, voxcpm's default | float32 / default (95% CI) | "
            "float32 + fix / default (95% CI) | weights GB |", "|---|---|---|---|---|---|"]
-    for folder, rec in _machines(results, "dtype_decode"):
+    for folder, rec in machines_with(results, "dtype_decode"):
         rows = {(x["dtype"], x["variant"]): x for x in dtype_table(rec)}
         key = next(k for k in next(iter(rows.values())) if k.startswith("x "))
         base = rows[(rec["params"]["dtypes"][0], "upstream")]
         ci = lambda x, key=key: f"{x[key]:.2f}x ([{x['95% low']:.2f}, {x['95% high']:.2f}], n={x['n']})"  # noqa: E731
-        out.append(f"| `{folder.name}`: {rec['env'].get('device_name', '')} | "
+        out.append(f"| {label(folder, rec['env'])} | "
                    f"{ {True: 'yes', False: 'no', None: 'n/a'}[native_bf16(rec.get('flags') or {})]} | "
                    f"{base['dtype']} {base['step s']:.2f} s | {ci(rows[('float32', 'upstream')])} | "
                    f"{ci(rows[('float32', 'patched')])} | "

@@ -8,7 +8,7 @@ from fastattn import prs
 from fastattn.paths import data_dir
 
 PRIVATE = re.compile(r"fastattn|workbook|seed 000|make workbook|0\d_[a-z_]+|gpu-check|bench\.|calibrate_exact|"
-                     r"exactness_calibration|RightSizedKVCache|patch_voxcpm", re.I)
+                     r"exactness_calibration|RightSizedKVCache|patch_voxcpm|\d+threads-torch|\bkits?\b", re.I)
 
 
 @pytest.fixture(scope="module")
@@ -41,6 +41,7 @@ def test_each_pr_states_its_numbers(docs):
         text = docs[name]
         assert all(f"#{n}" in text for n in (199, 395, 325, 363)), name
         assert prs.upstream_check()["commits"]["main"][:7] in text and "#293" in text, name
+        assert re.search(r"not (offered as )?a fix for #293|#293's slowdown reproduced here", text), name
 
 
 def test_the_395_comment_separates_what_ran_from_what_was_read(docs):

@@ -247,7 +247,8 @@ def matrix_rows(folder: Path) -> list:
                                        for d in ("float32", "bfloat16")),
                     "slots": by[("decode through the diff", "float32")].get("capacity"),
                     "exact": ok("decode, exact patch"), "kits": (kits.get("passed"), kits.get("failed")),
-                    "slice": by[("slice fix under fullgraph", None)], "machine": _cpu(rec["env"])})
+                    "slice": by[("slice fix under fullgraph", None)], "machine": _cpu(rec["env"]),
+                    "params": rec["params"]})
     return sorted(out, key=lambda r: tuple(int(x) for x in r["torch"].split(".")))
 
 
