@@ -266,6 +266,7 @@ def run_workbook(params: Optional[dict] = None, *, only: Optional[list] = None, 
     prof = load_profile(profile) if profile else {}
     if prof:
         budget_s = prof.get("budget") or None
+        timeout = max(timeout, int(prof.get("timeout", 0)))  # a profile's long cells (01's stream) need longer
     nbs = notebooks()
     if only:
         nbs = [p for p in nbs if any(p.name.startswith(o) or p.stem == o for o in only)]

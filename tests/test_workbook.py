@@ -170,6 +170,7 @@ def test_the_reference_profile_sizes_the_seeds_claims_and_is_checked_per_noteboo
     prof = wb.load_profile("reference")
     nbs = prof["notebooks"]
     assert nbs["01_root_cause"]["chunks"] >= 400 and nbs["05_profiling"]["steps"] >= 12 and not prof["budget"]
+    assert prof["timeout"] >= 3600  # 01's streams run in one cell
     for nb in wb.notebooks():
         wb._validate_run(nbs.get(nb.stem, {}), [nb])
     est = budget.profile_estimate(budget.calibration()["probe"], [p.stem for p in wb.notebooks()], nbs)
