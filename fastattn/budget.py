@@ -67,10 +67,10 @@ def stream_seconds(chunks: int, chunk_ms: float) -> float:
     return STREAMS * chunks * chunk_ms / 1e3
 
 
-def whole_seconds(steps: int, step_s: dict, build_s: float = 0.0) -> float:
+def whole_seconds(steps: int, step_s: dict, build_s: float = 0.0, repeats: int = 2) -> float:
     """05's whole decodes: per dtype, a build (``build_s``), a 1-step warm-up (about 2 steps with its prefill) and
-    two variants x two repeats of ``steps`` steps (+1 for the prefill)."""
-    return sum(DECODES / len(step_s) * (steps + 1) * s + 2 * s + build_s for s in step_s.values())
+    two variants x ``repeats`` of ``steps`` steps (+1 for the prefill)."""
+    return sum(DECODES / len(step_s) * repeats / 2 * (steps + 1) * s + 2 * s + build_s for s in step_s.values())
 
 
 def _estimates(probe_rec: dict, cal: dict) -> dict:
@@ -86,7 +86,7 @@ def _estimates(probe_rec: dict, cal: dict) -> dict:
 
 
 def plan(probe_rec: dict, notebooks, *, given: Optional[dict] = None, budget_s: float = BUDGET_S,
-         cal: Optional[dict] = None, drift: float = 1.0, stream_preset: str = "small") -> dict:
+         cal: Optional[dict] = None, drift: float = 1.0, stream_preset: str = "small", whole_repeats: int = 2) -> dict:
     """The parameters that fit ``budget_s`` on the probed machine, for the selected ``notebooks`` (stems).
 
     Returns ``{"budget_s", "params": {name: value}, "scaled": [{"param", "default", "value", "why"}],
@@ -102,7 +102,7 @@ def plan(probe_rec: dict, notebooks, *, given: Optional[dict] = None, budget_s: 
     stems = [Path(n).stem for n in notebooks]
     fixed = sum(est["fixed_s"].get(s, 0.0) for s in stems)
     sizes = {name: given.get(name, d) for name, (nb, d, _) in SCALABLE.items() if nb in stems}
-    cost = _cost_fn(est)
+    cost = _cost_fn(est, whole_repeats)
     free = {n for n in sizes if n not in given}
     room = FILL * budget_s - fixed - sum(cost(n, sizes[n]) for n in sizes if n not in free)
     factor, pinned = _fit(free, sizes, cost, room)
@@ -124,7 +124,8 @@ def profile_estimate(probe_rec: dict, notebooks, sizes: dict, cal: Optional[dict
     """``{stem: seconds}`` of the notebooks at a profile's sizes (``{stem: {param: value}}``; nothing scaled)."""
     given = {k: v for stem, ps in sizes.items() for k, v in ps.items() if k in SCALABLE and SCALABLE[k][0] == stem}
     preset = sizes.get("01_root_cause", {}).get("preset", "small")
-    return plan(probe_rec, notebooks, given=given, budget_s=1e9, cal=cal, stream_preset=preset)["estimate_s"]
+    return plan(probe_rec, notebooks, given=given, budget_s=1e9, cal=cal, stream_preset=preset,
+                whole_repeats=sizes.get("05_profiling", {}).get("whole_repeats", 2))["estimate_s"]
 
 
 def _scaled(est: dict, drift: float) -> dict:
@@ -168,13 +169,13 @@ def _largest(name: str, default: int, share: float, cost) -> int:
     return max(fits) if fits else SCALABLE[name][2]
 
 
-def _cost_fn(est: dict):
+def _cost_fn(est: dict, whole_repeats: int = 2):
     def cost(name: str, value: int) -> float:
         if name == "chunks":
             return stream_seconds(value, est["chunk_ms"])
         if name == "repeats":  # 05's sweeps, linear in their repeats
             return est["sweep_s"] * value / SCALABLE["repeats"][1]
-        return whole_seconds(value, est["full_step_s"], est["full_build_s"])
+        return whole_seconds(value, est["full_step_s"], est["full_build_s"], whole_repeats)
     return cost
 
 

@@ -418,7 +418,8 @@ def test_target_rows_carry_unique_ids_and_are_judged_by_their_goal():
     for r in rows:
         gid = r["id"].split("@")[0]
         ci = (r["ci_low"], r["ci_high"]) if r.get("ci_low") is not None else None
-        want = judge(r["measured"], ci, GOAL(gid)) if gid in bench.GOALS else ("yes" if r["measured"] else "no")
+        want = judge(r["measured"], ci, GOAL(gid), r.get("n")) if gid in bench.GOALS else (
+            "yes" if r["measured"] else "no")
         assert r.get("verdict", want) == want
 
 

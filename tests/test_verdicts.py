@@ -83,6 +83,13 @@ def test_an_interval_that_reaches_its_goal_is_undecided(measured, ci, goal, want
     assert judge(measured, ci, goal) == want
 
 
+def test_a_timed_figure_too_small_for_an_interval_is_undecided():
+    """Two whole decodes a variant give a ratio but no interval: neither yes nor no (a count or a deterministic
+    figure, with no n, is judged by its value)."""
+    assert judge(0.9, None, 1.15, n=2) == UNDECIDED and judge(0.9, (0.85, 0.95), 1.15, n=5) == YES
+    assert judge(0.9, None, 1.15) == YES
+
+
 def test_no_target_reads_no_with_an_interval_that_reaches_its_goal():
     a = sweep({"reference": FLAT, "exact": lambda p, i: 0.2 + 0.05 * i, "fast": lambda p, i: 0.1 + 0.2 * (i % 2)},
               positions=(256,))

@@ -78,11 +78,12 @@ def decided(ci: Optional[tuple], bound: float) -> Optional[bool]:
     return None if not ci else bool(ci[1] < bound or ci[0] > bound)
 
 
-def judge(measured: float, ci: Optional[tuple], bound: float) -> str:
+def judge(measured: float, ci: Optional[tuple], bound: float, n: Optional[int] = None) -> str:
     """A figure against the goal ``<= bound``: :data:`YES` or :data:`NO` where its interval decides it (or where
     there is no interval: a count, a deterministic figure), :data:`UNDECIDED` where the interval reaches the
-    bound."""
-    if ci and not decided(ci, bound):
+    bound, or where a timed figure has too few samples for one (``0 < n < 3``; a record without samples, n 0 or
+    None, is judged by its median)."""
+    if (ci and not decided(ci, bound)) or (not ci and n is not None and 0 < n < 3):
         return UNDECIDED
     return YES if measured <= bound else NO
 

@@ -63,7 +63,7 @@ def check_targets(records: dict) -> list[dict]:
         """One judged row; ``verdict`` by :func:`.stats.judge` against GOALS' bound (for MUST_HOLD, the bool
         itself), ``passed`` True only for a met verdict (None where undecided), ``id`` = gid[@at]."""
         bound = GOALS[gid][1] if gid in GOALS else None
-        verdict = ("yes" if measured else "no") if bound is None else judge(measured, ci, bound)
+        verdict = ("yes" if measured else "no") if bound is None else judge(measured, ci, bound, n)
         out.append({"id": gid if at is None else f"{gid}@{at}", "target": target, "measured": measured,
                     "goal": f"<= {bound:g}" if bound is not None else "True", "verdict": verdict,
                     "passed": {"yes": True, "no": False}.get(verdict), "ci_low": ci[0] if ci else None,
