@@ -19,8 +19,8 @@ from .paths import data_dir, repo_root
 BEGIN, END = "<!-- findings:begin -->", "<!-- findings:end -->"
 DTYPE_BEGIN, DTYPE_END = "<!-- dtype:begin -->", "<!-- dtype:end -->"
 FORMS_BEGIN, FORMS_END = "<!-- forms:begin -->", "<!-- forms:end -->"
-REFERENCE = "cpu-epyc-avx512-2threads-torch2.13.0"
-OTHER = "cpu-xeon-avx512-2threads-torch2.13.0"
+REFERENCE = "cpu-xeon-amx-2threads-torch2.13.0"
+OTHER = "cpu-epyc-avx512-2threads-torch2.13.0"
 HEADLINE = "headline.png"
 MATRIX_CASE = "upstream: bool mask over full cache + GQA"
 

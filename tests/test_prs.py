@@ -55,7 +55,7 @@ def test_the_293_reply_is_bilingual_answers_the_fix_and_names_the_gpu_leads(docs
     en, zh = text.split("\n---\n")
     assert len(re.findall(r"[\u4e00-\u9fff]", zh)) > 300 and "#395" in en and "#395" in zh and "#199" in en
     leads = re.findall(r"^\d+\. (\w+ \w+)", en, re.M)
-    assert leads[:2] == ["CUDA graphs", "Memory pressure"] and leads[-1] == "The full"  # GPU leads first
+    assert leads[:2] == ["CUDA graphs", "Memory pressure"] and "The full" in leads[2:]  # GPU leads first
     assert "empty_cache" in en and "empty_cache" in zh and "random weights" in en and "```python" in en
     assert "torch and voxcpm versions" not in text  # the post gives voxcpm's
 
@@ -65,11 +65,11 @@ def test_reply_for_293_reads_a_runs_stream_without_trends(tmp_path):
     import json
     import shutil
 
-    from fastattn.readme import REFERENCE
     from fastattn.report import reply_for_293
     records = tmp_path / "01_root_cause" / "records"
     records.mkdir(parents=True)
-    shutil.copy(data_dir() / "results" / REFERENCE / "stream_profile_full.json", records / "stream.json")
+    whole = data_dir() / "results" / "cpu-epyc-avx512-2threads-torch2.13.0" / "stream_profile_full.json"  # no parts
+    shutil.copy(whole, records / "stream.json")
     reply = reply_for_293(tmp_path)
     assert "each chunk timed whole (not split into parts)" in reply and "按整个 chunk 计时" in reply
     assert json.loads((records / "stream.json").read_text())["kind"] == "stream_profile"

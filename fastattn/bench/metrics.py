@@ -89,8 +89,9 @@ def patched_is_upstream(whole: dict) -> bool:
 
 
 def _att(run: Run, dtype: str, cold: bool = False) -> Optional[dict]:
+    """05's attention sweep (all modes; 01's sweep times the reference alone) at 8192 slots, warm or K/V cold."""
     return next((r for r in run.all("attention", dtype=dtype) if (r["params"].get("caches", 1) > 1) == cold
-                 and r["params"].get("capacity") == 8192), None)
+                 and r["params"].get("capacity") == 8192 and "fast" in r["params"].get("modes", ("fast",))), None)
 
 
 def _dec(run: Run, dtype: str) -> Optional[dict]:
