@@ -9,7 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Optional
 
-from .bench.metrics import HEADLINES, dtype_recommendation, dtype_table, time_shares, whole_ratio
+from .bench.metrics import HEADLINES, dtype_recommendation, dtype_table, matrix_rows, time_shares, whole_ratio
 from .bench.records import find_row, load_run
 from .bench.targets import met_count
 from .claims import claims_ledger, math_fallback_reason
@@ -64,7 +64,11 @@ def _symptom(r: dict) -> str:
 def _exact(r: dict) -> str:
     chosen = sorted({x["chosen"] for x in r["ladder"]["rows"]}, key=str)
     if any(c is not None for c in chosen):
-        return f"yes, by construction: windows of {', '.join(map(str, chosen))} keys (the CPU kernel's block)"
+        held = [m["torch"] for m in matrix_rows(r["run"].folder.parent / "torch-matrix")
+                if m["kernel"].endswith("FLASH_ATTENTION") and m["diff"]]  # committed records only: a run has none
+        also = f"; the contract also held on torch {held[0]} to {held[-1]} (docs/install.md)" if held else ""
+        return (f"yes on this CPU and torch, by construction: windows of {', '.join(map(str, chosen))} keys (the CPU "
+                f"flash kernel's block){also}")
     return "yes: no window is exact here, so it keeps upstream's call"
 
 
