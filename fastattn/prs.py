@@ -246,6 +246,19 @@ def _forms_geometry() -> str:
     return f"{hq} query heads, {hkv} KV heads, {d} dims, {cap} slots"
 
 
+def _forms_winners() -> str:
+    """How often this PR's form won the compiled-forms records (one per machine and dtype)."""
+    from .bench.forms import form_verdict
+    from .readme import machines_with
+    recs = [r for dt in ("bfloat16", "float32") for _, r in machines_with(_results(), "decode_forms", dtype=dt)]
+    won = sum(form_verdict(r)["winner"] == "flex_decode" for r in recs)
+    if won == len(recs):
+        return "`flex_decode` was the fastest compiled form in every row."
+    return (f"`flex_decode` was the fastest compiled form in {won} of {len(recs)} rows: on CPU it is not always the "
+            "fastest. It is this PR's form because it keeps static shapes (one graph, CUDA-graph friendly), which "
+            "only a GPU run can price.")
+
+
 def fields() -> dict:
     """Every figure the PR templates (``data/upstream-prs/templates/``) print, by name."""
     from .readme import dtype_machines, forms_machines
@@ -261,7 +274,8 @@ def fields() -> dict:
             "dtype_table": dtype_machines(_results(), label).strip(), "dtype_seen": _dtype_seen(),
             "slice_evidence": _slice()[0], "live_bound": LIVE_ERROR_BOUND, "import_line": _import_line(),
             "forms_table": forms_machines(_results(), label).strip(), "slice_table": _slice_table(),
-            "matrix_sizes": _matrix_sizes(), "fp32_weights_x": _fp32_weights_x(), "forms_geometry": _forms_geometry()}
+            "forms_winners": _forms_winners(), "matrix_sizes": _matrix_sizes(), "fp32_weights_x": _fp32_weights_x(),
+            "forms_geometry": _forms_geometry()}
 
 
 def reply_293_text() -> str:
