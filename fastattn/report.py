@@ -103,6 +103,14 @@ def write_report(run_dir, summary: dict) -> tuple:
             atomic_write_text(run_dir / "summary.md", _summary_md(run_dir, summary, env, verdicts, ledger)))
 
 
+def _params_line(summary: dict) -> str:
+    """The user's parameters, and the profile whose sizes each notebook ran at (each notebook's in summary.json)."""
+    given = ", ".join(f"{k}={v}" for k, v in (summary.get("parameters") or {}).items())
+    prof = summary.get("profile")
+    return "; ".join(x for x in (given, prof and f"profile {prof} (each notebook's sizes in summary.json)") if x) \
+        or "defaults"
+
+
 def _index_html(run_dir: Path, summary: dict, env: dict, verdicts: list, ledger: list) -> str:
     e = html.escape
     status = summary.get("status", "?")
@@ -112,9 +120,7 @@ def _index_html(run_dir: Path, summary: dict, env: dict, verdicts: list, ledger:
            f"<p>Overall: <span class='{'ok' if status == 'ok' else 'bad'}'>{e(status)}</span>. Weights are random "
            "unless a checkpoint was given; timings are real.</p>", "<h2>Environment</h2><table>"]
     out += [f"<tr><th>{e(k)}</th><td>{e(fmt(v))}</td></tr>" for k, v in env.items()]
-    params = summary.get("parameters") or {}
-    out.append(f"<tr><th>parameters</th><td>{e(', '.join(f'{k}={v}' for k, v in params.items()) or 'defaults')}"
-               "</td></tr></table>")
+    out.append(f"<tr><th>parameters</th><td>{e(_params_line(summary))}</td></tr></table>")
     if verdicts:
         out.append("<h2>Verdicts (targets judged in this run)</h2><table><tr><th>claim</th><th>measured (95% CI)</th>"
                    "<th>goal</th><th>met</th><th>note</th></tr>")

@@ -177,3 +177,10 @@ def test_the_reference_profile_sizes_the_seeds_claims_and_is_checked_per_noteboo
     assert 15 * 60 < sum(est.values()) < 100 * 60  # well past the default run's 600 s, under two hours
     with pytest.raises(ValueError, match="expected one of reference"):
         wb.load_profile("nope")
+
+
+def test_the_landing_page_names_a_profile_run():
+    from fastattn.report import _params_line
+    assert _params_line({"parameters": {}, "profile": None}) == "defaults"
+    assert _params_line({"parameters": {"device": "cpu"}, "profile": "reference"}).startswith(
+        "device=cpu; profile reference")
