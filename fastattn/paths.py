@@ -8,9 +8,13 @@ overrides the repository root (a non-editable install has no ``data/`` beside it
 from __future__ import annotations
 
 import os
+import re
+import sys
+import tempfile
 from pathlib import Path
+from typing import Optional
 
-__all__ = ["repo_root", "data_dir", "notebooks_dir", "reports_dir", "atomic_write_text"]
+__all__ = ["repo_root", "data_dir", "notebooks_dir", "reports_dir", "atomic_write_text", "without_machine_paths"]
 
 
 def repo_root() -> Path:
@@ -35,6 +39,17 @@ def notebooks_dir() -> Path:
 
 def reports_dir() -> Path:
     return repo_root() / "reports"
+
+
+def without_machine_paths(text: str, run_dir: Optional[Path] = None) -> str:
+    """Machine paths out of a text: ``run_dir`` becomes ``.``, a temporary folder ``<tmp>``, the venv
+    ``<python>``, the checkout ``<fastattn>``, the home folder ``~``."""
+    text = re.sub(re.escape(tempfile.gettempdir()) + r"/tmp[\w.-]+", "<tmp>", text)
+    runs = [(str(run_dir.resolve()), "."), (str(run_dir), ".")] if run_dir is not None else []
+    for old, new in [*runs, (sys.prefix, "<python>"), (str(repo_root()), "<fastattn>"), (str(Path.home()), "~")]:
+        if old and old not in (".", "/"):
+            text = text.replace(old, new)
+    return text
 
 
 def atomic_write_text(path, text: str) -> Path:

@@ -18,7 +18,7 @@ from typing import Optional, Sequence
 from . import models as _models
 from .budget import BUDGET_S, SCALABLE, notebook_budget, replan
 from .devices import DTYPES
-from .paths import atomic_write_text, data_dir, notebooks_dir, reports_dir
+from .paths import atomic_write_text, data_dir, notebooks_dir, reports_dir, without_machine_paths
 
 __all__ = ["check_params", "resolve_device", "time_left", "provenance", "save_figure", "save", "table", "findings",
            "run_workbook",
@@ -219,7 +219,7 @@ def _html(executed: Path, run_dir: Optional[Path] = None, params: Optional[dict]
             'if P["interactive"]') and not c.get("outputs"))]
     body, _ = HTMLExporter().from_notebook_node(nb)
     body = body.replace("</head>", _HTML_CSS + "</head>", 1)
-    return atomic_write_text(executed.with_suffix(".html"), _relative_paths(body, run_dir or executed.parent))
+    return atomic_write_text(executed.with_suffix(".html"), without_machine_paths(body, run_dir or executed.parent))
 
 
 def _findings_up_front(executed: Path, nb_out: Path) -> None:
@@ -239,17 +239,6 @@ def _findings_up_front(executed: Path, nb_out: Path) -> None:
     cell = nbformat.v4.new_markdown_cell("\n".join(lines), metadata={"tags": ["fastattn-findings"]})
     nb.cells.insert(1, cell)
     nbformat.write(nb, str(executed))
-
-
-def _relative_paths(text: str, run_dir: Path) -> str:
-    """Machine paths out of a text: the run folder becomes ``.``, the checkout ``<fastattn>``, the venv
-    ``<python>``, the home folder ``~``."""
-    from .paths import repo_root
-    for old, new in ((str(run_dir.resolve()), "."), (str(run_dir), "."), (sys.prefix, "<python>"),
-                     (str(repo_root()), "<fastattn>"), (str(Path.home()), "~")):
-        if old and old not in (".", "/"):
-            text = text.replace(old, new)
-    return text
 
 
 def run_workbook(params: Optional[dict] = None, *, only: Optional[list] = None, keep_going: bool = False,

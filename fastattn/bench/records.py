@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Optional
 
 from ..devices import env_facts
-from ..paths import atomic_write_text
+from ..paths import atomic_write_text, without_machine_paths
 
 
 def env_record(device="cpu", dtype=None) -> dict:
@@ -44,7 +44,7 @@ def save_record(record: dict, out_dir, name: Optional[str] = None) -> Path:
     while path.exists() or path.with_suffix(".csv").exists():
         i += 1
         path = out_dir / f"{stem}-{i}.json"
-    atomic_write_text(path, json.dumps(record, indent=1, default=str))
+    atomic_write_text(path, without_machine_paths(json.dumps(record, indent=1, default=str)))  # records get shared
     rows = record.get("rows")
     if rows and isinstance(rows, list) and isinstance(rows[0], dict):
         keys = list(dict.fromkeys(k for r in rows for k in r if not isinstance(r[k], (dict, list))))
@@ -52,7 +52,7 @@ def save_record(record: dict, out_dir, name: Optional[str] = None) -> Path:
         w = csv.DictWriter(buf, fieldnames=keys, extrasaction="ignore")
         w.writeheader()
         w.writerows(rows)
-        atomic_write_text(path.with_suffix(".csv"), buf.getvalue())
+        atomic_write_text(path.with_suffix(".csv"), without_machine_paths(buf.getvalue()))
     return path
 
 
