@@ -9,7 +9,15 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Optional
 
-from .bench.metrics import HEADLINES, dtype_recommendation, dtype_table, matrix_rows, time_shares, whole_ratio
+from .bench.metrics import (
+    HEADLINES,
+    amdahl_bound,
+    dtype_recommendation,
+    dtype_table,
+    matrix_rows,
+    time_shares,
+    whole_ratio,
+)
 from .bench.records import find_row, load_run
 from .bench.targets import met_count
 from .claims import claims_ledger, math_fallback_reason
@@ -145,7 +153,7 @@ def _memory(r: dict) -> str:
 def _amdahl(r: dict) -> str:
     share = time_shares(r["whole"])
     return (f"upstream's LM decode attention {share['lm_attention']:.0%} of its wall time, the local DiT "
-            f"{share['local_dit']:.0%}: removing all attention time would leave {1 - share['lm_attention']:.2f}")
+            f"{share['local_dit']:.0%}: removing all attention time would leave {amdahl_bound(r['whole']):.2f}")
 
 
 def _compiled(r: dict) -> Optional[str]:

@@ -99,12 +99,6 @@ class Run:
         """The first record :meth:`all` finds, or None."""
         return next(iter(self.all(kind, notebook, **params)), None)
 
-    def named(self, stem: str) -> dict:
-        """A committed folder's record by file name (``decode_step_bfloat16``); a clear error where it is missing."""
-        path = self.folder / f"{stem}.json"
-        if path not in self.paths:
-            raise FileNotFoundError(f"{self.folder} holds no record {stem}.json")
-        return self.paths[path]
 
 
 def load_run(folder) -> Run:

@@ -8,7 +8,7 @@ growth where no window is exact, as on CUDA) has ``verdict: None`` and a note: s
 
 from __future__ import annotations
 
-from .metrics import call_ratio, floor_x, step_ratio, time_shares, whole_ratio
+from .metrics import amdahl_bound, call_ratio, floor_x, step_ratio, time_shares, whole_ratio
 from .records import find_row
 from .stats import judge, quiet_pairs, quiet_ratio  # noqa: F401 (re-exported)
 
@@ -203,8 +203,7 @@ def _whole_targets(whole, add):
     that attention cost nothing), the bound shown beside it."""
     if not whole:
         return
-    share = time_shares(whole)
-    bound = 1 - share["lm_attention"]
+    share, bound = time_shares(whole), amdahl_bound(whole)
     wp, fig = whole["params"], whole_ratio(whole)
     note = (f"patched / upstream wall {fig.value:.3g}x; Amdahl's bound {bound:.2f} (upstream's LM decode attention "
             f"{share['lm_attention']:.0%} of its wall, the local DiT {share['local_dit']:.0%})")

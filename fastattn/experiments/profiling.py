@@ -4,7 +4,15 @@ attention calls, and bf16 vs fp32. Pure functions of records; they measure nothi
 from __future__ import annotations
 
 from ..bench.decode import whole_dtypes  # noqa: F401 (05 calls it through this module)
-from ..bench.metrics import call_ratio, dtype_recommendation, patched_is_upstream, step_ratio, time_shares, whole_ratio
+from ..bench.metrics import (
+    amdahl_bound,
+    call_ratio,
+    dtype_recommendation,
+    patched_is_upstream,
+    step_ratio,
+    time_shares,
+    whole_ratio,
+)
 from ..bench.records import find_row
 from ..bench.targets import met_count
 
@@ -137,13 +145,14 @@ def patched_steps_identical(dec: dict) -> bool:
 
 def amdahl_line(whole: dict) -> str:
     """The whole decode in one sentence: ratio, identity, and Amdahl's bound from the LMs' attention share."""
-    share, wall = time_shares(whole)["lm_attention"], whole["median_wall_s"]
+    share, bound, wall = time_shares(whole)["lm_attention"], amdahl_bound(whole), whole["median_wall_s"]
+    ratio = whole_ratio(whole).value
     same = " (no exact window on this device: the patched decode is upstream's computation)" \
         if patched_is_upstream(whole) else ""
-    return (f"patched / upstream wall: {whole['ratio']:.2f}, output bit-identical: {whole['identical']}{same}. "
+    return (f"patched / upstream wall: {ratio:.2f}, output bit-identical: {whole['identical']}{same}. "
             f"Amdahl: upstream {wall['upstream']:.1f} s, of which LM decode attention {share:.0%}; if that "
-            f"attention cost nothing: {(1 - share) * wall['upstream']:.1f} s ({1 - share:.2f}x). Patched reaches "
-            f"{wall['patched']:.1f} s ({whole['ratio']:.2f}x).")
+            f"attention cost nothing: {bound * wall['upstream']:.1f} s ({bound:.2f}x). Patched reaches "
+            f"{wall['patched']:.1f} s ({ratio:.2f}x).")
 
 
 def memory_summary(kv: dict, alloc: dict, rss: dict) -> dict:
