@@ -508,7 +508,7 @@ def main(argv=None) -> int:
     ap.add_argument("--out", help="parent folder of the run folder (default: reports/)")
     ap.add_argument("--timeout", type=int, default=1800, help="per-cell timeout in seconds")
     ap.add_argument("--profile", help="a named set of sizes (data/profiles/NAME.yaml), e.g. reference: the sizes "
-                                      "that decide the seeds' claims (about 30 min on 2 cores); sets the budget")
+                                      "that decide the seeds' claims (its plan printed first); sets the budget")
     ap.add_argument("--budget", type=float, default=BUDGET_S, metavar="SECONDS",
                     help=f"seconds of notebooks to fit the sized measurements to after probing this machine "
                          f"(default {BUDGET_S:.0f}; 0: the notebooks' own defaults, unscaled); -p values are never "
