@@ -398,6 +398,7 @@ def _run_all(nbs, per_nb: dict, run_dir: Path, device: str, kernel: str, keep_go
     import papermill as pm
     from papermill.exceptions import PapermillExecutionError
 
+    from .nbexec import ENGINE
     params = next(iter(per_nb.values()), {})
     summary = {"run": run_dir.name, "parameters": params, "device": device, "started_utc":
                datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"), "notebooks": [], "plan": plan}
@@ -419,7 +420,7 @@ def _run_all(nbs, per_nb: dict, run_dir: Path, device: str, kernel: str, keep_go
         log(f"[fastattn] running {nb.name}{left} ...")
         t0 = time.perf_counter()
         try:
-            pm.execute_notebook(str(nb), str(executed), parameters=nb_params, kernel_name=kernel,
+            pm.execute_notebook(str(nb), str(executed), parameters=nb_params, kernel_name=kernel, engine_name=ENGINE,
                                 cwd=str(nb.parent), execution_timeout=timeout,
                                 progress_bar={"desc": f"[fastattn] {nb.stem}", "unit": "cell", "leave": False})
             entry["status"] = "ok"

@@ -51,7 +51,8 @@ def test_notebook_structure(nb):
 def test_runner_executes_all_notebooks(tmp_path):
     """The whole workbook through the runner, smoke-sized, one notebook at a time with its own parameters."""
     for stem, params in SMOKE.items():
-        run_dir, summary = wb.run_workbook(params, only=[stem], out=tmp_path, log=lambda *_: None, budget_s=None)
+        run_dir, summary = wb.run_workbook(params, only=[stem], out=tmp_path, log=lambda *_: None, budget_s=None,
+                                           timeout=300)  # a smoke cell takes seconds: a stall fails in minutes
         nb = summary["notebooks"][0]
         assert summary["status"] == "ok", nb.get("error")
         assert (run_dir / f"{stem}.ipynb").exists() and (run_dir / f"{stem}.html").exists()
@@ -184,3 +185,36 @@ def test_the_landing_page_names_a_profile_run():
     assert _params_line({"parameters": {}, "profile": None}) == "defaults"
     assert _params_line({"parameters": {"device": "cpu"}, "profile": "reference"}).startswith(
         "device=cpu; profile reference")
+
+
+PLANTED_STALL = '''k = get_ipython().kernel
+send = k.session.send
+def drop_reply(stream, msg_or_type, *a, **kw):  # this cell's execute_reply never leaves the kernel
+    if msg_or_type == "execute_reply":
+        k.session.send = send
+        return {"content": {"status": "ok"}, "header": {}, "parent_header": {}, "metadata": {}}
+    return send(stream, msg_or_type, *a, **kw)
+k.session.send = drop_reply'''
+
+
+def test_a_cell_stalled_on_an_idle_kernel_fails_fast_named_with_the_partial_notebook(tmp_path, monkeypatch):
+    """The planted stall: the kernel goes idle and the client waits for a reply that never comes."""
+    import time
+
+    from papermill.exceptions import PapermillExecutionError
+
+    from fastattn import nbexec
+    monkeypatch.setattr(nbexec, "IDLE_GRACE_S", 10.0)
+    nb = nbformat.v4.new_notebook()
+    nb.cells = [nbformat.v4.new_code_cell("x = 1"), nbformat.v4.new_code_cell(PLANTED_STALL),
+                nbformat.v4.new_code_cell("print(x)")]
+    src, out = tmp_path / "stall.ipynb", tmp_path / "stall-out.ipynb"
+    nbformat.write(nb, str(src))
+    t0 = time.monotonic()
+    with pytest.raises(PapermillExecutionError, match=r"StalledCell") as err:
+        pm.execute_notebook(str(src), str(out), kernel_name="python3", engine_name=nbexec.ENGINE,
+                            progress_bar=False, execution_timeout=600)
+    assert time.monotonic() - t0 < 60
+    assert "cell 1 ('k = get_ipython().kernel') stalled" in err.value.evalue
+    cells = nbformat.read(str(out), as_version=4).cells  # the partial notebook, the stalled cell marked
+    assert cells[1].outputs[-1]["ename"] == "StalledCell" and not cells[2].get("outputs")
