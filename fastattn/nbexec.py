@@ -37,15 +37,13 @@ class StalledCell(Exception):
     """The kernel reported the cell idle, but its reply never came."""
 
 
-def _sliced(get_msg, on_empty=None, on_msg=None, on_late=None):
+def _sliced(get_msg, on_empty=None, on_msg=None):
     """``get_msg(timeout)`` that waits at most SLICE_S at a time; ``on_empty()`` runs between slices, ``on_msg(m)``
-    on each message received, ``on_late()`` when a message was found only by the poll that ends a slice (a wake-up
-    that never came)."""
+    on each message received."""
     async def get(timeout=None):
         deadline = None if timeout is None else time.monotonic() + timeout
         while True:
             left = SLICE_S if deadline is None else max(0.0, min(SLICE_S, deadline - time.monotonic()))
-            t0 = time.monotonic()
             try:
                 msg = await get_msg(timeout=left)
             except Empty:
@@ -54,8 +52,6 @@ def _sliced(get_msg, on_empty=None, on_msg=None, on_late=None):
                 if on_empty:
                     on_empty()
                 continue
-            if on_late and left > 0 and time.monotonic() - t0 >= left:
-                on_late()
             if on_msg:
                 on_msg(msg)
             return msg
@@ -68,7 +64,7 @@ class SliceClient(PapermillNotebookClient):
 
     async def async_start_new_kernel_client(self):
         kc = await super().async_start_new_kernel_client()
-        self._pending, self._idle_at, self.late_wakeups = None, {}, 0
+        self._pending, self._idle_at = None, {}
         send = kc.execute
 
         def execute(*args, **kw):  # the request whose reply the shell channel now waits for
@@ -76,13 +72,9 @@ class SliceClient(PapermillNotebookClient):
             self._pending = msg_id if isinstance(msg_id, str) else self._pending
             return msg_id
         kc.execute = execute
-        kc.iopub_channel.get_msg = _sliced(kc.iopub_channel.get_msg, on_msg=self._saw, on_late=self._late)
-        kc.shell_channel.get_msg = _sliced(kc.shell_channel.get_msg, on_empty=self._check_idle, on_late=self._late)
+        kc.iopub_channel.get_msg = _sliced(kc.iopub_channel.get_msg, on_msg=self._saw)
+        kc.shell_channel.get_msg = _sliced(kc.shell_channel.get_msg, on_empty=self._check_idle)
         return kc
-
-    def _late(self) -> None:
-        self.late_wakeups += 1
-        self.nb.metadata.setdefault("fastattn", {})["late_wakeups"] = self.late_wakeups
 
     def _saw(self, msg: dict) -> None:
         if msg.get("msg_type") == "status" and msg["content"].get("execution_state") == "idle":
