@@ -66,7 +66,7 @@ def test_a_planted_growing_dit_cost_is_named_and_the_lms_are_not(planted):
 
 
 def test_consumer_matrix_fits_the_cost_per_accumulated_sample():
-    rec = consumer_matrix(at=(1, 50, 100, 200), repeats=1)
+    rec = consumer_matrix(at=(1, 30, 60, 100), repeats=1)
     patterns = {r["pattern"] for r in rec["rows"]}
     assert {"append, concatenate once", "concatenate every chunk", "WAV + base64 of the whole clip"} <= patterns
     s = rec["summary"]
@@ -151,9 +151,10 @@ def test_a_consumer_thread_beside_the_generator_is_timed_and_reported():
 @pytest.mark.slow
 def test_compile_counts_show_a_specialised_length_recompiling():
     """#293's recompile hypothesis on CPU: upstream compiles once; a slice length that reaches the graph as a Python
-    int is specialised on, so the graphs grow with the steps (to dynamo's limit); the record feeds the differential."""
+    int is specialised on, so the graphs grow with the steps (to dynamo's limit); the record feeds the differential.
+    Dynamo decides the recompiles, so the eager backend counts the same graphs without inductor's code generation."""
     from fastattn.bench.steps import compile_counts
-    rec = compile_counts(12)
+    rec = compile_counts(12, backend="eager")
     by = {r["variant"]: r for r in rec["rows"]}
     assert by["upstream"]["unique_graphs"] == 1 and by["upstream"]["graph_breaks"] == 0
     assert by["slice fix, length a Python int"]["unique_graphs"] > 2

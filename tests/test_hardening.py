@@ -201,15 +201,3 @@ def test_tokenizer_config_alone_is_refused(saved, tmp_path):
     (bad / "tokenizer.json").unlink()
     with pytest.raises(FileNotFoundError, match="tokenizer.json or tokenizer.model"):
         load_voxcpm2(bad)
-
-
-@pytest.mark.slow
-def test_notebook_checkpoint_path_with_a_saved_checkpoint(saved, tmp_path):
-    """The path maintainers with real weights take: 04 with checkpoint_path, end to end."""
-    run_dir, summary = wb.run_workbook({"checkpoint_path": str(saved[1]), "steps": 30}, only=["04"], out=tmp_path,
-                                       budget_s=None, log=lambda *_: None)
-    nb = summary["notebooks"][0]
-    assert summary["status"] == "ok", nb.get("error")
-    text = (run_dir / "04_patch_application.ipynb").read_text()
-    assert "'weights': 'checkpoint'" in text
-    assert nb["findings"]["exact patch, generate(): waveform torch.equal to upstream"] is True

@@ -1,6 +1,7 @@
 """Evidence a busy machine cannot fake: disturbed samples flagged from host counters, trend verdicts from a robust
 slope over repeats on quiet chunks only, and a real neighbour taking both cores for part of a stream."""
 
+import os
 import random
 import subprocess
 import sys
@@ -83,10 +84,11 @@ def _busy(n: int) -> list:
     return [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(n)]
 
 
-def _neighbours_during(model, first: int, last: int, n: int = 4):
-    """Make ``model.generate_streaming`` start ``n`` busy processes at chunk ``first`` of its first stream and
-    kill them after chunk ``last``; returns the processes (kill them in any case)."""
+def _neighbours_during(model, first: int, last: int, n: int = 0):
+    """Make ``model.generate_streaming`` start ``n`` busy processes (two per core by default) at chunk ``first`` of
+    its first stream and kill them after chunk ``last``; returns the processes (kill them in any case)."""
     procs, calls, gen = [], [], model.generate_streaming
+    n = n or 2 * (os.cpu_count() or 2)  # two per core: the cores are taken on a machine of any size
 
     def wrapped(*a, **kw):
         calls.append(1)
@@ -103,6 +105,26 @@ def _neighbours_during(model, first: int, last: int, n: int = 4):
 
 
 @pytest.mark.slow
+def test_a_neighbour_taking_both_cores_is_flagged_where_it_ran():
+    """Two busy processes per core during chunks 40-79 of a 120-chunk stream: the record names
+    disturbed chunks inside that window. What the verdict makes of them is checked on planted series
+    (test_trend_verdicts) and, as a timing outcome, by the benchmark below."""
+    from fastattn.models import build_voxcpm2
+    model = build_voxcpm2("tiny", dtype="float32")
+    kw = {"modes": ("upstream",), "model": model, "progress": False, "retries": 0}
+    bench.stream_profile("tiny", 10, repeats=1, **kw)  # warm
+    procs = _neighbours_during(model, 40, 79)
+    try:
+        rec = bench.stream_profile("tiny", 120, repeats=1, **kw)
+    finally:
+        for p in procs:
+            p.kill()
+        del model.generate_streaming
+    bad = rec["trend"]["upstream"]["disturbed_chunks"]
+    assert rec["disturbed"]["upstream"] > 0 and any(a <= 79 and b >= 40 for a, b in bad), bad
+
+
+@pytest.mark.timing
 def test_a_neighbour_taking_both_cores_cannot_make_a_stream_decay():
     """Four processes busy during the second half of a stream's first repeat (what turned a flat stream into
     "decays (+311%)" on a 2-core EPYC): the verdict comes out flat or inconclusive, never "grows", and the record

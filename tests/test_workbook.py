@@ -49,8 +49,13 @@ def test_notebook_structure(nb):
 
 @pytest.mark.slow
 def test_runner_executes_all_notebooks(tmp_path):
-    """The whole workbook through the runner, smoke-sized, one notebook at a time with its own parameters."""
+    """The whole workbook through the runner, smoke-sized, one notebook at a time with its own parameters; 04 the
+    way maintainers with weights run it, from a saved checkpoint (random weights are 01, 02, 03 and 05's path)."""
+    from fastattn.models import build_voxcpm2, save_voxcpm2
+    ckpt = save_voxcpm2(build_voxcpm2("tiny", dtype=SMOKE["04_patch_application"]["dtype"]), tmp_path / "ckpt")
     for stem, params in SMOKE.items():
+        if stem == "04_patch_application":
+            params = {**params, "checkpoint_path": str(ckpt)}
         run_dir, summary = wb.run_workbook(params, only=[stem], out=tmp_path, log=lambda *_: None, budget_s=None,
                                            timeout=300)  # a smoke cell takes seconds: a stall fails in minutes
         nb = summary["notebooks"][0]
@@ -65,7 +70,10 @@ def test_runner_executes_all_notebooks(tmp_path):
             assert list((run_dir / stem / "figures").glob("*.png"))
             assert "image/png" in text
         _check_report(run_dir, stem)
-    assert len({p.name for p in tmp_path.iterdir()}) == len(SMOKE), "a run folder was reused"
+        if stem == "04_patch_application":
+            assert "'weights': 'checkpoint'" in text
+            assert nb["findings"]["exact patch, generate(): waveform torch.equal to upstream"] is True
+    assert len({p.name for p in tmp_path.iterdir()}) == len(SMOKE) + 1, "a run folder was reused"
 
 
 NUMBER = re.compile(r"(?<![\w.])\d+\.\d+(?![\w.])")
@@ -122,7 +130,7 @@ def test_failing_cell_names_notebook_and_cell_and_keeps_the_partial_notebook(tmp
     empty.mkdir()
     out = tmp_path / "runs"
     r = subprocess.run([sys.executable, "-m", "fastattn", "workbook", "--only", "04", "-p", "checkpoint_path",
-                        str(empty), "--out", str(out)], capture_output=True, text=True, timeout=600)
+                        str(empty), "--out", str(out), "--budget", "0"], capture_output=True, text=True, timeout=600)
     assert r.returncode == 1
     assert "04_patch_application.ipynb, cell" in r.stderr and "model.safetensors" in r.stderr
     run = next(out.iterdir())

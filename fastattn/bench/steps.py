@@ -205,13 +205,14 @@ def _sliced_step(length):
 
 
 def compile_counts(steps: int = 500, *, preset: str = "tiny", start: int = 16, device="cpu", dtype="float32",
-                   seed: int = 0) -> dict:
+                   seed: int = 0, backend: str = "inductor") -> dict:
     """Dynamo's counters over ``steps`` consecutive decode steps of a compiled ``MiniCPMModel.forward_step`` (a
     user's ``torch.compile``, without ``fullgraph``) on upstream's cache: upstream's step; the slice fix with the
     length a tensor (``position_id + 1``: data-dependent, a graph break); the slice fix with the length a Python
     int (the cache's host-side length: dynamo specialises on it). Rows ``{variant, unique_graphs, graph_breaks,
     break_reasons, steps}``: graphs that grow with the steps are recompiles, the CPU counterpart of one CUDA graph
-    recorded per chunk."""
+    recorded per chunk. ``backend="eager"`` counts the same graphs (dynamo decides the recompiles) without
+    inductor's code generation."""
     from torch._dynamo.utils import counters
 
     from ..graphs import graph_counts, reset_graph_counts
@@ -232,7 +233,7 @@ def compile_counts(steps: int = 500, *, preset: str = "tiny", start: int = 16, d
         start_request({"upstream": caches["upstream"]}, random_prefill(cfg, D, start, g, device, dt), start)
         lm.kv_cache = caches["upstream"]
         with swapped(up), torch.inference_mode(), quiet_native_stderr():
-            step = torch.compile(fn.__get__(lm))
+            step = torch.compile(fn.__get__(lm), backend=backend)
             for i in range(steps):
                 step(x, torch.tensor([start + i], device=device))
                 lm.kv_cache.step()
@@ -241,5 +242,5 @@ def compile_counts(steps: int = 500, *, preset: str = "tiny", start: int = 16, d
                      "break_reasons": sorted(counters["graph_break"])[:3], "steps": steps})
     torch._dynamo.reset()
     return record("compile_counts", env=env_record(device, dt), rows=rows,
-                  params={"preset": preset, "steps": steps, "start": start, "dtype": dtype,
+                  params={"preset": preset, "steps": steps, "start": start, "dtype": dtype, "backend": backend,
                           "recompile_limit": getattr(torch._dynamo.config, "recompile_limit", None)})
