@@ -39,7 +39,8 @@ def check_params(**params) -> dict:
     """Validate a notebook's parameters; raise ValueError naming the parameter. Returns them resolved.
 
     Knows: device, dtype, preset, capacity, positions, repeats, seed, out_dir, interactive, checkpoint_path, steps,
-    chunks, whole_repeats, budget_s (its clock starts here: :func:`time_left`). Others pass through unchecked.
+    chunks, audio_chunks, whole_repeats, budget_s (its clock starts here: :func:`time_left`). Others pass through
+    unchecked.
     """
     p = dict(params)
     if "device" in p:
@@ -51,7 +52,7 @@ def check_params(**params) -> dict:
         raise ValueError(f"parameter dtype={p['dtype']!r}: expected one of {', '.join(DTYPE_NAMES)}")
     if "preset" in p and p["preset"] not in PRESETS:
         raise ValueError(f"parameter preset={p['preset']!r}: expected one of {', '.join(PRESETS)}")
-    for name in ("capacity", "repeats", "steps", "chunks", "whole_repeats"):
+    for name in ("capacity", "repeats", "steps", "chunks", "audio_chunks", "whole_repeats"):
         if name in p and (isinstance(p[name], bool) or not isinstance(p[name], int) or p[name] < 1):
             raise ValueError(f"parameter {name}={p[name]!r}: expected a positive int")
     if "budget_s" in p:

@@ -312,13 +312,19 @@ def _kit_tree(dest: Path, kits) -> Path:
     return dest
 
 
-def _outcomes(root: Path) -> dict:
-    """One pytest session over every kit's tests in ``root``: ``{file::test: passed | failed | skipped}``."""
-    import xml.etree.ElementTree as ET
+def _outcomes(*roots: Path) -> list:
+    """One pytest session over every kit's tests in each of ``roots``, side by side: per root
+    ``{file::test: passed | failed | skipped}``."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("VOXCPM_")}
-    r = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--junitxml=report.xml",
-                        "tests"], cwd=root, capture_output=True, text=True, env=env, timeout=600)
-    assert (root / "report.xml").exists(), r.stdout[-3000:] + r.stderr[-2000:]
+    procs = [subprocess.Popen([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--junitxml=report.xml",
+                               "tests"], cwd=root, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+             for root in roots]
+    return [_report(root, *p.communicate(timeout=600)) for root, p in zip(roots, procs)]
+
+
+def _report(root: Path, out: str, err: str) -> dict:
+    import xml.etree.ElementTree as ET
+    assert (root / "report.xml").exists(), out[-3000:] + err[-2000:]
     cases = ET.parse(root / "report.xml").getroot().iter("testcase")
     tag = lambda c: next((t for t in ("failure", "error", "skipped") if c.find(t) is not None), "passed")  # noqa
     return {f"{c.get('classname').split('.')[-1]}::{c.get('name')}": tag(c).replace("failure", "failed")
@@ -330,8 +336,8 @@ def kit_runs(tmp_path_factory):
     """Two sessions for all three kits: their tests on the three diffs stacked, and on unmodified 2.0.3."""
     from fastattn.upstream import KITS
     base = tmp_path_factory.mktemp("kits")
-    return {"stacked": _outcomes(_kit_tree(base / "stacked", list(KITS))),
-            "2.0.3": _outcomes(_kit_tree(base / "orig", []))}
+    stacked, orig = _outcomes(_kit_tree(base / "stacked", list(KITS)), _kit_tree(base / "orig", []))
+    return {"stacked": stacked, "2.0.3": orig}
 
 
 def test_stored_diffs_are_what_the_kit_files_make():

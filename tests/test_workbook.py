@@ -19,7 +19,8 @@ NOTEBOOKS = sorted((ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb"))
 
 SMOKE = {
     "01_root_cause": {"positions": [0, 100, 500], "capacity": 1024, "repeats": 2, "preset": "tiny", "chunks": 30,
-                      "consumer_at": [1, 25, 50], "contention_chunks": 10, "prompt_calls": 6},
+                      "consumer_at": [1, 25, 50], "contention_chunks": 10, "prompt_calls": 6,
+                      "audio_chunks": 6},
     "02_backend_selection": {"capacity": 1024, "position": 100},
     "03_causality_checks": {"capacity": 512, "positions": list(range(0, 512, 16)), "interactive": True},
     "04_patch_application": {"dtype": "float32", "steps": 40},

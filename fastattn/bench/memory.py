@@ -182,8 +182,8 @@ def cache_growth(preset: str = "full", *, prefill: int = 100, steps: int = 8000,
 
 
 def peak_rss(preset: str = "small", *, dtype="bfloat16", steps: int = 20, runs: int = 3) -> dict:
-    """Peak RSS of one short request, upstream vs patched, each run in a fresh process (``runs`` per variant,
-    alternating; Linux: the high-water mark is reset after building and a warm-up request).
+    """Peak RSS of one short request, upstream vs patched, each run in a fresh process (``runs`` per variant, a
+    run's two side by side; Linux: the high-water mark is reset after building and a warm-up request).
 
     Rows: one per process ``{variant, run, built_bytes, resting_bytes, allocator_retained_bytes, trimmed_bytes,
     peak_bytes, request_bytes, cache_bytes}`` (see :mod:`.rss_probe`; ``request_bytes`` = peak - trimmed).
@@ -192,13 +192,15 @@ def peak_rss(preset: str = "small", *, dtype="bfloat16", steps: int = 20, runs: 
     (max - min within a variant); ``resolved`` says whether the peak difference exceeds that spread.
     """
     rows = []
-    for run in range(runs):
-        for variant in ("upstream", "patched") if run % 2 == 0 else ("patched", "upstream"):
-            r = subprocess.run([sys.executable, "-m", "fastattn.bench.rss_probe", preset, dtype, variant, str(steps)],
-                               capture_output=True, text=True, timeout=1200)
-            if r.returncode != 0:
-                raise RuntimeError(f"peak_rss {variant} failed: {r.stderr[-2000:]}")
-            built, resting, trimmed, peak, cache = map(int, r.stdout.split()[-5:])
+    for run in range(runs):  # a run's two processes side by side: a peak RSS is the process's own
+        procs = {v: subprocess.Popen([sys.executable, "-m", "fastattn.bench.rss_probe", preset, dtype, v, str(steps)],
+                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                 for v in ("upstream", "patched")}
+        for variant, proc in procs.items():
+            out, err = proc.communicate(timeout=1200)
+            if proc.returncode != 0:
+                raise RuntimeError(f"peak_rss {variant} failed: {err[-2000:]}")
+            built, resting, trimmed, peak, cache = map(int, out.split()[-5:])
             rows.append({"variant": variant, "run": run, "built_bytes": built, "resting_bytes": resting,
                          "allocator_retained_bytes": resting - trimmed, "trimmed_bytes": trimmed,
                          "peak_bytes": peak, "request_bytes": peak - trimmed, "cache_bytes": cache})
