@@ -6,7 +6,6 @@ the plan is pure (docs/design.md, "The time budget")."""
 from __future__ import annotations
 
 import json
-import math
 import statistics
 import time
 from pathlib import Path
@@ -28,38 +27,77 @@ STREAMS, DECODES = 4, 8
 DTYPES = ("bfloat16", "float32")
 
 
-def probe(device="cpu", *, chunks: int = 10, dtypes=DTYPES) -> dict:
-    """Per dtype, the median wall ms of a ``small``-preset streamed chunk (the first two, the prefill's and the
-    warm-up's, left out; ``inference_timesteps=2`` as 01's stream) and the build seconds. A few seconds on a 2-core
-    CPU."""
+#: what a CPU's bf16 runs on, which decides how its time compares with another's: AMX tiles, bf16 instructions
+#: (AVX-512 BF16, Arm BF16) or fp32 conversion; each class is calibrated on a machine of its own
+KERNEL_CLASSES = ("bf16-amx", "bf16-native", "bf16-emulated")
+#: the probe's kernels: a ``small``-preset chunk in each dtype (the LMs' GEMMs) and a ``tiny`` one in float32 (a
+#: step of few FLOPs: dispatch, Python, the allocator)
+PROBES = {"bfloat16": ("small", "bfloat16"), "float32": ("small", "float32"), "host": ("tiny", "float32")}
+#: the probe each notebook's fixed work follows, from its cells' durations in the calibration runs: 01's fixed
+#: cells stream the small model in bf16 (real audio, the consumer beside it); 02, 03 and 05 time float32 and bf16
+#: attention calls and sweeps that are mostly float32; 04 decodes the tiny model and compiles
+FOLLOWS = {"01_root_cause": "bfloat16", "02_backend_selection": "host", "03_causality_checks": "float32",
+           "04_patch_application": "host", "05_profiling": "float32"}
+
+
+def kernel_class(device="cpu", flags: Optional[dict] = None) -> str:
+    """This machine's kernel class (:data:`KERNEL_CLASSES`), or the device type for an accelerator."""
+    from .devices import cpu_flags
+    if str(device) != "cpu":
+        return str(device).split(":")[0]
+    flags = cpu_flags() if flags is None else flags
+    if flags.get("amx_bf16"):
+        return "bf16-amx"
+    return "bf16-native" if flags.get("avx512_bf16") or flags.get("bf16") else "bf16-emulated"
+
+
+def probe(device="cpu", *, chunks: int = 10, kernels=tuple(PROBES)) -> dict:
+    """Per kernel of :data:`PROBES`, the median wall ms of a streamed chunk (the first two, the prefill's and the
+    warm-up's, left out; ``inference_timesteps=2`` as 01's stream) and the build seconds; and the machine's
+    :func:`kernel_class`. A few seconds on a 2-core CPU."""
     from .bench.stream import text_for, time_chunks
     from .devices import resolve_device
     from .models import build_voxcpm2, silence_progress
     device = resolve_device(device)
     rows = []
-    for dtype in dtypes:
+    for name in kernels:
+        preset, dtype = PROBES[name]
         t0 = time.perf_counter()
-        model = build_voxcpm2("small", device=str(device), dtype=dtype)
+        model = build_voxcpm2(preset, device=str(device), dtype=dtype)
         build_s = time.perf_counter() - t0
         silence_progress()
         gen = model.generate_streaming(text_for(chunks), min_len=chunks, max_len=chunks, inference_timesteps=2)
         times = [r["ms"] for r in time_chunks(gen, device)[1]]
-        rows.append({"dtype": dtype, "chunk_ms": statistics.median(times[2:]), "n": len(times) - 2,
-                     "build_s": build_s})
+        rows.append({"kernels": name, "preset": preset, "dtype": dtype, "chunk_ms": statistics.median(times[2:]),
+                     "n": len(times) - 2, "build_s": build_s})
         del model
-    return {"kind": "budget_probe", "device": str(device), "rows": rows}
+    return {"kind": "budget_probe", "device": str(device), "kernel_class": kernel_class(device), "rows": rows}
 
 
-def calibration(path: Optional[Path] = None) -> dict:
-    """The committed calibration: the reference machine's probe, fixed seconds per notebook and full/small ratios."""
-    return json.loads(Path(path or data_dir() / "budget-calibration.json").read_text())
+def probe_ms(probe_rec: dict) -> dict:
+    """``{kernels: chunk ms}`` of a probe (a row without ``kernels`` is its dtype's small-preset chunk)."""
+    return {r.get("kernels", r["dtype"]): r["chunk_ms"] for r in probe_rec["rows"]}
+
+
+def calibration(kernels: Optional[str] = None, path: Optional[Path] = None) -> dict:
+    """The committed calibration of the kernel class ``kernels`` (None: this machine's): a default run's fixed
+    seconds per notebook and full/small ratios beside its machine's probe. A class with none of its own takes the
+    nearest one's (``for_class`` then differs from ``kernel_class``, and the plan says so)."""
+    want = kernels or kernel_class()
+    if path is None:
+        order = [want] + [k for k in KERNEL_CLASSES[::-1 if want == "bf16-emulated" else 1] if k != want]
+        path = next(p for p in (data_dir() / "budget" / f"{k}.json" for k in order) if p.exists())
+    cal = json.loads(Path(path).read_text())
+    return dict(cal, kernel_class=cal.get("kernel_class", Path(path).stem), for_class=want)
 
 
 def _speed(probe_rec: dict, cal: dict) -> dict:
-    """This machine's time over the reference's, per dtype (> 1: slower), from the two probes."""
-    here = {r["dtype"]: r["chunk_ms"] for r in probe_rec["rows"]}
-    ref = {r["dtype"]: r["chunk_ms"] for r in cal["probe"]["rows"]}
-    return {d: here[d] / ref[d] for d in here if d in ref}
+    """This machine's time over the calibration machine's, per probed kernel (> 1: slower); where either probe
+    lacks the host kernel (an older probe), it follows float32."""
+    here, ref = probe_ms(probe_rec), probe_ms(cal["probe"])
+    out = {d: here[d] / ref[d] for d in here if d in ref}
+    out.setdefault("host", out.get("float32", 1.0))
+    return out
 
 
 def stream_seconds(chunks: int, chunk_ms: float) -> float:
@@ -74,15 +112,16 @@ def whole_seconds(steps: int, step_s: dict, build_s: float = 0.0, repeats: int =
 
 
 def _estimates(probe_rec: dict, cal: dict) -> dict:
-    """Seconds of fixed work per notebook, a stream chunk and a full step per dtype, the full builds: here."""
-    speed = _speed(probe_rec, cal)
-    mean = math.sqrt(speed.get("bfloat16", 1.0) * speed.get("float32", 1.0))
-    chunk = {r["dtype"]: r["chunk_ms"] for r in probe_rec["rows"]}
-    return {"speed": speed, "fixed_s": {nb: s * mean for nb, s in cal["fixed_s"].items()},
-            "sweep_s": cal["sweep_s"] * mean,
+    """Seconds of fixed work per notebook (each scaled by the probe it follows, :data:`FOLLOWS`), a stream chunk
+    and a full step per dtype, the full builds: here."""
+    speed, chunk = _speed(probe_rec, cal), probe_ms(probe_rec)
+    of = lambda nb: speed.get(FOLLOWS.get(nb, "float32"), speed.get("float32", 1.0))  # noqa: E731
+    return {"speed": speed, "fixed_s": {nb: s * of(nb) for nb, s in cal["fixed_s"].items()},
+            "sweep_s": cal["sweep_s"] * speed.get("float32", 1.0),
             "chunk_ms": chunk["bfloat16"] if "bfloat16" in chunk else next(iter(chunk.values())),
             "full_step_s": {d: chunk[d] / 1e3 * cal["full_over_small"][d] for d in DTYPES if d in chunk},
-            "full_build_s": cal["full_build_s"] * mean}
+            "full_build_s": cal["full_build_s"] * speed.get("float32", 1.0),
+            "calibration": cal.get("kernel_class"), "for_class": cal.get("for_class")}
 
 
 def plan(probe_rec: dict, notebooks, *, given: Optional[dict] = None, budget_s: float = BUDGET_S,
@@ -95,7 +134,7 @@ def plan(probe_rec: dict, notebooks, *, given: Optional[dict] = None, budget_s: 
     run so far took over what the plan gave them).
     """
     given = dict(given or {})
-    cal = cal or calibration()
+    cal = cal or calibration(probe_rec.get("kernel_class"))
     est = _scaled(_estimates(probe_rec, cal), drift)
     if stream_preset == "full":  # 01 streams the full model: its chunk is a full decode step, not the probe's
         est["chunk_ms"] *= cal["full_over_small"]["bfloat16"]
@@ -117,7 +156,9 @@ def plan(probe_rec: dict, notebooks, *, given: Optional[dict] = None, budget_s: 
         per_nb[SCALABLE[n][0]] += cost(n, v)
     return {"budget_s": budget_s, "params": {s["param"]: s["value"] for s in scaled}, "scaled": scaled,
             "estimate_s": per_nb, "total_s": sum(per_nb.values()), "speed": est["speed"], "sizes": sizes,
-            "whole_s": cost("steps", sizes["steps"]) if "steps" in sizes else 0.0, "drift": drift}
+            "whole_s": cost("steps", sizes["steps"]) if "steps" in sizes else 0.0, "drift": drift,
+            "calibration": est["calibration"], "for_class": est["for_class"],
+            "at_minimum": bool(sizes) and all(sizes[n] == SCALABLE[n][2] for n in free) and bool(free)}
 
 
 def profile_estimate(probe_rec: dict, notebooks, sizes: dict, cal: Optional[dict] = None) -> dict:
@@ -189,14 +230,27 @@ def _why(name: str, est: dict, budget_s: float, factor: float) -> str:
 def plan_lines(p: dict) -> list:
     """The plan as the runner prints it, one line per notebook and per scaled parameter."""
     sizes = p["sizes"]
-    out = [f"plan: about {p['total_s']:.0f} s of notebooks against a {p['budget_s']:.0f} s budget"]
+    out = [f"plan: about {p['total_s']:.0f} s of notebooks against a {p['budget_s']:.0f} s budget", _source(p)]
     for stem, s in p["estimate_s"].items():
         extra = {"01_root_cause": f": streams {sizes['chunks']} chunks" if "chunks" in sizes else "",
                  "05_profiling": (f": sweeps of {sizes['repeats']} repeats" if "repeats" in sizes else "")
                  + (f", whole decodes of {sizes['steps']} steps" if "steps" in sizes else "")}
         out.append(f"  {stem}{extra.get(stem, '')}, about {s:.0f} s")
     out += [f"  scaled {s['param']} {s['default']} -> {s['value']}: {s['why']}" for s in p["scaled"]]
+    if p.get("at_minimum") and p["total_s"] > p["budget_s"]:
+        out.append(f"  even at their minimum sizes the notebooks need about {p['total_s']:.0f} s, more than the "
+                   f"{p['budget_s']:.0f} s budget: the run goes on at the minimums (a smaller one decides nothing) "
+                   "and takes longer; --budget 0 runs the defaults, -p sets any size")
     return out
+
+
+def _source(p: dict) -> str:
+    """Which calibration the estimates scale, and whether it is this machine's kernel class."""
+    cal, want = p.get("calibration"), p.get("for_class")
+    if cal == want or not want:
+        return f"  estimates: the {cal} calibration (this machine's kernel class), scaled by this machine's probe"
+    return (f"  estimates: no calibration for this machine's kernel class ({want}); the {cal} one scaled by this "
+            "machine's probe, so expect a wider error (each notebook is re-planned from the time left)")
 
 
 def notebook_budget(p: dict, elapsed_s: float, stem: str = "05_profiling") -> float:
@@ -210,7 +264,8 @@ def notebook_budget(p: dict, elapsed_s: float, stem: str = "05_profiling") -> fl
 def calibrate(run_dirs, probe_rec: dict, path: Optional[Path] = None) -> dict:
     """Write the calibration from finished runs (one run of 01-05, or several that cover them, the later one
     winning; budgeted or not) and this machine's probe: a notebook's fixed seconds are its duration less the sized
-    measurements' own measured time (05's sweeps scaled to the default repeats)."""
+    measurements' own measured time (05's sweeps scaled to the default repeats). Written to
+    ``data/budget/<the probe's kernel class>.json``."""
     runs = [Path(r) for r in ([run_dirs] if isinstance(run_dirs, (str, Path)) else run_dirs)]
     where, dur, used = {}, {}, {}
     for run in runs:
@@ -223,16 +278,18 @@ def calibrate(run_dirs, probe_rec: dict, path: Optional[Path] = None) -> dict:
         raise ValueError(f"calibrate: no finished run of {', '.join(missing)} among {[str(r) for r in runs]}")
     stream = _record(where["01_root_cause"] / "01_root_cause" / "records", "stream_profile")
     whole = _record(where["05_profiling"] / "05_profiling" / "records", "dtype_decode")
-    chunk = {r["dtype"]: r["chunk_ms"] for r in probe_rec["rows"]}
+    chunk = probe_ms(probe_rec)
     ran = used["05_profiling"].get("repeats", SCALABLE["repeats"][1])  # a budgeted run: scaled to the default
     sweep_s = _sweep_seconds(where["05_profiling"] / "05_profiling.ipynb") * SCALABLE["repeats"][1] / ran
     fixed = dict(dur)
     fixed["01_root_cause"] -= sum(r["ms"] for r in stream["rows"]) / 1e3
     fixed["05_profiling"] -= whole["spent_s"] + sweep_s * ran / SCALABLE["repeats"][1]
-    cal = {"source": sorted({where[s].name for s in dur}), "probe": probe_rec, "fixed_s": fixed, "sweep_s": sweep_s,
+    cal = {"kernel_class": probe_rec["kernel_class"], "source": sorted({where[s].name for s in dur}),
+           "probe": probe_rec, "fixed_s": fixed, "sweep_s": sweep_s,
            "full_build_s": whole["build_s"],
            "full_over_small": {d: whole["step_s"][d] / (chunk[d] / 1e3) for d in whole["step_s"] if d in chunk}}
-    atomic_write_text(Path(path or data_dir() / "budget-calibration.json"), json.dumps(cal, indent=1) + "\n")
+    path = Path(path or data_dir() / "budget" / f"{cal['kernel_class']}.json")
+    atomic_write_text(path, json.dumps(cal, indent=1) + "\n")
     return cal
 
 
@@ -258,7 +315,7 @@ def main(argv=None) -> int:
     ap.add_argument("--budget", type=float, default=BUDGET_S, help="seconds of notebooks (default %(default)s)")
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--calibrate", nargs="+", metavar="RUN",
-                    help="write data/budget-calibration.json from default (--budget 0) runs covering 01-05")
+                    help="write data/budget/<this CPU's kernel class>.json from runs covering 01-05")
     args = ap.parse_args(argv)
     probe_rec = probe(args.device)
     if args.calibrate:
