@@ -34,10 +34,11 @@ KERNEL_CLASSES = ("bf16-amx", "bf16-native", "bf16-emulated")
 #: step of few FLOPs: dispatch, Python, the allocator)
 PROBES = {"bfloat16": ("small", "bfloat16"), "float32": ("small", "float32"), "host": ("tiny", "float32")}
 #: the probe each notebook's fixed work follows, from its cells' durations in the calibration runs: 01's fixed
-#: cells stream the small model in bf16 (real audio, the consumer beside it); 02, 03 and 05 time float32 and bf16
-#: attention calls and sweeps that are mostly float32; 04 decodes the tiny model and compiles
+#: cells stream the small model in bf16 (real audio, the consumer beside it); 03's are attention calls, mostly
+#: float32; 02's imports and single calls, 04's tiny-model decodes and compiles, and 05's fresh processes (peak RSS)
+#: and cache walks are host work (05's sweeps, scaled apart, follow float32)
 FOLLOWS = {"01_root_cause": "bfloat16", "02_backend_selection": "host", "03_causality_checks": "float32",
-           "04_patch_application": "host", "05_profiling": "float32"}
+           "04_patch_application": "host", "05_profiling": "host"}
 
 
 def kernel_class(device="cpu", flags: Optional[dict] = None) -> str:

@@ -42,10 +42,47 @@ def test_scalable_defaults_are_the_notebooks_own():
         assert 1 <= minimum < default
 
 
+def test_the_kernel_class_is_read_off_the_cpu_flags_and_picks_its_calibration():
+    assert budget.kernel_class("cpu", {"amx_bf16": True, "avx512_bf16": True}) == "bf16-amx"
+    assert budget.kernel_class("cpu", {"avx512_bf16": True, "amx_bf16": False}) == "bf16-native"  # the EPYC
+    assert budget.kernel_class("cpu", {"bf16": True}) == "bf16-native"  # Arm with BF16
+    assert budget.kernel_class("cpu", {"avx2": True}) == "bf16-emulated"
+    assert budget.kernel_class("cuda:0") == "cuda"
+    for cls in (*budget.KERNEL_CLASSES, "cuda"):
+        cal = budget.calibration(cls)
+        assert cal["for_class"] == cls and cal["kernel_class"] in budget.KERNEL_CLASSES
+        assert (cal["kernel_class"] == cls) == (budget.data_dir() / "budget" / f"{cls}.json").exists()
+
+
+def test_the_plan_names_its_calibration_and_a_borrowed_one_says_so():
+    own = budget.plan(dict(SAME, kernel_class="bf16-amx"), NOTEBOOKS)
+    assert "the bf16-amx calibration (this machine's kernel class)" in budget.plan_lines(own)[1]
+    lent = budget.plan(dict(SAME, kernel_class="cuda"), NOTEBOOKS)  # no GPU calibration: the nearest CPU's
+    assert "no calibration for this machine's kernel class (cuda)" in budget.plan_lines(lent)[1]
+
+
+def test_each_notebook_follows_its_own_probe_not_a_mean():
+    """bf16 4x slower and float32 as fast (the EPYC against the AMX Xeon): only what runs bf16 takes 4x."""
+    cal = budget.calibration("bf16-amx")
+    ref = budget.probe_ms(cal["probe"])
+    est = budget._estimates(_probe(4 * ref["bfloat16"], ref["float32"]), cal)
+    for stem, kernels in budget.FOLLOWS.items():
+        assert est["fixed_s"][stem] == pytest.approx(cal["fixed_s"][stem] * (4.0 if kernels == "bfloat16" else 1.0))
+    host = _probe(ref["bfloat16"], ref["float32"])
+    host["rows"].append({"kernels": "host", "preset": "tiny", "dtype": "float32", "chunk_ms": 3.0, "n": 4,
+                         "build_s": 0.3})
+    with_host = dict(cal, probe=host)
+    slow_host = dict(host, rows=host["rows"][:2] + [dict(host["rows"][2], chunk_ms=6.0)])
+    assert budget._speed(slow_host, with_host) == pytest.approx({"bfloat16": 1.0, "float32": 1.0, "host": 2.0})
+    assert budget._speed(slow_host, cal)["host"] == 1.0, "a calibration without the host kernel: it follows float32"
+    assert set(budget.FOLLOWS) == set(NOTEBOOKS) and set(budget.FOLLOWS.values()) <= set(budget.PROBES)
+
+
 def test_calibration_is_a_run_not_typed_figures():
     assert CAL["source"] and set(CAL["fixed_s"]) == set(NOTEBOOKS)
     assert set(CAL["full_over_small"]) == {"bfloat16", "float32"} and CAL["full_build_s"] > 0
-    assert {r["dtype"] for r in CAL["probe"]["rows"]} == {"bfloat16", "float32"}
+    assert {"bfloat16", "float32"} <= set(budget.probe_ms(CAL["probe"])) <= set(budget.PROBES)
+    assert CAL["kernel_class"] in budget.KERNEL_CLASSES
 
 
 def test_a_slow_cpu_is_scaled_to_the_budget_with_reasons():
@@ -71,8 +108,11 @@ def test_a_fast_device_runs_the_defaults():
 def test_a_machine_too_slow_for_the_minimums_gets_the_minimums_and_says_the_estimate():
     p = budget.plan(_probe(50 * REF_MS["bfloat16"], 50 * REF_MS["float32"]), NOTEBOOKS)
     assert p["sizes"] == {n: budget.SCALABLE[n][2] for n in budget.SCALABLE}
-    assert p["total_s"] > budget.BUDGET_S
-    assert "against a 600 s budget" in budget.plan_lines(p)[0]
+    assert p["total_s"] > budget.BUDGET_S and p["at_minimum"]
+    lines = budget.plan_lines(p)
+    assert "against a 600 s budget" in lines[0]
+    assert "even at their minimum sizes" in lines[-1] and "the run goes on at the minimums" in lines[-1]
+    assert not any("minimum sizes" in line for line in budget.plan_lines(budget.plan(NO_BF16, NOTEBOOKS)))
 
 
 def test_given_parameters_are_never_changed_and_count_at_their_value():
