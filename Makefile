@@ -3,6 +3,7 @@
 #   make test       set up .venv and run the tests (CI; at most 10 minutes on 2 cores)
 #   make check      lint and the fast tier (at most 3 minutes): the inner loop
 #   make test-timing  the benchmarks that assert timing outcomes, on a quiet machine
+#   make docs       rewrite every generated file from the records and the code (a test checks main is current)
 # Side checks (docs/install.md):
 #   make torch-matrix TORCH=2.11.0 PY=3.12   core tests + gpu-check --device cpu --quick in .venv-torch<TORCH>-py<PY>
 #   make wheelhouse PY=3.12                  offline wheels for a GPU box that already has torch (wheelhouse-py<PY>/)
@@ -13,7 +14,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.fastattn-installed
 ARGS   ?=
 
-.PHONY: all setup workbook test check test-timing lab doctor bench clean-venv torch-matrix wheelhouse wheelhouse-test
+.PHONY: all setup workbook test check test-timing docs lab doctor bench clean-venv torch-matrix wheelhouse wheelhouse-test
 all: test
 
 $(BIN)/python:
@@ -33,7 +34,7 @@ setup: $(STAMP)
 workbook: $(STAMP)
 	$(BIN)/python -m fastattn workbook $(ARGS)
 
-LINT = $(BIN)/ruff check fastattn tests data/upstream-tests data/kits
+LINT = $(BIN)/ruff check fastattn tests data/upstream-tests data/kits scripts/voxcpm_decode_bench.py scripts/docs.py
 
 test: $(STAMP)
 	$(LINT)
@@ -45,6 +46,9 @@ check: $(STAMP)
 
 test-timing: $(STAMP)
 	$(BIN)/python -m pytest -q -m timing $(ARGS)
+
+docs: $(STAMP)
+	$(BIN)/python scripts/docs.py
 
 # GPU boxes often run containers as root: JupyterLab refuses root without --allow-root.
 lab: $(STAMP)

@@ -35,7 +35,7 @@ __all__ = ["MODES", "attention_step", "calibrate_exact", "check_exactness", "exa
 _SUBMODULES = {"core", "clock", "step", "modes", "masks", "cache", "exactness", "fast", "static", "backends", "devices",
                "doctor", "claims", "readme", "prs", "diagnosis", "budget",
                "patch", "steps", "inflight", "models", "graphs", "upstream", "compat", "bench", "plots", "report",
-               "workbook", "nbexec", "gpucheck", "experiments", "paths"}
+               "workbook", "nbexec", "gpucheck", "ingest", "experiments", "paths"}
 
 
 def __getattr__(name):

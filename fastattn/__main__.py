@@ -1,4 +1,4 @@
-"""``python -m fastattn {doctor,bench,workbook,budget,diff,compare,readme,prs,gpu-check} ...``"""
+"""``python -m fastattn {doctor,bench,workbook,budget,diff,compare,readme,prs,ingest,gpu-check} ...``"""
 
 from __future__ import annotations
 
@@ -14,6 +14,7 @@ COMMANDS = {
     "compare": ("report", "a hardware matrix across run folders and committed record folders"),
     "readme": ("readme", "print (or --write) README's findings from the committed reference records"),
     "prs": ("prs", "print (or --write) the upstream PRs, the #395 comment and the #293 reply from the records"),
+    "ingest": ("ingest", "read a scripts/voxcpm_decode_bench.py JSON back as a machine row (--dry-run: print it)"),
     "gpu-check": ("gpucheck", "validate the CUDA path in one command (--device cpu --quick tests the kit)"),
 }
 

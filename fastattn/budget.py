@@ -1,4 +1,4 @@
-"""Sizing the default workbook to this machine: :func:`probe` (a few streamed chunks per dtype), :func:`plan`
+"""Sizing the default workbook to this machine: :func:`probe` (a few streamed chunks per kernel), :func:`plan`
 (defaults where they fit, else the sized measurements scaled to their minimums, each change with its reason),
 :func:`notebook_budget` (what a notebook may take once those before it ran). A ``-p`` parameter is never changed;
 the plan is pure (docs/design.md, "The time budget")."""

@@ -195,8 +195,9 @@ def reply_293(rows: list, stream: Optional[dict] = None, fix: Optional[tuple] = 
     and only the questions the post leaves open."""
     where = measured_where(stream) if stream else ("this run's stream", "本次运行的流式生成")
     fix = fix or ("", "")
-    leads = sorted(rows, key=lambda r: (r["reading"] == RULES_OUT, not _gpu(r), RANK[r["reading"]]))
-    return _reply_en(leads, where[0], fix[0]) + "\n\n---\n\n" + _reply_zh(leads, where[1], fix[1])
+    leads = sorted(rows, key=lambda r: (RANK[r["reading"]], not _gpu(r)))  # what reproduced here first
+    version = (stream or {}).get("env", {}).get("voxcpm", "2.0.3")
+    return _reply_en(leads, where[0], fix[0], version) + "\n\n---\n\n" + _reply_zh(leads, where[1], fix[1], version)
 
 
 def _gpu(row: dict) -> Optional[str]:
@@ -218,14 +219,15 @@ def _reply(lang: str, **parts) -> str:
     return (data_dir() / "upstream-prs" / "reply-templates" / f"{lang}.md").read_text().format(**parts)
 
 
-def _reply_en(leads: list, where: str, fix: str) -> str:
+def _reply_en(leads: list, where: str, fix: str, version: str) -> str:
     return _reply("en", fix=" " + fix if fix else "", where=where, snippet=SNIPPET, asks="; ".join(ASK),
+                  version=version,
                   leads="\n".join(f"{i}. {r['hypothesis']}: " + _why(r, 0) for i, r in enumerate(leads, 1)))
 
 
-def _reply_zh(leads: list, where: str, fix: str) -> str:
+def _reply_zh(leads: list, where: str, fix: str, version: str) -> str:
     reading = {REPRODUCES: "本机复现了这一形态", NEEDS: "需要您的机器或 GPU 才能判断", NOT_MEASURED: "本次未测",
                RULES_OUT: "本机已排除"}
     zh = lambda r: next(v for k, v in HYPOTHESES_ZH.items() if r["hypothesis"].startswith(k))  # noqa: E731
-    return _reply("zh", fix=fix, where=where, asks="；".join(ASK_ZH), leads="\n".join(
+    return _reply("zh", fix=fix, where=where, asks="；".join(ASK_ZH), version=version, leads="\n".join(
         f"{i}. {zh(r)}：" + (_why(r, 1) if _gpu(r) else reading[r["reading"]]) for i, r in enumerate(leads, 1)))

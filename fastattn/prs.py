@@ -17,6 +17,7 @@ from typing import Optional
 
 from .bench.metrics import matrix_rows, newest, slice_evidence, whole_ratio
 from .bench.records import load_record
+from .ingest import bench_table
 from .paths import data_dir
 from .readme import REFERENCE, records
 
@@ -275,13 +276,18 @@ def fields() -> dict:
             "slice_evidence": _slice()[0], "live_bound": LIVE_ERROR_BOUND, "import_line": _import_line(),
             "forms_table": forms_machines(_results(), label).strip(), "slice_table": _slice_table(),
             "forms_winners": _forms_winners(), "matrix_sizes": _matrix_sizes(), "fp32_weights_x": _fp32_weights_x(),
-            "forms_geometry": _forms_geometry()}
+            "forms_geometry": _forms_geometry(), "bench_table": bench_table()}
 
 
 def reply_293_text() -> str:
+    """The reply from every record of the reference run the diagnosis reads: the stream, the consumer matrix, the
+    consumer beside the generator and the growing prompts."""
     from .diagnosis import diagnosis, reply_293
-    stream = records(_results() / REFERENCE)["stream"]
-    return reply_293(diagnosis(stream), stream, _slice()) + "\n"
+    r = records(_results() / REFERENCE)
+    run, stream = r["run"], r["stream"]
+    rows = diagnosis(stream, consumers=run.get("consumer_matrix"), prompts=run.get("prompt_growth"),
+                     contention=run.get("consumer_contention"))
+    return reply_293(rows, stream, _slice()) + "\n"
 
 
 def documents() -> dict:

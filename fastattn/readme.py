@@ -22,6 +22,7 @@ from .bench.records import find_row, load_run
 from .bench.targets import met_count
 from .claims import claims_ledger, math_fallback_reason
 from .devices import native_bf16, runtime_dtype
+from .ingest import bench_table
 from .paths import data_dir, repo_root
 
 BEGIN, END = "<!-- findings:begin -->", "<!-- findings:end -->"
@@ -193,6 +194,8 @@ def reference_findings(ref: Path, other: Optional[Path] = None) -> str:
     if other:
         lines += ["", f"The machines side by side (`python -m fastattn compare data/results/{Path(ref).name} "
                       f"data/results/{Path(other).name}`):", "", compare_markdown(compare([ref, other])).rstrip("\n")]
+    lines += ["", "Runs of `scripts/voxcpm_decode_bench.py` on other machines (`python -m fastattn ingest FILE`):", "",
+              bench_table()]
     return "\n".join(lines) + "\n"
 
 
@@ -279,7 +282,7 @@ LAYERS = {"runtime": ("core", "clock", "exactness", "fast", "static", "modes", "
           "voxcpm side": ("compat", "models", "steps", "inflight", "patch", "graphs", "upstream"),
           "proof, devices": ("backends", "devices", "paths"),
           "reports and running": ("claims", "diagnosis", "report", "readme", "prs", "plots", "budget", "workbook",
-                                  "doctor", "gpucheck", "__main__")}
+                                  "nbexec", "ingest", "doctor", "gpucheck", "__main__")}
 
 
 def modules_table() -> str:

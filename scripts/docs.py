@@ -1,0 +1,75 @@
+#!/usr/bin/env python3
+"""Every generated file of the repository, written from the committed records and the code: ``make docs``.
+
+README's findings, docs/results.md, docs/api.md's module map, docs/install.md's matrix, upstream-PR.md's tables,
+the PR texts, the #395 comment and the #293 reply, the stored diffs and data/results/headline.png. ``--check``
+writes nothing and exits 1 naming each file that would change (one test runs it, in ``make test``).
+"""
+
+import argparse
+import sys
+import tempfile
+from pathlib import Path
+
+from fastattn import prs, readme
+from fastattn.paths import atomic_write_text, data_dir, repo_root
+from fastattn.upstream import KITS, upstream_diff
+
+
+def _with_block(text: str, block: str, begin: str, end: str) -> str:
+    """``text`` with what lies between the markers ``begin`` and ``end`` replaced by ``block``."""
+    return text[:text.index(begin) + len(begin)] + "\n" + block + text[text.index(end):]
+
+
+def generated() -> dict:
+    """``{path: text or PNG bytes}``: every generated file as the records and the code make it now."""
+    root, data = Path(repo_root()), Path(data_dir())
+    results, ref = data / "results", data / "results" / readme.REFERENCE
+    out: dict = {}
+
+    def block(path: Path, text: str, begin: str = readme.BEGIN, end: str = readme.END) -> None:
+        out[path] = _with_block(out.get(path) or path.read_text(), text, begin, end)
+
+    block(root / "README.md", readme.findings_table(ref))
+    block(root / "docs" / "api.md", readme.modules_table(), readme.MODULES_BEGIN, readme.MODULES_END)
+    block(root / "docs" / "results.md", readme.reference_findings(ref, results / readme.OTHER))
+    block(root / "docs" / "install.md", prs.install_matrix(), prs.MATRIX_BEGIN, prs.MATRIX_END)
+    for name in readme.PR_FILES:
+        path = data / name
+        if readme.DTYPE_BEGIN in path.read_text():
+            block(path, readme.dtype_machines(results), readme.DTYPE_BEGIN, readme.DTYPE_END)
+        if readme.FORMS_BEGIN in path.read_text():
+            block(path, readme.forms_machines(results), readme.FORMS_BEGIN, readme.FORMS_END)
+    out.update({data / prs.PRS / name: text for name, text in prs.documents().items()})
+    for kit, (_, diffs, _) in KITS.items():
+        out[data / diffs["wheel"]] = upstream_diff("wheel", kit)
+        if kit != "cpu-dtype":  # its src diff is made against upstream's main tree (python -m fastattn diff)
+            out[data / diffs["src"]] = upstream_diff("src", kit)
+    with tempfile.TemporaryDirectory() as tmp:
+        out[results / readme.HEADLINE] = readme.headline_figure(ref, Path(tmp) / "headline.png").read_bytes()
+    return out
+
+
+def stale(files: dict) -> list:
+    """The paths in ``files`` whose content on disk differs."""
+    def now(p: Path, v):
+        return (p.read_bytes() if isinstance(v, bytes) else p.read_text()) if p.exists() else None
+    return [p for p, v in files.items() if now(p, v) != v]
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--check", action="store_true", help="write nothing; exit 1 naming each file that would change")
+    args = ap.parse_args(argv)
+    files = generated()
+    changed = stale(files)
+    root = Path(repo_root())
+    for p in changed:
+        print(("would rewrite " if args.check else "wrote ") + str(p.relative_to(root)))
+        if not args.check:
+            p.write_bytes(files[p]) if isinstance(files[p], bytes) else atomic_write_text(p, files[p])
+    return 1 if args.check and changed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
