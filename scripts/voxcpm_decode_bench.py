@@ -448,10 +448,10 @@ def summarize(name, info, steps, stream, first):
                            "ratio_ci": rci}
     ms = stream["chunk_ms"][2:]  # the prefill's chunk and the first decode's are not the steady state
     slope, ci = slope_ci(ms) if len(ms) >= 6 else (None, None)
-    first, last = sixths(ms) if ms else (None, None)
+    head, tail = sixths(ms) if ms else (None, None)
     row["stream"] = {k: v for k, v in stream.items() if k != "chunk_ms"}
-    row["stream"].update(chunk_ms=stream["chunk_ms"], chunks=len(stream["chunk_ms"]), first_sixth_ms=first,
-                         last_sixth_ms=last, slope_ms_per_100=None if slope is None else slope * 100,
+    row["stream"].update(chunk_ms=stream["chunk_ms"], chunks=len(stream["chunk_ms"]), first_sixth_ms=head,
+                         last_sixth_ms=tail, slope_ms_per_100=None if slope is None else slope * 100,
                          slope_ci_ms_per_100=None if ci is None else [c * 100 for c in ci],
                          rtf=stream["wall_s"] / stream["audio_s"] if stream["audio_s"] else None,
                          equal_to_first=stream["sha256"] == first["stream"]["sha256"])

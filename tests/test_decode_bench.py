@@ -27,7 +27,8 @@ def test_the_bench_imports_only_the_standard_library_torch_numpy_and_voxcpm():
     tree = ast.parse(BENCH.read_text())
     names = {a.name.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
     names |= {n.module.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module}
-    assert names - set(sys.stdlib_module_names) <= {"torch", "numpy", "voxcpm"}, names
+    # torchaudio only probed (voxcpm's own dependency; a stand-in where it cannot load)
+    assert names - set(sys.stdlib_module_names) <= {"torch", "numpy", "voxcpm", "torchaudio"}, names
     assert "fastattn" not in BENCH.read_text().replace("fastattn ingest", "")
 
 
@@ -48,7 +49,7 @@ def two_trees(tmp_path_factory):
 def test_two_trees_side_by_side_one_json_equal_waveforms(two_trees):
     rec, printed, tree = two_trees
     main, pr = rec["variants"]
-    assert main["tree"] == "installed" and pr["tree"] == str(tree)
+    assert main["tree"] == "installed" and Path(pr["tree"]) == (tree / "src").resolve()  # the checkout's src/
     assert main["cache"] == pr["cache"] == "StaticKVCache" and main["voxcpm_version"] == "2.0.3"
     for v in (main, pr):
         assert set(v["steps"]) == {"0", "256", "1024"}
