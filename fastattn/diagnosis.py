@@ -178,7 +178,8 @@ def measured_where(stream: dict) -> tuple:
           f"{p.get('repeats', 1)} run{'s' * (p.get('repeats', 1) != 1)}, on a {where} "
           f"(torch {env.get('torch', '?')}), each chunk timed "
           + ("in its parts (LMs, DiT, encoder, VAE)" if split else "whole (not split into parts)"))
-    zh = (f"在 {where}（torch {env.get('torch', '?')}）上，用 {p['preset']} 规模的 VoxCPM2 结构和随机权重"
+    scale = {"full": "完整", "small": "small", "tiny": "tiny"}.get(p["preset"], p["preset"])
+    zh = (f"在 {where}（torch {env.get('torch', '?')}）上，用{scale}规模的 VoxCPM2 结构和随机权重"
           f"（{p['dtype']}，inference_timesteps={p['inference_timesteps']}）跑了 {p.get('repeats', 1)} 次 "
           f"`generate_streaming`，每次 {p['chunks']} 个 chunk，" + ("分部件计时" if split else "按整个 chunk 计时"
                                                                   "（未分部件）"))

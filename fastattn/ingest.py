@@ -96,14 +96,17 @@ HEADER = ["| machine | weights, dtype | variant / baseline | decode step at each
           "stream, first -> last sixth per chunk (baseline; variant) | waveform |", "|---|---|---|---|---|---|"]
 
 
-def bench_table(folder: Optional[Path] = None) -> str:
-    """Every ingested bench run as table rows, or a line saying none is recorded yet."""
+NONE = ("No run of `scripts/voxcpm_decode_bench.py` is recorded yet: its JSON becomes a row here through "
+        "`python -m fastattn ingest FILE`.")
+
+
+def bench_table(folder: Optional[Path] = None, *, none: str = NONE) -> str:
+    """Every ingested bench run as table rows, or ``none`` where no run is recorded yet."""
     folder = Path(folder or _folder())
     recs = [json.loads(p.read_text()) for p in sorted(folder.glob("*.json"))] if folder.is_dir() else []
     rows = [line for rec in recs if rec.get("kind") == KIND for line in row_lines(bench_row(rec))]
     if not rows:
-        return ("No run of `scripts/voxcpm_decode_bench.py` is recorded yet: its JSON becomes a row here through "
-                "`python -m fastattn ingest FILE`.")
+        return none
     return "\n".join(HEADER + rows)
 
 

@@ -159,18 +159,17 @@ def test_meta_tensors_do_not_crash(fresh):
 
 
 # --------------------------------------------------------------------------- other kernel builds
-@pytest.mark.parametrize("capability", ["default", "avx2"])
-def test_contract_under_other_cpu_kernel_builds(capability):
-    """torch ships several CPU kernel builds in one wheel and honours ATEN_CPU_CAPABILITY: run the
-    contract tests under each, so every machine checks more than its own build."""
-    if capability == "avx2" and torch.backends.cpu.get_cpu_capability() not in ("AVX2", "AVX512"):
-        pytest.skip(f"this CPU's build is {torch.backends.cpu.get_cpu_capability()}: it cannot run the avx2 kernels")
-    env = dict(os.environ, ATEN_CPU_CAPABILITY=capability, PYTHONHASHSEED="0")
-    probe = subprocess.run([sys.executable, "-c", "import torch; print(torch.backends.cpu.get_cpu_capability())"],
-                           env=env, capture_output=True, text=True, timeout=120)
-    assert probe.stdout.strip().lower() == capability.lower(), probe.stdout + probe.stderr
-    r = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(Path(__file__)),
-                        "-k", "contract_default or contract_calibration or rejects or only_the_full"],
-                       env=env, cwd=ROOT, capture_output=True, text=True, timeout=900)
-    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-2000:]
-    assert " passed" in r.stdout and "failed" not in r.stdout
+def test_contract_under_other_cpu_kernel_builds():
+    """torch ships several CPU kernel builds in one wheel and honours ATEN_CPU_CAPABILITY: run the contract tests
+    under the default and avx2 builds (side by side: two sessions), so every machine checks more than its own."""
+    builds = ["default"] + (["avx2"] if torch.backends.cpu.get_cpu_capability() in ("AVX2", "AVX512") else [])
+    tests = "contract_default or contract_calibration or rejects or only_the_full"
+    code = ("import sys, torch, pytest; print(torch.backends.cpu.get_cpu_capability(), flush=True); "
+            f"sys.exit(pytest.main(['-q', '-p', 'no:cacheprovider', {str(Path(__file__))!r}, '-k', {tests!r}]))")
+    procs = {b: subprocess.Popen([sys.executable, "-c", code], env=dict(os.environ, ATEN_CPU_CAPABILITY=b,
+                                                                          PYTHONHASHSEED="0"), cwd=ROOT,
+                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for b in builds}
+    for build, proc in procs.items():
+        out, err = proc.communicate(timeout=900)
+        assert out.splitlines()[0].strip().lower() == build, (build, out[-2000:] + err[-2000:])
+        assert proc.returncode == 0 and " passed" in out and "failed" not in out, (build, out[-3000:] + err[-2000:])

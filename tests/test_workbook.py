@@ -19,7 +19,7 @@ NOTEBOOKS = sorted((ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb"))
 
 SMOKE = {
     "01_root_cause": {"positions": [0, 100, 500], "capacity": 1024, "repeats": 2, "preset": "tiny", "chunks": 30,
-                      "consumer_at": [1, 25, 50], "contention_chunks": 10, "prompt_calls": 6,
+                      "consumer_at": [1, 25, 50], "contention_chunks": 6, "prompt_calls": 6,
                       "audio_chunks": 6},
     "02_backend_selection": {"capacity": 1024, "position": 100},
     "03_causality_checks": {"capacity": 512, "positions": list(range(0, 512, 16)), "interactive": True},
@@ -50,11 +50,14 @@ def test_notebook_structure(nb):
 
 @pytest.mark.slow
 def test_runner_executes_all_notebooks(tmp_path):
-    """The whole workbook through the runner, smoke-sized, one notebook at a time with its own parameters; 04 the
-    way maintainers with weights run it, from a saved checkpoint (random weights are 01, 02, 03 and 05's path)."""
+    """The workbook through the runner, smoke-sized, one notebook at a time with its own parameters (02 runs under
+    plain papermill below); 04 the way maintainers with weights run it, from a saved checkpoint (random weights are
+    01, 03 and 05's path)."""
     from fastattn.models import build_voxcpm2, save_voxcpm2
     ckpt = save_voxcpm2(build_voxcpm2("tiny", dtype=SMOKE["04_patch_application"]["dtype"]), tmp_path / "ckpt")
     for stem, params in SMOKE.items():
+        if stem == "02_backend_selection":
+            continue  # 02 runs under plain papermill from another folder (test_plain_papermill_from_another_folder)
         if stem == "04_patch_application":
             params = {**params, "checkpoint_path": str(ckpt)}
         run_dir, summary = wb.run_workbook(params, only=[stem], out=tmp_path, log=lambda *_: None, budget_s=None,
@@ -74,7 +77,7 @@ def test_runner_executes_all_notebooks(tmp_path):
         if stem == "04_patch_application":
             assert "'weights': 'checkpoint'" in text
             assert nb["findings"]["exact patch, generate(): waveform torch.equal to upstream"] is True
-    assert len({p.name for p in tmp_path.iterdir()}) == len(SMOKE) + 1, "a run folder was reused"
+    assert len({p.name for p in tmp_path.iterdir()}) == len(SMOKE), "a run folder was reused"  # 4 runs + ckpt
 
 
 NUMBER = re.compile(r"(?<![\w.])\d+\.\d+(?![\w.])")
@@ -213,7 +216,7 @@ def test_a_cell_stalled_on_an_idle_kernel_fails_fast_named_with_the_partial_note
     from papermill.exceptions import PapermillExecutionError
 
     from fastattn import nbexec
-    monkeypatch.setattr(nbexec, "IDLE_GRACE_S", 10.0)
+    monkeypatch.setattr(nbexec, "IDLE_GRACE_S", 5.0)
     nb = nbformat.v4.new_notebook()
     nb.cells = [nbformat.v4.new_code_cell("x = 1"), nbformat.v4.new_code_cell(PLANTED_STALL),
                 nbformat.v4.new_code_cell("print(x)")]
