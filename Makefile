@@ -34,7 +34,7 @@ setup: $(STAMP)
 workbook: $(STAMP)
 	$(BIN)/python -m fastattn workbook $(ARGS)
 
-LINT = $(BIN)/ruff check fastattn tests data/upstream-tests data/kits scripts/voxcpm_decode_bench.py scripts/docs.py
+LINT = $(BIN)/ruff check fastattn tools tests data/upstream-tests data/kits scripts/voxcpm_decode_bench.py scripts/docs.py
 
 test: $(STAMP)
 	$(LINT)

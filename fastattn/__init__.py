@@ -33,7 +33,7 @@ __all__ = ["MODES", "attention_step", "calibrate_exact", "check_exactness", "exa
 
 
 _SUBMODULES = {"core", "clock", "step", "modes", "masks", "cache", "exactness", "fast", "static", "backends", "devices",
-               "doctor", "claims", "readme", "prs", "diagnosis", "budget",
+               "doctor", "claims", "diagnosis", "budget",
                "patch", "steps", "inflight", "models", "graphs", "upstream", "compat", "bench", "plots", "report",
                "workbook", "nbexec", "gpucheck", "ingest", "experiments", "paths"}
 

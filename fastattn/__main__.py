@@ -1,4 +1,4 @@
-"""``python -m fastattn {doctor,bench,workbook,budget,diff,compare,readme,prs,ingest,gpu-check} ...``"""
+"""``python -m fastattn {doctor,bench,workbook,budget,diff,compare,ingest,gpu-check} ...``"""
 
 from __future__ import annotations
 
@@ -12,8 +12,6 @@ COMMANDS = {
     "budget": ("budget", "probe this machine and print the workbook's plan (or --calibrate from runs)"),
     "diff": ("upstream", "print (or --write) the upstream-ready diff against the installed voxcpm"),
     "compare": ("report", "a hardware matrix across run folders and committed record folders"),
-    "readme": ("readme", "print (or --write) README's findings from the committed reference records"),
-    "prs": ("prs", "print (or --write) the upstream PRs, the #395 comment and the #293 reply from the records"),
     "ingest": ("ingest", "read a scripts/voxcpm_decode_bench.py JSON back as a machine row (--dry-run: print it)"),
     "gpu-check": ("gpucheck", "validate the CUDA path in one command (--device cpu --quick tests the kit)"),
 }

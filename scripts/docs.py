@@ -11,9 +11,11 @@ import sys
 import tempfile
 from pathlib import Path
 
-from fastattn import prs, readme
-from fastattn.paths import atomic_write_text, data_dir, repo_root
-from fastattn.upstream import KITS, upstream_diff
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tools/ beside fastattn/
+
+from fastattn.paths import atomic_write_text, data_dir, repo_root  # noqa: E402
+from fastattn.upstream import KITS, upstream_diff  # noqa: E402
+from tools import prs, readme  # noqa: E402
 
 
 def _with_block(text: str, block: str, begin: str, end: str) -> str:

@@ -91,7 +91,7 @@ def test_no_module_is_shadowed_by_a_function():
 
 def test_api_doc_is_the_package():
     """docs/api.md's module map is generated from the code (make docs): every module has its row."""
-    from fastattn import readme
+    from tools import readme
     rows = readme.modules_table()
     assert all(f"`{m.removeprefix('fastattn.')}`" in rows for m in imports()), "a module without a row"
 

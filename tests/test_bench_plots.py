@@ -228,7 +228,7 @@ def test_compiled_step_sweep_one_graph_per_variant():
     assert rec["graphs"]["unique_graphs"] <= 2 + 1  # one per variant (+1 if the window's first size specialises)
 
 
-REF = Path(__file__).resolve().parents[1] / "data" / "results" / __import__("fastattn.readme").readme.REFERENCE
+REF = Path(__file__).resolve().parents[1] / "data" / "results" / __import__("tools.readme").readme.REFERENCE
 
 
 def test_readme_figures_are_the_reference_records():

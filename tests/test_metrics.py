@@ -3,11 +3,11 @@ targets print is the one function of bench.metrics applied to the committed refe
 
 import pytest
 
-from fastattn import readme
 from fastattn.bench import metrics
 from fastattn.bench.records import load_run
 from fastattn.paths import data_dir
 from fastattn.report import compare
+from tools import readme
 
 REF = data_dir() / "results" / readme.REFERENCE
 

@@ -4,8 +4,8 @@ import re
 
 import pytest
 
-from fastattn import prs
 from fastattn.paths import data_dir
+from tools import prs
 
 PRIVATE = re.compile(r"fastattn|workbook|seed 000|make workbook|0\d_[a-z_]+|gpu-check|\bbench\.|calibrate_exact|"
                      r"exactness_calibration|RightSizedKVCache|patch_voxcpm|\d+threads-torch|\bkits?\b", re.I)

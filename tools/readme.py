@@ -1,5 +1,5 @@
 """README's findings table, headline figure and ``docs/results.md``, written from the committed reference run
-(never typed by hand). ``python -m fastattn readme`` prints README's block; ``--write`` rewrites the blocks between
+(never typed by hand). ``python -m tools.readme`` prints README's block; ``--write`` rewrites the blocks between
 their markers in README.md, docs/results.md and the PR files, and ``data/results/headline.png``. Tests fail when
 any of them and the records disagree. Records are found by kind and params (:func:`fastattn.bench.load_run`), so a
 workbook run folder and a flat record folder read alike."""
@@ -9,7 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Optional
 
-from .bench.metrics import (
+from fastattn.bench.metrics import (
     HEADLINES,
     amdahl_bound,
     dtype_recommendation,
@@ -18,12 +18,12 @@ from .bench.metrics import (
     time_shares,
     whole_ratio,
 )
-from .bench.records import find_row, load_run
-from .bench.targets import met_count
-from .claims import claims_ledger, math_fallback_reason
-from .devices import native_bf16, runtime_dtype
-from .ingest import bench_table
-from .paths import data_dir, repo_root
+from fastattn.bench.records import find_row, load_run
+from fastattn.bench.targets import met_count
+from fastattn.claims import claims_ledger, math_fallback_reason
+from fastattn.devices import native_bf16, runtime_dtype
+from fastattn.ingest import bench_table
+from fastattn.paths import data_dir, repo_root
 
 BEGIN, END = "<!-- findings:begin -->", "<!-- findings:end -->"
 DTYPE_BEGIN, DTYPE_END = "<!-- dtype:begin -->", "<!-- dtype:end -->"
@@ -167,7 +167,7 @@ def _compiled(r: dict) -> Optional[str]:
 def reference_findings(ref: Path, other: Optional[Path] = None) -> str:
     """docs/results.md's block: every finding of the reference run in one table (figure, interval, n), the
     claims ledger, and the machines side by side (``other``: a second machine's records)."""
-    from .report import compare, compare_markdown, md_table
+    from fastattn.report import compare, compare_markdown, md_table
     r = records(ref)
     run, t = r["run"], {x["id"]: x for x in r["targets"]["rows"]}
     dt, masked, no_gqa = _kernel(r)
@@ -202,7 +202,7 @@ def reference_findings(ref: Path, other: Optional[Path] = None) -> str:
 def forms_answer(rec: dict, verdict: dict | None = None) -> str:
     """One line from a ``decode_forms`` record (and its :func:`~fastattn.bench.forms.form_verdict`,
     computed here where not given): the winner, the runner-up's time over it, decided or not."""
-    from .bench.forms import form_verdict
+    from fastattn.bench.forms import form_verdict
     v = verdict or form_verdict(rec)
     if v["runner_up"] is None:
         return f"`{v['winner']}` (the only eligible form)" if v["winner"] else "no eligible form"
@@ -232,7 +232,7 @@ def forms_machines(results: Path, label=_folder_label) -> str:
     found = [x for dt in ("bfloat16", "float32") for x in machines_with(results, "decode_forms", dtype=dt)]
     if not found:
         return "No machine has a `decode_forms` record yet.\n"
-    from .bench.forms import form_verdict
+    from fastattn.bench.forms import form_verdict
     out = ["| machine | dtype | fastest compiled form, margin | its max error vs float64 (upstream's) |",
            "|---|---|---|---|"]
     for folder, rec in sorted(found, key=lambda x: (x[0].name, x[1]["params"]["dtype"])):
@@ -269,7 +269,7 @@ def headline_figure(ref: Path, path: Path) -> Path:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from .plots import decode_step
+    from fastattn.plots import decode_step
     fig = decode_step(load_run(ref).get("decode_step", dtype="bfloat16"))
     fig.savefig(path, dpi=90, bbox_inches="tight", metadata={"Software": None})
     plt.close(fig)
@@ -281,7 +281,7 @@ MODULES_BEGIN, MODULES_END = "<!-- modules:begin -->", "<!-- modules:end -->"
 LAYERS = {"runtime": ("core", "clock", "exactness", "fast", "static", "modes", "step", "masks", "cache"),
           "voxcpm side": ("compat", "models", "steps", "inflight", "patch", "graphs", "upstream"),
           "proof, devices": ("backends", "devices", "paths"),
-          "reports and running": ("claims", "diagnosis", "report", "readme", "prs", "plots", "budget", "workbook",
+          "reports and running": ("claims", "diagnosis", "report", "plots", "budget", "workbook",
                                   "nbexec", "ingest", "doctor", "gpucheck", "__main__")}
 
 
@@ -290,7 +290,9 @@ def modules_table() -> str:
     fastattn modules and third-party roots (voxcpm, papermill, ...) it imports (AST: at module level or inside a
     function). A module with no row here fails ``test_api_doc_is_the_package``."""
     import ast
-    pkg = Path(__file__).resolve().parent
+
+    import fastattn
+    pkg = Path(fastattn.__file__).resolve().parent
     rows = []
     for path in sorted(pkg.rglob("*.py")):
         rel = path.relative_to(pkg).with_suffix("")
@@ -344,7 +346,7 @@ PR_FILES = ("upstream-PR.md",)
 
 def main(argv=None) -> int:
     import argparse
-    ap = argparse.ArgumentParser(prog="python -m fastattn readme", description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(prog="python -m tools.readme", description=__doc__.split("\n\n")[0])
     ap.add_argument("--write", action="store_true", help="replace the blocks in README.md, docs and the PR files")
     args = ap.parse_args(argv)
     results = Path(data_dir()) / "results"

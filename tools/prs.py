@@ -1,12 +1,12 @@
 """The three upstream PRs, the comment for PR #395 and the reply to #293, written from committed records.
 
 The texts are templates (``data/upstream-prs/templates/*.md``) filled with :func:`fields`; the reply is
-:func:`fastattn.diagnosis.reply_293`'s. ``python -m fastattn prs`` prints them; ``--write`` writes
+:func:`fastattn.diagnosis.reply_293`'s. ``python -m tools.prs`` prints them; ``--write`` writes
 ``data/upstream-prs/*.md``, which a test checks are current. Each figure comes from one function reading
 ``data/results/``: :func:`machine_rows` (the right-sized decode per machine), :func:`matrix_rows` (the exactness
 contract per torch), :func:`upstream_check` (the diffs on upstream's trees, upstream's own tests),
 :func:`slice_evidence` (the slice fix under ``fullgraph``), :func:`import_cost`; the dtype and forms tables are
-:mod:`fastattn.readme`'s.
+:mod:`tools.readme`'s.
 """
 
 from __future__ import annotations
@@ -15,11 +15,11 @@ import re
 from pathlib import Path
 from typing import Optional
 
-from .bench.metrics import matrix_rows, newest, slice_evidence, whole_ratio
-from .bench.records import load_record
-from .ingest import bench_table
-from .paths import data_dir
-from .readme import REFERENCE, records
+from fastattn.bench.metrics import matrix_rows, newest, slice_evidence, whole_ratio
+from fastattn.bench.records import load_record
+from fastattn.ingest import bench_table
+from fastattn.paths import data_dir
+from tools.readme import REFERENCE, records
 
 __all__ = ["machine_rows", "matrix_rows", "upstream_check", "slice_evidence", "import_cost", "math_versions", "fields",
            "documents", "main", "REPO"]
@@ -57,7 +57,7 @@ DIFF_BUCKET = 512
 
 def _machines() -> list:
     """Every machine folder under data/results with a whole decode of this diff's design, by
-    :func:`fastattn.readme.records`."""
+    :func:`tools.readme.records`."""
     folders = [f for f in sorted(_results().iterdir()) if f.is_dir()]
     return [(f, r) for f, r in ((f, records(f)) for f in folders) if r["whole"] and r["targets"]
             and r["kv"] and r["kv"]["params"].get("bucket") == DIFF_BUCKET]
@@ -164,7 +164,7 @@ def _applies() -> str:
 
 def _stream_line() -> str:
     """What the reference stream says of #293, its words chosen by the ledger's verdict on it."""
-    from .claims import claims_ledger
+    from fastattn.claims import claims_ledger
     ref = _results() / REFERENCE
     s, verdict = records(ref)["stream"], next(x for x in claims_ledger(ref) if x["claim"].endswith("(#293)"))["verdict"]
     six, p = s["sixths"], s["params"]
@@ -206,8 +206,8 @@ def _machine_table() -> str:
 
 
 def _dtype_seen() -> str:
-    from .bench.decode import dtype_table
-    from .devices import native_bf16
+    from fastattn.bench.decode import dtype_table
+    from fastattn.devices import native_bf16
     recs = [r["dtypes"] for _, r in _machines() if r["dtypes"]]
 
     def fp32_ratio(rec):
@@ -240,7 +240,7 @@ def _matrix_sizes() -> str:
 
 def _fp32_weights_x() -> float:
     """float32's weights over voxcpm's default dtype's, the largest over the machines' dtype records."""
-    from .bench.decode import dtype_table
+    from fastattn.bench.decode import dtype_table
     xs = []
     for _, r in _machines():
         if r["dtypes"]:
@@ -251,7 +251,7 @@ def _fp32_weights_x() -> float:
 
 def _forms_geometry() -> str:
     """The head geometry the forms records ran (one for all)."""
-    from .readme import machines_with
+    from tools.readme import machines_with
     geo = {(r["params"]["hq"], r["params"]["hkv"], r["params"]["head_dim"], r["params"]["capacity"])
            for dt in ("bfloat16", "float32") for _, r in machines_with(_results(), "decode_forms", dtype=dt)}
     if len(geo) != 1:
@@ -262,8 +262,8 @@ def _forms_geometry() -> str:
 
 def _forms_winners() -> str:
     """How often this PR's form won the compiled-forms records (one per machine and dtype)."""
-    from .bench.forms import form_verdict
-    from .readme import machines_with
+    from fastattn.bench.forms import form_verdict
+    from tools.readme import machines_with
     recs = [r for dt in ("bfloat16", "float32") for _, r in machines_with(_results(), "decode_forms", dtype=dt)]
     won = sum(form_verdict(r)["winner"] == "flex_decode" for r in recs)
     if won == len(recs):
@@ -275,8 +275,8 @@ def _forms_winners() -> str:
 
 def fields() -> dict:
     """Every figure the PR templates (``data/upstream-prs/templates/``) print, by name."""
-    from .readme import dtype_machines, forms_machines
-    from .upstream import LIVE_ERROR_BOUND
+    from fastattn.upstream import LIVE_ERROR_BOUND
+    from tools.readme import dtype_machines, forms_machines
     label = lambda folder, env: _machine(env)  # noqa: E731 - a machine in upstream's words, not a folder name
     tests = {k: _tests_line(f"test_{k}.py") for k in ("minicpm4_right_sized_cache", "cpu_dtype_override",
                                                        "minicpm4_decode_attention")}
@@ -295,7 +295,7 @@ def fields() -> dict:
 def reply_293_text() -> str:
     """The reply from every record of the reference run the diagnosis reads: the stream, the consumer matrix, the
     consumer beside the generator and the growing prompts."""
-    from .diagnosis import diagnosis, reply_293
+    from fastattn.diagnosis import diagnosis, reply_293
     r = records(_results() / REFERENCE)
     run, stream = r["run"], r["stream"]
     rows = diagnosis(stream, consumers=run.get("consumer_matrix"), prompts=run.get("prompt_growth"),
@@ -330,12 +330,12 @@ def install_matrix() -> str:
 
 def main(argv=None) -> int:
     import argparse
-    ap = argparse.ArgumentParser(prog="python -m fastattn prs", description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(prog="python -m tools.prs", description=__doc__.split("\n\n")[0])
     ap.add_argument("--write", action="store_true", help=f"write data/{PRS}/*.md")
     args = ap.parse_args(argv)
     if args.write:
-        from .paths import repo_root
-        from .readme import replace_block
+        from fastattn.paths import repo_root
+        from tools.readme import replace_block
         replace_block(repo_root() / "docs" / "install.md", install_matrix(), MATRIX_BEGIN, MATRIX_END)
     for name, text in documents().items():
         if args.write:
@@ -344,3 +344,8 @@ def main(argv=None) -> int:
         else:
             print(f"===== {name}\n{text}")
     return 0
+
+
+if __name__ == "__main__":
+    import sys
+    sys.exit(main())
