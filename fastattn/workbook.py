@@ -38,9 +38,9 @@ def resolve_device(device: str) -> str:
 def check_params(**params) -> dict:
     """Validate a notebook's parameters; raise ValueError naming the parameter. Returns them resolved.
 
-    Knows: device, dtype, preset, capacity, positions, repeats, seed, out_dir, interactive, checkpoint_path, steps,
-    chunks, audio_chunks, whole_repeats, budget_s (its clock starts here: :func:`time_left`). Others pass through
-    unchecked.
+    Knows: device, dtype, preset, step_preset, capacity, ladder_capacity, positions, repeats, seed, out_dir,
+    interactive, checkpoint_path, steps, chunks, audio_chunks, whole_repeats, budget_s (its clock starts here:
+    :func:`time_left`). Others pass through unchecked.
     """
     p = dict(params)
     if "device" in p:
@@ -50,9 +50,10 @@ def check_params(**params) -> dict:
             raise ValueError(f"parameter device={p['device']!r}: {exc}") from None
     if "dtype" in p and p["dtype"] not in DTYPE_NAMES:
         raise ValueError(f"parameter dtype={p['dtype']!r}: expected one of {', '.join(DTYPE_NAMES)}")
-    if "preset" in p and p["preset"] not in PRESETS:
-        raise ValueError(f"parameter preset={p['preset']!r}: expected one of {', '.join(PRESETS)}")
-    for name in ("capacity", "repeats", "steps", "chunks", "audio_chunks", "whole_repeats"):
+    for name in ("preset", "step_preset"):
+        if name in p and p[name] not in PRESETS:
+            raise ValueError(f"parameter {name}={p[name]!r}: expected one of {', '.join(PRESETS)}")
+    for name in ("capacity", "ladder_capacity", "repeats", "steps", "chunks", "audio_chunks", "whole_repeats"):
         if name in p and (isinstance(p[name], bool) or not isinstance(p[name], int) or p[name] < 1):
             raise ValueError(f"parameter {name}={p[name]!r}: expected a positive int")
     if "budget_s" in p:
@@ -195,13 +196,15 @@ def _kernelspec(spec_root: Path) -> str:
 def _new_run_dir(device: str, base: Optional[Path]) -> Path:
     base = Path(base) if base else reports_dir()
     stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ")
-    run = base / f"{stamp}-{device.replace(':', '')}"
-    i = 1
-    while run.exists():
-        i += 1
-        run = base / f"{stamp}-{device.replace(':', '')}-{i}"
-    run.mkdir(parents=True)
-    return run
+    base.mkdir(parents=True, exist_ok=True)
+    for i in range(1, 10_000):
+        run = base / (f"{stamp}-{device.replace(':', '')}" + (f"-{i}" if i > 1 else ""))
+        try:
+            run.mkdir()  # atomic: two runners starting in the same second never share a folder
+            return run
+        except FileExistsError:
+            continue
+    raise FileExistsError(f"{base}: no free run folder for {stamp}")
 
 
 #: what the rendered notebooks add to nbconvert's page: code lines wrap instead of being clipped

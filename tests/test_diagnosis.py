@@ -66,7 +66,7 @@ def test_a_planted_growing_dit_cost_is_named_and_the_lms_are_not(planted):
 
 
 def test_consumer_matrix_fits_the_cost_per_accumulated_sample():
-    rec = consumer_matrix(at=(1, 30, 60, 100), repeats=1)
+    rec = consumer_matrix(at=(1, 20, 40), repeats=1)
     patterns = {r["pattern"] for r in rec["rows"]}
     assert {"append, concatenate once", "concatenate every chunk", "WAV + base64 of the whole clip"} <= patterns
     s = rec["summary"]
