@@ -87,6 +87,7 @@ def test_backend_matrix_cpu_matches_research():
     json.dumps(rows)
 
 
+@pytest.mark.slow
 def test_doctor_cli():
     r = subprocess.run([sys.executable, "-m", "fastattn", "doctor", "--json"], capture_output=True, text=True,
                        timeout=120)

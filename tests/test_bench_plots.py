@@ -274,6 +274,7 @@ def test_plots_draw_the_records_medians():
     assert drawn["upstream"] == ([0, 256], [5.0, 6.0]) and drawn["patched"] == ([0, 256], [1.0, 2.0])
 
 
+@pytest.mark.slow
 def test_bench_cli_smoke(tmp_path, capsys):
     """`python -m fastattn bench attention` on a tiny sweep writes records that load back; bad input is clear."""
     from fastattn.bench.cli import main

@@ -65,6 +65,7 @@ def test_a_planted_growing_dit_cost_is_named_and_the_lms_are_not(planted):
     assert dx[0]["reading"] == REPRODUCES and "dit: grows" in dx[0]["measured here"]
 
 
+@pytest.mark.slow
 def test_consumer_matrix_fits_the_cost_per_accumulated_sample():
     rec = consumer_matrix(at=(1, 20, 40), repeats=1)
     patterns = {r["pattern"] for r in rec["rows"]}

@@ -159,6 +159,7 @@ def test_meta_tensors_do_not_crash(fresh):
 
 
 # --------------------------------------------------------------------------- other kernel builds
+@pytest.mark.slow
 def test_contract_under_other_cpu_kernel_builds():
     """torch ships several CPU kernel builds in one wheel and honours ATEN_CPU_CAPABILITY: run the contract tests
     under the default and avx2 builds (side by side: two sessions), so every machine checks more than its own."""

@@ -377,6 +377,7 @@ def test_apply_diff_refuses_a_hunk_that_is_not_there_and_writes_nothing(tmp_path
     assert target.read_text() == "something else\n"
 
 
+@pytest.mark.slow
 def test_kit_suites_pass_on_the_stacked_diffs_and_fail_on_2_0_3(kit_runs):
     """Upstream-style tests (by-path loading from src/, torch, pydantic and stubs only): all pass on the three
     kits stacked (the CUDA-only compile test skips off CUDA); on 2.0.3 every test of a new behaviour fails and the

@@ -240,6 +240,7 @@ _FORCED = ("import json, os, torch; from fastattn import static as S; "
            "os.environ.get('TORCHINDUCTOR_CACHE_DIR', '')]))")
 
 
+@pytest.mark.slow
 def test_a_forced_cpu_build_compiles_into_its_own_inductor_cache():
     """torch's inductor cache is not keyed by ATEN_CPU_CAPABILITY: under a narrower forced build (avx2 on an AVX-512
     host, else default) a compile must not reuse the host build's kernels this suite has already cached (it did:

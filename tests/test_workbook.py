@@ -130,6 +130,7 @@ def test_bad_parameter_fails_before_anything_runs(tmp_path):
     assert not any(tmp_path.iterdir()), "nothing was run or written"
 
 
+@pytest.mark.slow
 def test_failing_cell_names_notebook_and_cell_and_keeps_the_partial_notebook(tmp_path):
     empty = tmp_path / "not-a-checkpoint"
     empty.mkdir()
@@ -167,6 +168,7 @@ def test_check_params(kw, match):
         wb.check_params(**kw)
 
 
+@pytest.mark.slow
 def test_plain_papermill_from_another_folder(tmp_path):
     """papermill run from any working directory finds fastattn and data/ through the package."""
     out = tmp_path / "out.ipynb"
@@ -210,6 +212,7 @@ def drop_reply(stream, msg_or_type, *a, **kw):  # this cell's execute_reply neve
 k.session.send = drop_reply'''
 
 
+@pytest.mark.slow
 def test_a_cell_stalled_on_an_idle_kernel_fails_fast_named_with_the_partial_notebook(tmp_path, monkeypatch):
     """The planted stall: the kernel goes idle and the client waits for a reply that never comes."""
     import time
