@@ -104,22 +104,29 @@ def _neighbours_during(model, first: int, last: int, n: int = 0):
     return procs
 
 
+def _stream_beside_neighbours(first: int, last: int, *, chunks: int, repeats: int) -> tuple:
+    """A warm tiny-model stream of ``chunks`` chunks with neighbours busy during chunks ``first``-``last`` of its
+    first repeat: (its record, the stream_profile keywords for a quiet rerun on the same model)."""
+    from fastattn.models import build_voxcpm2
+    model = build_voxcpm2("tiny", dtype="float32")
+    kw = {"modes": ("upstream",), "model": model, "progress": False, "retries": 0}
+    bench.stream_profile("tiny", 10, repeats=1, **kw)  # warm
+    procs = _neighbours_during(model, first, last)
+    try:
+        rec = bench.stream_profile("tiny", chunks, repeats=repeats, **kw)
+    finally:
+        for p in procs:
+            p.kill()
+        del model.generate_streaming
+    return rec, kw
+
+
 @pytest.mark.slow
 def test_a_neighbour_taking_both_cores_is_flagged_where_it_ran():
     """Two busy processes per core during chunks 40-79 of a 120-chunk stream: the record names
     disturbed chunks inside that window. What the verdict makes of them is checked on planted series
     (test_trend_verdicts) and, as a timing outcome, by the benchmark below."""
-    from fastattn.models import build_voxcpm2
-    model = build_voxcpm2("tiny", dtype="float32")
-    kw = {"modes": ("upstream",), "model": model, "progress": False, "retries": 0}
-    bench.stream_profile("tiny", 10, repeats=1, **kw)  # warm
-    procs = _neighbours_during(model, 40, 79)
-    try:
-        rec = bench.stream_profile("tiny", 120, repeats=1, **kw)
-    finally:
-        for p in procs:
-            p.kill()
-        del model.generate_streaming
+    rec, _ = _stream_beside_neighbours(40, 79, chunks=120, repeats=1)
     bad = rec["trend"]["upstream"]["disturbed_chunks"]
     assert rec["disturbed"]["upstream"] > 0 and any(a <= 79 and b >= 40 for a, b in bad), bad
 
@@ -129,17 +136,7 @@ def test_a_neighbour_taking_both_cores_cannot_make_a_stream_decay():
     """Four processes busy during the second half of a stream's first repeat (what turned a flat stream into
     "decays (+311%)" on a 2-core EPYC): the verdict comes out flat or inconclusive, never "grows", and the record
     names the disturbed chunks. A quiet rerun never says it grows either."""
-    from fastattn.models import build_voxcpm2
-    model = build_voxcpm2("tiny", dtype="float32")
-    kw = {"modes": ("upstream",), "model": model, "progress": False, "retries": 0}
-    bench.stream_profile("tiny", 20, repeats=1, **kw)  # warm
-    procs = _neighbours_during(model, 150, 299)
-    try:
-        rec = bench.stream_profile("tiny", 300, repeats=2, **kw)
-    finally:
-        for p in procs:
-            p.kill()
-        del model.generate_streaming
+    rec, kw = _stream_beside_neighbours(150, 299, chunks=300, repeats=2)
     six = sixths([r["ms"] for r in rec["rows"] if r["repeat"] == 0])
     naive = f"one run's last sixth / first sixth: {six[-1] / six[0]:.2f}"  # what decided the verdict before
     assert rec["trend"]["upstream"]["verdict"] in ("flat", "inconclusive"), (rec["verdict"], naive)
