@@ -4,6 +4,7 @@ timer's overhead are timing outcomes: benchmarks (``-m timing``), outside ``make
 
 from __future__ import annotations
 
+import math
 import time
 
 import pytest
@@ -67,11 +68,12 @@ def test_a_planted_growing_dit_cost_is_named_and_the_lms_are_not(planted):
 
 @pytest.mark.slow
 def test_consumer_matrix_fits_the_cost_per_accumulated_sample():
-    rec = consumer_matrix(at=(1, 20, 40), repeats=1)
+    rec = consumer_matrix(at=(1, 4, 8), repeats=1)
     patterns = {r["pattern"] for r in rec["rows"]}
     assert {"append, concatenate once", "concatenate every chunk", "WAV + base64 of the whole clip"} <= patterns
-    s = rec["summary"]
-    assert s["WAV + base64 of the whole clip"]["us_per_ksample"] > s["append, concatenate once"]["us_per_ksample"]
+    s = rec["summary"]  # which pattern costs more is a measurement (notebook 02), never a test's assertion
+    assert all(sum(r["pattern"] == p for r in rec["rows"]) == 3 for p in s)
+    assert all(math.isfinite(v["us_per_ksample"]) and v["ms_first"] >= 0 for v in s.values())
     assert all(v["reproduces_293"] is False for v in s.values()), "no chunk 400 measured: never a claim"
     table = consumer_table(rec)
     assert len(table) == len(s) + len(rec["skipped"])
