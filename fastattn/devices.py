@@ -6,8 +6,10 @@ from __future__ import annotations
 
 import os
 import platform
+import shutil
 import subprocess
 import sys
+import sysconfig
 import warnings
 from contextlib import contextmanager
 from datetime import datetime, timezone
@@ -151,6 +153,20 @@ def git_commit() -> str:
 def device_name(device) -> str:
     device = torch.device(device)
     return torch.cuda.get_device_name(device) if device.type == "cuda" else cpu_name()
+
+
+def compile_toolchain(device="cpu") -> Optional[str]:
+    """Why ``torch.compile`` cannot build kernels here, or None. On CUDA, triton builds its launcher stub with a C
+    compiler (``$CC``, else gcc, else clang) against ``Python.h``; on CPU, inductor builds C++ (``$CXX``, else g++,
+    else clang++) against the same header. Images without build tools fail at the first compile, not at import."""
+    cuda = torch.device(device).type == "cuda"
+    var, names = ("CC", ("gcc", "clang")) if cuda else ("CXX", ("g++", "clang++"))
+    chosen = os.environ.get(var)
+    found = shutil.which(chosen) if chosen else next(filter(None, map(shutil.which, names)), None)
+    header = os.path.join(sysconfig.get_paths()["include"], "Python.h")
+    missing = [] if found else [f"no {'C' if cuda else 'C++'} compiler (${var}, {' or '.join(names)})"]
+    missing += [] if os.path.exists(header) else [f"no Python.h at {header} (the python3-dev package)"]
+    return "; ".join(missing) + ": torch.compile cannot build here" if missing else None
 
 
 def env_facts(device="cpu", dtype=None) -> dict:

@@ -63,6 +63,7 @@ def diagnosis(stream: dict, consumers: Optional[dict] = None, device: str = "cpu
         detail = "; ".join(f"{c}: {_trend_line(up[c])}" for c in comps)
         rows.append({"hypothesis": "A part of the generator grows with the chunk index (LMs, DiT, encoder, VAE, "
                                    "fp32 VAE denormals)", "measured here": detail,
+                     "brief": _none_grew(up, comps),
                      "reading": REPRODUCES if grows else (NEEDS if unsure else RULES_OUT)})
     else:
         rows.append({"hypothesis": "A part of the generator grows with the chunk index",
@@ -92,6 +93,16 @@ def _compile_line(c: Optional[dict]) -> str:
         (f" (dynamo stops recompiling a function at {limit} graphs and runs the rest eagerly)" if limit else "")
 
 
+def _none_grew(up: dict, comps: list) -> str:
+    """One sentence for a reply: how many parts were trended, and the steepest upper bound among them."""
+    ci = {c: up[c]["ci"][1] for c in comps if up[c].get("ci")}
+    if not ci or any(up[c]["verdict"] != "flat" for c in comps):
+        return "; ".join(f"{c}: {_trend_line(up[c])}" for c in comps)
+    top = max(ci, key=ci.get)
+    return (f"{len(comps)} parts timed apart, each flat; the steepest upper 95% bound is {ci[top]:+.2f} ms per "
+            f"100 chunks ({top}, on {up[top]['level_ms']:.0f} ms)")
+
+
 def _attention_row(stream: dict, up: dict, comps: list) -> dict:
     """The full-cache attention lives in the LM steps: where they were timed apart, their trends decide (a chunk
     that grows because its DiT grows says nothing about attention); else the whole chunk's trend."""
@@ -101,7 +112,9 @@ def _attention_row(stream: dict, up: dict, comps: list) -> dict:
         words = {t["verdict"] for t in lms}
         reading = REPRODUCES if "grows" in words else (RULES_OUT if words <= {"flat", "shrinks"} else NEEDS)
         return {"hypothesis": hyp, "measured here": "the LM steps (where attention runs): " + "; ".join(
-            f"{c}: {_trend_line(up[c])}" for c in ("base_lm", "residual_lm") if c in up), "reading": reading}
+            f"{c}: {_trend_line(up[c])}" for c in ("base_lm", "residual_lm") if c in up),
+            "brief": "the LM steps, where attention runs: " + _none_grew(up, [c for c in ("base_lm", "residual_lm")
+                                                                              if c in up]), "reading": reading}
     word = up.get("verdict") or stream["verdict"]["upstream"].split()[0]
     reading = RULES_OUT if word in ("flat", "shrinks") else (REPRODUCES if word == "grows" else NEEDS)
     return {"hypothesis": hyp, "measured here": f"upstream's whole chunk: {stream['verdict']['upstream']}",
@@ -211,7 +224,8 @@ def _why(row: dict, lang: int) -> str:
         return GPU_LEADS[_gpu(row)][lang]
     said = {REPRODUCES: "reproduced here", RULES_OUT: "ruled out here", NOT_MEASURED: "not measured in this run",
             NEEDS: "needs your machine to decide"}[row["reading"]]
-    return said + (f": {row['measured here']}" if row["reading"] in (REPRODUCES, RULES_OUT) else "")
+    shown = row.get("brief", row["measured here"]) if row["reading"] == RULES_OUT else row["measured here"]
+    return said + (f": {shown}" if row["reading"] in (REPRODUCES, RULES_OUT) else "")
 
 
 def _reply(lang: str, **parts) -> str:

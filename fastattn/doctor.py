@@ -11,7 +11,7 @@ from typing import Optional
 import torch
 
 from . import compat
-from .devices import cpu_name, cuda_build_without_cuda, git_commit, native_bf16, package_version
+from .devices import compile_toolchain, cpu_name, cuda_build_without_cuda, git_commit, native_bf16, package_version
 
 __all__ = ["doctor", "format_doctor", "git_commit"]
 
@@ -62,6 +62,7 @@ def doctor(calibrate: bool = True) -> dict:
                 "MATH": cb.math_sdp_enabled(),
             },
         })
+    info["compile_toolchain"] = compile_toolchain(info["device"]) or "ok"
     if calibrate:
         info["exact_granularity"] = _granularities(info["device"])
     return info

@@ -13,7 +13,6 @@ import contextlib
 import json
 import os
 import re
-import shutil
 import signal
 import statistics
 import sys
@@ -25,6 +24,7 @@ from typing import Callable, NamedTuple, Optional
 
 import torch
 
+from .devices import compile_toolchain
 from .graphs import cudagraph_recordings, graph_counts, reset_graph_counts
 from .paths import atomic_write_text
 
@@ -80,14 +80,16 @@ def _steps(device: torch.device, size: dict) -> list:
     from .exactness import calibration_ladders
     gpu = device.type == "cuda"
     cuda_only = None if gpu else "CUDA graphs and upstream's reduce-overhead compile need CUDA"
+    no_cc = compile_toolchain(device)  # a compile step's reason to skip; eager steps still run
+    compiled = lambda why=None: why or no_cc  # noqa: E731
     est = lambda cuda_s, cpu_s: cuda_s if gpu else cpu_s  # noqa: E731
     rec = _recorder(device)
     small = "small" if size["preset"] != "tiny" else "tiny"
     return [
         Step("environment", lambda: _environment(device, size), est(40, 15), None),
-        Step("forms_check", lambda: _forms_check(device, size), est(120, 40), None),
-        Step("static_inputs", lambda: _static_inputs(device, size), est(120, 30), None),
-        Step("optimize_counters", lambda: _optimize_counters(device, size), est(120, 0), cuda_only),
+        Step("forms_check", lambda: _forms_check(device, size), est(120, 40), compiled()),
+        Step("static_inputs", lambda: _static_inputs(device, size), est(120, 30), compiled()),
+        Step("optimize_counters", lambda: _optimize_counters(device, size), est(120, 0), compiled(cuda_only)),
         Step("eager_slices", lambda: _eager_slices(device, size), est(15, 5), None),
         Step("exactness_calibration", lambda: [rec("exactness_calibration", {"capacity": size["capacity"]},
                                                    calibration_ladders(device, capacity=size["capacity"],
@@ -102,16 +104,18 @@ def _steps(device: torch.device, size: dict) -> list:
         Step("whole_decode_eager", lambda: [bench.whole_decode(size["preset"], steps=size["steps"], dtype="bfloat16",
                                                                device=str(device), repeats=1, progress=False)],
              est(60, 60), None),
-        Step("whole_decode_optimized", lambda: [_optimized_decode(device, size)], est(300, 0), cuda_only),
-        Step("stream_under_optimize", lambda: [_stream_under_upstream_optimize(device, size)], est(300, 0), cuda_only),
-        Step("upstream_diff_compiled", lambda: [_diff_compiled(device, size)], est(200, 0), cuda_only),
+        Step("whole_decode_optimized", lambda: [_optimized_decode(device, size)], est(300, 0), compiled(cuda_only)),
+        Step("stream_under_optimize", lambda: [_stream_under_upstream_optimize(device, size)], est(300, 0),
+             compiled(cuda_only)),
+        Step("upstream_diff_compiled", lambda: [_diff_compiled(device, size)], est(200, 0), compiled(cuda_only)),
         Step("decode_forms", lambda: [bench.form_sweep(size["form_positions"], device=device, dtype=dt,
                                                        capacity=size["capacity"], repeats=size["repeats"],
                                                        progress=False, layers=size["layers"])
                                       for dt in size["form_dtypes"]], est(600, 0),
-             cuda_only and "the CUDA opt-in is chosen on CUDA (on CPU: notebook 04's graph_choice)"),
+             compiled(cuda_only and "the CUDA opt-in is chosen on CUDA (on CPU: notebook 04's graph_choice)")),
         Step("kit_decode", lambda: [kit_decode(device, preset=size["preset"], steps=size["steps"],
-                                               chunks=size["stream_chunks"], repeats=3)], est(600, 0), cuda_only),
+                                               chunks=size["stream_chunks"], repeats=3)], est(600, 0),
+             compiled(cuda_only)),
         Step("kit_decode_eager", lambda: [kit_decode(device, preset="small", steps=size["steps"], chunks=20, repeats=3,
                                                      compile=False)], est(200, 0),
              cuda_only and "eager live against masked matters where cuDNN plans per key length (CUDA)"),
@@ -126,7 +130,7 @@ def _recorder(device, dtype=None) -> Callable:
 
 # --------------------------------------------------------------------------- the first-contact steps
 def _environment(device, size) -> list:
-    """doctor (SDPA's priority order; GNU ``patch`` on PATH?) and the backend matrix with SDPA's refusal reasons."""
+    """doctor (SDPA's priority order, the compile toolchain) and the backend matrix with SDPA's refusal reasons."""
     from .backends import backend_matrix
     from .doctor import doctor
     rows = [r for dt in size["dtypes"] for r in backend_matrix(device, dtype=dt, capacity=size["capacity"],
@@ -135,7 +139,7 @@ def _environment(device, size) -> list:
         r["refused"] = {b: e["reason"] for b, e in r.pop("report", {}).get("eligibility", {}).items()
                         if not e["eligible"]}
     rec = _recorder(device)
-    return [rec("doctor", {}, [dict(doctor(), patch_binary=shutil.which("patch"))]),
+    return [rec("doctor", {}, [doctor()]),
             rec("backend_matrix", {"dtypes": list(size["dtypes"])}, rows)]
 
 

@@ -128,6 +128,10 @@ def upstream_diff(layout: str = "wheel", kit: str = "right-sized", base: Path | 
             old, new = theirs, (new if theirs == old else _transplant(theirs, old, new))
         parts.extend(difflib.unified_diff(old.splitlines(True), new.splitlines(True), fromfile=f"a/{prefix}{rel}",
                                           tofile=f"b/{prefix}{rel}", n=3))
+    if layout == "src":  # upstream's repository carries the PR's test too, a new file under tests/
+        test = KITS[kit][2]
+        parts.extend(difflib.unified_diff([], (data_dir() / "upstream-tests" / test).read_text().splitlines(True),
+                                          fromfile="/dev/null", tofile=f"b/tests/{test}", n=3))
     return "".join(parts)
 
 
@@ -143,14 +147,15 @@ _HUNK = re.compile(r"@@ -(\d+)(?:,(\d+))? \+(\d+)(?:,(\d+))? @@")
 
 
 def _file_patches(diff: str) -> list:
-    """``[(path after -p1, [(old start, old lines, new lines)])]`` of a unified diff."""
+    """``[(path after -p1, [(old start, old lines, new lines)], whether the file is new)]`` of a unified diff."""
     out, lines, i = [], diff.splitlines(True), 0
     while i < len(lines):
         if not lines[i].startswith("--- "):
             i += 1
             continue
+        new_file = lines[i][4:].strip() == "/dev/null"
         path, hunks, i = lines[i + 1][4:].strip().split("/", 1)[1], [], i + 2
-        out.append((path, hunks))
+        out.append((path, hunks, new_file))
         while i < len(lines) and (m := _HUNK.match(lines[i])):
             n_old, n_new = int(m[2] or 1), int(m[4] or 1)
             old, new, i = [], [], i + 1
@@ -168,12 +173,12 @@ def apply_diff(root, diff: str, max_offset: int = 200) -> list:
     lines (context and removed) are not found exactly within ``max_offset`` lines raises :class:`DiffError`,
     and then nothing is written."""
     out, texts = [], {}
-    for path, hunks in _file_patches(diff):
+    for path, hunks, new_file in _file_patches(diff):
         target = Path(root) / path
-        lines = texts.get(path) or target.read_text().splitlines(True)
+        lines = texts.get(path) or ([] if new_file else target.read_text().splitlines(True))
         shift = 0
         for n, (start, old, new) in enumerate(hunks, 1):
-            want = start - 1 + shift
+            want = max(start - 1, 0) + shift
             found = next((p for d in range(max_offset + 1) for p in (want - d, want + d)
                           if 0 <= p <= len(lines) - len(old) and lines[p:p + len(old)] == old), None)
             if found is None:
@@ -183,6 +188,7 @@ def apply_diff(root, diff: str, max_offset: int = 200) -> list:
             out.append((path, n, found - want))
         texts[path] = lines
     for path, lines in texts.items():
+        (Path(root) / path).parent.mkdir(parents=True, exist_ok=True)
         (Path(root) / path).write_text("".join(lines))
     return out
 

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Every generated file of the repository, written from the committed records and the code: ``make docs``.
 
-README's findings, docs/results.md, docs/api.md's module map, docs/install.md's matrix, upstream-PR.md's tables,
+README's findings, docs/results.md, docs/install.md's matrix, upstream-PR.md's tables,
 the PR texts, the #395 comment and the #293 reply, the stored diffs and data/results/headline.png. ``--check``
 writes nothing and exits 1 naming each file that would change (one test runs it, in ``make test``).
 """
@@ -33,7 +33,6 @@ def generated() -> dict:
         out[path] = _with_block(out.get(path) or path.read_text(), text, begin, end)
 
     block(root / "README.md", readme.findings_table(ref))
-    block(root / "docs" / "api.md", readme.modules_table(), readme.MODULES_BEGIN, readme.MODULES_END)
     block(root / "docs" / "results.md", readme.reference_findings(ref, results / readme.OTHER))
     block(root / "docs" / "install.md", prs.install_matrix(), prs.MATRIX_BEGIN, prs.MATRIX_END)
     for name in readme.PR_FILES:

@@ -5,7 +5,8 @@
 Each CHECKOUT is an export of upstream's repository (``git archive``) at main, at tag 2.0.3 and at PR #325's merge
 ref. Checks: every diff (the ``src`` ones; on 2.0.3's tree the 2.0.3 ones) applied alone and all three stacked in
 every order, on each tree (in Python, exact context); upstream's own ``tests/`` and the kits' upstream-style tests
-(copied in beside them) on main with the three diffs stacked and on unmodified main.
+(each src diff carries its own, a new file under tests/) on main with the three diffs stacked and on unmodified main,
+each PR's test file counted alone.
 """
 import argparse
 import itertools
@@ -36,6 +37,7 @@ def applies(tree: Path, kits, layout: str) -> dict:
 
 
 def pytest_outcomes(root: Path, paths: list) -> dict:
+    (root / "r.xml").unlink(missing_ok=True)
     env = {**os.environ, "PYTHONPATH": str(root / "src")}
     r = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--junitxml=r.xml", *paths],
                        cwd=root, capture_output=True, text=True, timeout=1800, env=env)
@@ -48,8 +50,10 @@ def pytest_outcomes(root: Path, paths: list) -> dict:
 
 
 def test_runs(main: Path) -> list:
+    """Upstream's own tests, then each PR's new test file (its own counts), on main patched and unmodified. The src
+    diffs carry their tests (new files under tests/); unmodified main gets the same files copied in."""
+    own = sorted(p.relative_to(main).as_posix() for p in (main / "tests").rglob("test_*.py"))
     rows = []
-    kit_tests = sorted(p.name for p in (data_dir() / "upstream-tests").glob("test_*.py"))
     for patched in (True, False):
         with tempfile.TemporaryDirectory() as tmp:
             root = Path(tmp) / "main"
@@ -57,11 +61,12 @@ def test_runs(main: Path) -> list:
             for k in KITS if patched else ():
                 apply_diff(root, (data_dir() / KITS[k][1]["src"]).read_text())
             rows.append({"check": "upstream's own tests/, " + ("the three diffs stacked" if patched else "unmodified"),
-                         **pytest_outcomes(root, ["tests"])})
-            for name in kit_tests:
-                shutil.copy(data_dir() / "upstream-tests" / name, root / "tests" / name)
-            rows.append({"check": "the kits' tests, " + ("the three diffs stacked" if patched else "unmodified main"),
-                         **pytest_outcomes(root, [f"tests/{n}" for n in kit_tests])})
+                         **pytest_outcomes(root, own)})
+            for kit, (_, _, test) in KITS.items():
+                if not patched:
+                    shutil.copy(data_dir() / "upstream-tests" / test, root / "tests" / test)
+                rows.append({"check": "a PR's test, " + ("the three diffs stacked" if patched else "unmodified main"),
+                             "kit": kit, "test": test, **pytest_outcomes(root, [f"tests/{test}"])})
     return rows
 
 

@@ -66,6 +66,9 @@ echo "[wheelhouse] downloading $(wc -l < "$WORK/wheels.txt") wheels + voxcpm"
 "$PYBIN" -m pip download --quiet --no-deps --dest "$OUT" "${TARGET[@]}" -r "$WORK/wheels.txt" \
     -r requirements-voxcpm.txt 2> >(grep -v "is ignored" >&2)
 
+# A pip wheel (this builder's version), for gpu-box.sh on an image whose Python has no pip: it runs from the file.
+"$PYBIN" -m pip download --quiet --no-deps --dest "$OUT" "${TARGET[@]}" "pip==$("$PYBIN" -m pip --version | cut -d' ' -f2)"
+
 # The box installs the resolved list first, then the --no-deps list (voxcpm's own requirements pull a web UI
 # and a CUDA torchaudio; librosa's pull numba/llvmlite; fastattn's are all satisfied by then).
 { echo "# pip install --no-index --find-links <this folder> -r requirements.txt"

@@ -4,6 +4,7 @@ stops a step, a killed run that leaves its records and a summary, counters from 
 import json
 import subprocess
 import sys
+import sysconfig
 import time
 
 import pytest
@@ -11,6 +12,7 @@ import torch
 
 from fastattn import bench, gpucheck
 from fastattn.bench.timing import stats_ms
+from fastattn.devices import compile_toolchain
 from fastattn.gpucheck import FIRST_CONTACT, Step, gpu_check
 
 from .conftest import cuda
@@ -42,7 +44,7 @@ def test_cpu_quick_run_is_the_first_contact_set_with_its_plan(tmp_path):
     assert kinds == {"doctor", "backend_matrix", "form_checks", "static_inputs", "eager_slices"}
     assert all(bench.load_record(p)["env"]["torch"] == torch.__version__ for p in folder.glob("*.json"))
     doctor = bench.load_record(folder / "doctor.json")["rows"][0]
-    assert "patch_binary" in doctor and "sdp_priority_order" in doctor or doctor["device"] == "cpu"
+    assert doctor["compile_toolchain"] == "ok" and ("sdp_priority_order" in doctor or doctor["device"] == "cpu")
     assert all("refused" in r for r in bench.load_record(folder / "backend_matrix.json")["rows"])
     with pytest.raises(ValueError, match="not empty"):
         gpu_check("cpu", quick=True, out=folder, **QUIET)  # never over an earlier run
@@ -224,3 +226,20 @@ def test_first_contact_lines_read_gpu_shaped_records(tmp_path):
     assert "(SDPA picks CUDNN_ATTENTION)" in text and "slice, fresh length per call / slice, one length: 600" in text
     assert "slice, fresh length, cuDNN left out / masked, whole cache: 0.3" in text
     assert "| eager_slices | ok: eager_slices.json | 1.0 |" in text
+
+
+def test_without_a_compiler_the_compile_steps_are_skipped_with_why_and_eager_steps_run(tmp_path, monkeypatch):
+    """A box with no build tools (a planted PATH with no compiler on it): forms_check would crash at its first
+    compile, so it is skipped with the reason; the eager steps run. A missing Python.h is named too."""
+    monkeypatch.setenv("PATH", str(tmp_path))
+    monkeypatch.delenv("CXX", raising=False)
+    assert compile_toolchain("cpu").startswith("no C++ compiler")
+    said = []
+    folder = gpu_check("cpu", quick=True, out=tmp_path / "kit", log=said.append,
+                       only=["environment", "forms_check", "eager_slices"])
+    summary = (folder / "summary.md").read_text()
+    assert "| forms_check | skipped: no C++ compiler" in summary and "| eager_slices | ok: " in summary, summary
+    assert bench.load_record(folder / "doctor.json")["rows"][0]["compile_toolchain"].startswith("no C++ compiler")
+    monkeypatch.setattr(sysconfig, "get_paths", lambda: {"include": str(tmp_path)})
+    assert "no Python.h at" in compile_toolchain("cuda") and "no C compiler ($CC, gcc or clang)" in compile_toolchain(
+        "cuda")

@@ -1,2 +1,2 @@
 """The repository's own tools, outside the package the notebooks import: the generator of README's findings,
-docs/results.md, docs/api.md's module map and the upstream PR texts (``make docs`` runs it through scripts/docs.py)."""
+docs/results.md, and the upstream PR texts (``make docs`` runs it through scripts/docs.py)."""

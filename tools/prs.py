@@ -73,9 +73,26 @@ def machine_rows() -> list:
         kv_mb = (kv["upstream_bytes"] / 1e6, kv["patched_bytes"] / 1e6)
         rows.append({"machine": _machine(whole["env"]), "kv_mb": kv_mb,
                      "step_bf16": t["decode_bf16"], "step_fp32": t["decode_fp32"], "whole": whole_ratio(whole),
+                     "whole_runs": _paired(whole),
                      "identical": whole["identical"], "steps": whole["params"]["steps"],
                      "reference": folder.name == REFERENCE})
     return rows
+
+
+#: below this many runs a bootstrap interval says little: the PR gives the runs' own ratios instead
+MIN_CI_RUNS = 5
+
+
+def _paired(whole: dict) -> list:
+    """A ``whole_decode`` record's patched / upstream wall time, repeat by repeat."""
+    up, pa = ({r["repeat"]: r["wall_s"] for r in whole["rows"] if r["variant"] == v} for v in ("upstream", "patched"))
+    return [pa[k] / up[k] for k in sorted(up) if k in pa]
+
+
+def _whole_cell(r: dict) -> str:
+    if r["whole"].n >= MIN_CI_RUNS or not r["whole_runs"]:
+        return _ratio(r["whole"])
+    return f"{r['whole'].value:.2f}x (runs: {', '.join(f'{x:.2f}x' for x in r['whole_runs'])})"
 
 
 def _ratio(t) -> str:
@@ -85,19 +102,9 @@ def _ratio(t) -> str:
     return f"{value:.2f}x" + (f" [{ci[0]:.2f}, {ci[1]:.2f}], n={n}" if ci else " (no interval recorded)")
 
 
-def matrix_table() -> str:
-    yes = {True: "yes", False: "**no**", None: "not run"}
-    lines = ["| torch | Python | SDPA kernel (CPU) | cache slots after the decode | decode through the diff = "
-             "upstream (fp32 and bf16) | the same with 512-slot windows forced | the new tests, three PRs applied |",
-             "|---|---|---|---|---|---|---|"]  # the contract, per torch
-    lines += [f"| {r['torch']} | {r['python']} | {r['kernel']} | {r['slots']} | {yes[r['diff']]} | "
-              f"{yes[r['forced']]} | {r['kits'][0]} passed, {r['kits'][1]} failed |" for r in _matrix()]
-    return "\n".join(lines)
-
-
-def math_versions() -> str:
-    """What every matrix record says about the torch versions whose CPU runs this call through the math kernel:
-    how often a decode with 512-slot windows (forced, or the diff's own before the version gate) matched upstream."""
+def _window_runs() -> dict:
+    """Per torch whose CPU runs this call through the math kernel: every decode with 512-slot windows over all the
+    matrix records (forced, or the diff's own before the version gate)."""
     runs = {}
     for p in sorted((_results() / "torch-matrix").glob("exactness-*.json")):
         rec = load_record(p)
@@ -105,6 +112,33 @@ def math_versions() -> str:
             runs.setdefault(rec["env"]["torch"].split("+")[0], []).extend(
                 r for r in rec["rows"] if r["check"] == "decode, 512-slot windows forced"
                 or (r["check"] == "decode through the diff" and r.get("capacity") not in (None, 8192)))
+    return runs
+
+
+def _forced_cell(version: str, newest: Optional[bool]) -> str:
+    """The newest record's verdict, unless an earlier run of that torch differed: then how many of all did."""
+    runs = _window_runs().get(version, [])
+    bad = sum(not r.get("identical") for r in runs)
+    if newest is None or not bad:
+        return {True: "yes", False: "**no**", None: "not run"}[newest]
+    return f"**{bad} of {len(runs)} runs differed**"
+
+
+def matrix_table() -> str:
+    yes = {True: "yes", False: "**no**", None: "not run"}
+    lines = ["| torch | Python | SDPA kernel (CPU) | cache slots after the decode | decode through the diff = "
+             "upstream (fp32 and bf16) | the same with 512-slot windows forced | the new tests, three PRs applied |",
+             "|---|---|---|---|---|---|---|"]  # the contract, per torch
+    lines += [f"| {r['torch']} | {r['python']} | {r['kernel']} | {r['slots']} | {yes[r['diff']]} | "
+              f"{_forced_cell(r['torch'], r['forced'])} | {r['kits'][0]} passed, {r['kits'][1]} failed |"
+              for r in _matrix()]
+    return "\n".join(lines)
+
+
+def math_versions() -> str:
+    """What every matrix record says about the torch versions whose CPU runs this call through the math kernel:
+    how often a decode with 512-slot windows (forced, or the diff's own before the version gate) matched upstream."""
+    runs = _window_runs()
     if not runs:
         return ""
     bad = [(v, r) for v, rows in runs.items() for r in rows if not r.get("identical")]
@@ -118,13 +152,14 @@ def math_versions() -> str:
 
 def upstream_check() -> dict:
     """The newest ``upstream_check`` record: the commits, whether every diff applied alone and stacked per tree,
-    and upstream's own tests on main, patched and not."""
+    upstream's own tests on main, patched and not, and each PR's test file (``pr_tests[(test, patched?)]``)."""
     rec = newest(_results() / "upstream", "upstream-check-*.json")[-1]
     rows = rec["rows"]
     trees = {r["tree"]: all(x["applies"] for x in rows if x["tree"] == r["tree"] and "applies" in x)
              for r in rows if "applies" in r}
-    tests = {r["check"]: r for r in rows if "passed" in r}
-    return {"commits": rec["params"]["commits"], "applies": trees, "tests": tests}
+    tests = {r["check"]: r for r in rows if "passed" in r and "kit" not in r}
+    pr_tests = {(r["test"], r["check"].endswith("stacked")): r for r in rows if "kit" in r}
+    return {"commits": rec["params"]["commits"], "applies": trees, "tests": tests, "pr_tests": pr_tests}
 
 
 def import_cost() -> Optional[dict]:
@@ -134,7 +169,7 @@ def import_cost() -> Optional[dict]:
 
 
 def _tests_line(kit_test: str) -> list:
-    """How the PR's tests were run: upstream's own suite on main with the three diffs, and the kits' tests."""
+    """How the PR's tests were run: its own test file, and upstream's own suite on main with the three diffs."""
     u = upstream_check()
     own = u["tests"]["upstream's own tests/, the three diffs stacked"]
     orig = u["tests"]["upstream's own tests/, unmodified"]
@@ -142,11 +177,11 @@ def _tests_line(kit_test: str) -> list:
     fails = ", ".join(f"`{n}`" for n in own["failed_tests"]) or "none"
     missing = r"import (\w+)\W{1,4}n?\s*ModuleNotFoundError"  # a failure that is the test machine's, not the change's
     why = {m[1] for msg in own["failed_tests"].values() for m in re.finditer(missing, msg)}
-    kits = u["tests"]["the kits' tests, the three diffs stacked"]
-    bare = u["tests"]["the kits' tests, unmodified main"]
-    return [f"- `tests/{kit_test}` (new). The three PRs' new tests on main {u['commits']['main'][:7]} with the three "
-            f"PRs applied: {kits['passed']} passed, {kits['failed']} failed, {kits['skipped']} skipped (CUDA only); "
-            f"on unmodified main {bare['failed']} of them fail.",
+    mine, bare = u["pr_tests"][(kit_test, True)], u["pr_tests"][(kit_test, False)]
+    return [f"- `tests/{kit_test}` (new, in this diff): {mine['passed']} passed, {mine['failed']} failed"
+            + (f", {mine['skipped']} skipped (CUDA only)" if mine["skipped"] else "")
+            + f" on main {u['commits']['main'][:7]} with the three PRs applied; on unmodified main "
+            f"{bare['failed']} of them fail.",
             f"- Upstream's own `tests/` on main {u['commits']['main'][:7]} with the three PRs applied: {own['passed']} "
             f"passed, {own['failed']} failed ({fails}); unmodified main gives {same}"
             + (f" (the test machine lacks {', '.join(sorted(why))})." if why else ".")]
@@ -200,7 +235,7 @@ def _machine_table() -> str:
     out = ["| machine | KV of a 300-token request | decode step at position 256 (" + step + "), bf16 / fp32 (patched "
            "/ upstream, 95% CI) | whole decode (patched / upstream) | outputs |", "|---|---|---|---|---|"]
     out += [f"| {r['machine']} | {r['kv_mb'][0]:.0f} MB -> {r['kv_mb'][1]:.0f} MB | {_ratio(r['step_bf16'])} / "
-            f"{_ratio(r['step_fp32'])} | {_ratio(r['whole'])} ({r['steps']} steps) | "
+            f"{_ratio(r['step_fp32'])} | {_whole_cell(r)} ({r['steps']} steps) | "
             f"{'identical' if r['identical'] else '**differ**'} |" for r in machine_rows()]
     return "\n".join(out)
 
@@ -235,7 +270,12 @@ def _matrix_sizes() -> str:
     if len(sizes) != 1:
         raise ValueError(f"the torch-matrix records ran different decodes: {sorted(sizes)}")
     p = dict(sizes.pop())
-    return f"the {p['preset']} model, a {p['text_chars']}-character prompt and {p['steps']} steps"
+    from fastattn.models import voxcpm2_config
+    cfg = voxcpm2_config(p["preset"])
+    lm = cfg["lm_config"]
+    return (f"VoxCPM2's architecture with random weights at hidden size {lm['hidden_size']}, "
+            f"{lm['num_hidden_layers']}+{cfg['residual_lm_num_layers']} LM layers and {lm['num_attention_heads']}/"
+            f"{lm['num_key_value_heads']} heads, a {p['text_chars']}-character prompt and {p['steps']} steps")
 
 
 def _fp32_weights_x() -> float:
@@ -260,6 +300,16 @@ def _forms_geometry() -> str:
     return f"{hq} query heads, {hkv} KV heads, {d} dims, {cap} slots"
 
 
+#: the compiled forms as a VoxCPM maintainer would name them (the workbook's own names stay out of the PR)
+FORM_WORDS = {"flex_decode": "FlexAttention with an in-graph block mask",
+              "slice_live": "SDPA over the slice (`.item()` + `torch._check`)",
+              "bucketed_window": "the masked call over a bucketed window", "upstream_masked": "today's masked call"}
+
+
+def _form_words(form: str) -> str:
+    return FORM_WORDS.get(form, form)
+
+
 def _forms_winners() -> str:
     """How often this PR's form won the compiled-forms records (one per machine and dtype)."""
     from fastattn.bench.forms import form_verdict
@@ -267,8 +317,8 @@ def _forms_winners() -> str:
     recs = [r for dt in ("bfloat16", "float32") for _, r in machines_with(_results(), "decode_forms", dtype=dt)]
     won = sum(form_verdict(r)["winner"] == "flex_decode" for r in recs)
     if won == len(recs):
-        return "`flex_decode` was the fastest compiled form in every row."
-    return (f"`flex_decode` was the fastest compiled form in {won} of {len(recs)} rows: on CPU it is not always the "
+        return "FlexAttention was the fastest compiled form in every row."
+    return (f"FlexAttention was the fastest compiled form in {won} of {len(recs)} rows: on CPU it is not always the "
             "fastest. It is this PR's form because it keeps static shapes (one graph, CUDA-graph friendly), which "
             "only a GPU run can price.")
 
@@ -287,7 +337,7 @@ def fields() -> dict:
             "tests_live": "\n".join(tests["minicpm4_decode_attention"]), "repo": REPO,
             "dtype_table": dtype_machines(_results(), label).strip(), "dtype_seen": _dtype_seen(),
             "slice_evidence": _slice()[0], "live_bound": LIVE_ERROR_BOUND, "import_line": _import_line(),
-            "forms_table": forms_machines(_results(), label).strip(), "slice_table": _slice_table(),
+            "forms_table": forms_machines(_results(), label, _form_words).strip(), "slice_table": _slice_table(),
             "forms_winners": _forms_winners(), "matrix_sizes": _matrix_sizes(), "fp32_weights_x": _fp32_weights_x(),
             "forms_geometry": _forms_geometry(), "bench_table": bench_table(none="(none yet)")}
 

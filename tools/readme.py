@@ -199,20 +199,25 @@ def reference_findings(ref: Path, other: Optional[Path] = None) -> str:
     return "\n".join(lines) + "\n"
 
 
-def forms_answer(rec: dict, verdict: dict | None = None) -> str:
+def _code(form: str) -> str:
+    return f"`{form}`"
+
+
+def forms_answer(rec: dict, verdict: dict | None = None, name=_code) -> str:
     """One line from a ``decode_forms`` record (and its :func:`~fastattn.bench.forms.form_verdict`,
-    computed here where not given): the winner, the runner-up's time over it, decided or not."""
+    computed here where not given): the winner, the runner-up's time over it, decided or not. ``name(form)``
+    writes a form's name."""
     from fastattn.bench.forms import form_verdict
     v = verdict or form_verdict(rec)
     if v["runner_up"] is None:
-        return f"`{v['winner']}` (the only eligible form)" if v["winner"] else "no eligible form"
+        return f"{name(v['winner'])} (the only eligible form)" if v["winner"] else "no eligible form"
     lo = min(x["ratio"] for x in v["per_position"].values())
     hi = max(x["ratio"] for x in v["per_position"].values())
     ps = rec["params"]["positions"]
     where = ("decided at every position" if v["decided"] else
              f"decided at {', '.join(map(str, v['decided_at'])) or 'no position'}"
-             + "".join(f"; `{f}` faster at {p}" for p, f in v["other_winners"].items()))
-    return (f"`{v['winner']}`; `{v['runner_up']}` takes {v['margin']:.2f}x its time ({lo:.2f}x-{hi:.2f}x over "
+             + "".join(f"; {name(f)} faster at {p}" for p, f in v["other_winners"].items()))
+    return (f"{name(v['winner'])}; {name(v['runner_up'])} takes {v['margin']:.2f}x its time ({lo:.2f}x-{hi:.2f}x over "
             f"positions {ps[0]}-{ps[-1]}), {where}")
 
 
@@ -226,9 +231,9 @@ def _folder_label(folder: Path, env: dict) -> str:
     return f"`{folder.name}`: {env.get('device_name', '')}"
 
 
-def forms_machines(results: Path, label=_folder_label) -> str:
+def forms_machines(results: Path, label=_folder_label, name=_code) -> str:
     """The table of the compiled decode forms: per machine folder and dtype, the verdict; a line saying none
-    exists otherwise. ``label(folder, env)`` names the machine."""
+    exists otherwise. ``label(folder, env)`` names the machine, ``name(form)`` a form."""
     found = [x for dt in ("bfloat16", "float32") for x in machines_with(results, "decode_forms", dtype=dt)]
     if not found:
         return "No machine has a `decode_forms` record yet.\n"
@@ -240,7 +245,7 @@ def forms_machines(results: Path, label=_folder_label) -> str:
         won = next((c for c in rec["checks"] if c["form"] == verdict["winner"]), None)
         err = f"{won['max_err']:.3g} ({won['reference_err']:.3g})" if won else "n/a"
         out.append(f"| {label(folder, rec['env'])} | {rec['params']['dtype']} | "
-                   f"{forms_answer(rec, verdict)} | {err} |")
+                   f"{forms_answer(rec, verdict, name)} | {err} |")
     return "\n".join(out) + "\n"
 
 
@@ -274,51 +279,6 @@ def headline_figure(ref: Path, path: Path) -> Path:
     fig.savefig(path, dpi=90, bbox_inches="tight", metadata={"Software": None})
     plt.close(fig)
     return path
-
-
-MODULES_BEGIN, MODULES_END = "<!-- modules:begin -->", "<!-- modules:end -->"
-#: the layer of each top-level module, bottom up (bench/ is measuring, experiments/ one notebook each)
-LAYERS = {"runtime": ("core", "clock", "exactness", "fast", "static", "modes", "step", "masks", "cache"),
-          "voxcpm side": ("compat", "models", "steps", "inflight", "patch", "graphs", "upstream"),
-          "proof, devices": ("backends", "devices", "paths"),
-          "reports and running": ("claims", "diagnosis", "report", "plots", "budget", "workbook",
-                                  "nbexec", "ingest", "doctor", "gpucheck", "__main__")}
-
-
-def modules_table() -> str:
-    """docs/api.md's module map, read from the package: each module's layer, first docstring sentence, and the
-    fastattn modules and third-party roots (voxcpm, papermill, ...) it imports (AST: at module level or inside a
-    function). A module with no row here fails ``test_api_doc_is_the_package``."""
-    import ast
-
-    import fastattn
-    pkg = Path(fastattn.__file__).resolve().parent
-    rows = []
-    for path in sorted(pkg.rglob("*.py")):
-        rel = path.relative_to(pkg).with_suffix("")
-        name = ".".join(rel.parts[:-1] if rel.parts[-1] == "__init__" else rel.parts) or "fastattn"
-        top = rel.parts[0]
-        layer = ("measuring" if top == "bench" else "one notebook" if top == "experiments" else
-                 next((k for k, v in LAYERS.items() if top in v), "package"))
-        tree = ast.parse(path.read_text())
-        doc = (ast.get_docstring(tree) or "").split("\n\n")[0].replace("\n", " ").split(". ")[0].rstrip(".")
-        for cut in (": ", " (", "; "):  # the gist: up to the first colon, bracket or semicolon past 60 characters
-            if len(doc) > 100 and cut in doc[60:]:
-                doc = doc[:60 + doc[60:].index(cut)]
-        ours, theirs = set(), set()
-        for node in ast.walk(tree):
-            if isinstance(node, ast.ImportFrom):
-                (ours if node.level else theirs).add((node.module or "").split(".")[0] if not node.level else
-                                                      (node.module or "").split(".")[0] or "(package)")
-            elif isinstance(node, ast.Import):
-                theirs |= {a.name.split(".")[0] for a in node.names}
-        third = sorted(t for t in theirs - {"__future__", "fastattn"} if t in ("voxcpm", "papermill", "nbformat",
-                                                                                "matplotlib", "scipy", "librosa"))
-        rows.append((layer, name, doc.replace("|", "\\|"), ", ".join(third) or "-"))
-    order = list(LAYERS) + ["measuring", "one notebook", "package"]
-    rows.sort(key=lambda r: (order.index(r[0]), r[1]))
-    return "\n".join(["| layer | module | what it owns | imports (beyond torch, numpy) |", "|---|---|---|---|"] +
-                     [f"| {a} | `{b}` | {c} | {d} |" for a, b, c, d in rows]) + "\n"
 
 
 def _readme() -> Path:
@@ -355,7 +315,6 @@ def main(argv=None) -> int:
         print(block, end="")
         return 0
     replace_block(_readme(), block)
-    replace_block(Path(repo_root()) / "docs" / "api.md", modules_table(), MODULES_BEGIN, MODULES_END)
     replace_block(_results_md(), reference_findings(results / REFERENCE, results / OTHER))
     headline_figure(results / REFERENCE, results / HEADLINE)
     for name in PR_FILES:

@@ -2,7 +2,6 @@ from .config import MiniCPM4Config
 import torch
 import torch.nn as nn
 from typing import List, Tuple
-import contextlib
 import inspect
 import math
 import os
@@ -61,8 +60,7 @@ def live_decode_attention(query_states, key_states, value_states, kv_cache, posi
     """Write the new key and value at ``position_id``, then attend over keys [0, position_id] only.
 
     Eager: SDPA over that slice, no mask. ``position_id`` is the host's int there (MiniCPMModel.forward_step
-    passes it), or a tensor read here once when a layer is called on its own. On CUDA, cuDNN is left out: it
-    builds a plan for every new key length. Compiled: FlexAttention over the whole cache with a block mask made
+    passes it), or a tensor read here once when a layer is called on its own. Compiled: FlexAttention over the whole cache with a block mask made
     in the graph: no host read, static shapes. query_states (B, H, 1, D); kv_cache (B, H_kv, max_length, D) x 2.
     """
     key_cache, value_cache = kv_cache
@@ -74,15 +72,9 @@ def live_decode_attention(query_states, key_states, value_states, kv_cache, posi
         return _flex.flex_attention(query_states, key_cache, value_cache, block_mask=block_mask, enable_gqa=True)
     length = int(position_id) + 1
     key_cache, value_cache = key_cache[:, :, :length], value_cache[:, :, :length]
-    kernels = contextlib.nullcontext()
     if query_states.device.type == "mps":  # ref: https://github.com/pytorch/pytorch/issues/163597
         query_states, key_cache, value_cache = (t.contiguous() for t in (query_states, key_cache, value_cache))
-    elif query_states.device.type == "cuda":
-        from torch.nn.attention import SDPBackend, sdpa_kernel
-
-        kernels = sdpa_kernel([SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH])
-    with kernels:
-        return torch.nn.functional.scaled_dot_product_attention(query_states, key_cache, value_cache, enable_gqa=True)
+    return torch.nn.functional.scaled_dot_product_attention(query_states, key_cache, value_cache, enable_gqa=True)
 
 
 def rms_layernorm(hidden: torch.Tensor, weight: torch.Tensor, eps: float):
