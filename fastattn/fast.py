@@ -18,6 +18,7 @@ import torch.nn.functional as F
 
 from .clock import interleaved
 from .core import capturing_or_compiling, causal_mask, f64_attention, sdpa
+from .static import called_key_counts
 from .devices import device_key, dtype_name
 from .static import choose_graph_form
 
@@ -119,11 +120,16 @@ def _time(fns: dict, q, k, v, lengths: list, device, repeats: int = 7, warmup: i
     (:func:`fastattn.clock.interleaved`). Every sample uses key counts no earlier sample used (each length less
     one more key per call): a kernel that builds a plan per key count (cuDNN's graph cache on Hopper) pays for
     it here as it would in a real decode, where every step adds a key."""
+    used = called_key_counts(device, q.dtype)  # the probe's key counts are not fresh for a later sweep (CUDA)
+
     def run(fn):
         shift = iter(range(1, 1 << 30))
         def call():
             i = next(shift)
-            return [fn(q, k[:, :, :max(q.shape[2], n - i)], v[:, :, :max(q.shape[2], n - i)]) for n in lengths]
+            counts = [max(q.shape[2], n - i) for n in lengths]
+            if used is not None:
+                used.update(counts)
+            return [fn(q, k[:, :, :c], v[:, :, :c]) for c in counts]
         return call
     times = interleaved({name: run(fn) for name, fn in fns.items()}, repeats=repeats, warmup=warmup, device=device)
     return {name: statistics.median(t) for name, t in times.items()}

@@ -65,7 +65,7 @@ def _sizes(device: torch.device, quick: bool) -> dict:
                     geometry=dict(hq=4, hkv=2, head_dim=32), form_steps=50, layers=2, stack_positions=[100, 1000],
                     slice_calls=20, slice_position=700, counter_steps=6)
     first = dict(capacity=8192, geometry=dict(hq=16, hkv=2, head_dim=128), form_steps=200, layers=28,
-                 stack_positions=[512, 8000], slice_calls=50, slice_position=4096, counter_steps=30)
+                 stack_positions=[512, 8000], slice_calls=50, slice_position=3000, counter_steps=30)
     if quick:
         return dict(first, positions=[0, 256, 4096], repeats=3, preset="small", steps=8, dtypes=("bfloat16",),
                     stream_chunks=100, form_positions=[0, 1024, 4096, 8000], form_dtypes=("bfloat16",))
@@ -210,7 +210,7 @@ def _eager_slices(device, size) -> list:
     from .static import decode_data, fresh_positions, upstream_masked
     n, p, cap = size["slice_calls"], size["slice_position"], size["capacity"]
     q, k, v = decode_data(device, torch.bfloat16, capacity=cap, seed=0, **size["geometry"])
-    walk = fresh_positions(p, n + 2, cap)  # two warm-up calls, then n timed ones: every key count new
+    walk = fresh_positions(p, n + 2, cap, device=device, dtype=torch.bfloat16)  # 2 warm-up calls, n timed: all new
     pos = [torch.tensor([i], device=device) for i in walk]
     sliced = lambda i: sdpa_slice(q, k[:, :, :i + 1], v[:, :, :i + 1])  # noqa: E731
     fns = {"slice, fresh length per call": _walker(walk, sliced), "slice, one length": lambda: sliced(p),

@@ -39,7 +39,7 @@ def _flex():
 __all__ = ["FLEX_BLOCK", "FORMS", "Form", "ULP_FLOOR", "slice_live", "bucketed_window", "flex_decode",
            "upstream_masked", "decode_block_mask", "flex_available", "sweep_lengths", "check_form", "form_winner",
            "choose_graph_form", "form_view", "form_caller", "compile_form", "layer_stack", "decode_data",
-           "stack_data", "fresh_positions", "fresh_calls"]
+           "stack_data", "fresh_positions", "fresh_calls", "called_key_counts"]
 
 #: FlexAttention's key block (torch's default block size): blocks past the position are never read
 FLEX_BLOCK = 128
@@ -203,20 +203,40 @@ def stack_data(device, dtype, hq, hkv, head_dim, capacity, seed, layers: int = 1
                           for i in range(1, layers)]
 
 
-def fresh_positions(p: int, n: int, capacity: int, bucket: Optional[int] = None) -> list:
+#: key counts this process has attended over, per (CUDA device, dtype): cuDNN's plan cache is process-wide, so a
+#: count an earlier step planned is not fresh for a later one (CPU kernels plan nothing: no registry there)
+_CALLED: dict = {}
+
+
+def called_key_counts(device, dtype) -> Optional[set]:
+    """The registry's set for ``device`` and ``dtype`` (None off CUDA); callers add the key counts they use."""
+    device = torch.device(device)
+    return _CALLED.setdefault((str(device), str(dtype)), set()) if device.type == "cuda" else None
+
+
+def fresh_positions(p: int, n: int, capacity: int, bucket: Optional[int] = None, *, device="cpu",
+                    dtype=None) -> list:
     """``n`` distinct positions from ``p``, a call each, as a decode adds a key a step (a kernel that plans per key
-    count pays for it): down where the walk stays at or above 0 and in ``p``'s bucket, else up."""
+    count pays for it): down where the walk stays at or above 0 and in ``p``'s bucket, else up. On CUDA, key counts
+    this process already called with ``dtype`` (:func:`called_key_counts`) are walked past, and these are added."""
     lo = 0 if bucket is None else p // bucket * bucket  # lengths (lo, lo + bucket] share p's window
-    down = p + 1 - lo >= n
-    walk = list(range(p, p - n, -1) if down else range(p, min(p + n, capacity)))
+    used = called_key_counts(device, dtype)
+    seen = used or set()
+    fresh = lambda order: [i for i in order if i + 1 not in seen][:n]  # noqa: E731
+    walk = fresh(range(p, lo - 1, -1))
+    if len(walk) < n:
+        walk = fresh(range(p, capacity))
     if len(walk) < n:
         raise ValueError(f"no {n} fresh positions from {p} within capacity {capacity}")
+    if used is not None:
+        used.update(i + 1 for i in walk)
     return walk
 
 
-def fresh_calls(calls: dict, p: int, capacity: int, n: int, bucket: Optional[int] = None) -> dict:
+def fresh_calls(calls: dict, p: int, capacity: int, n: int, bucket: Optional[int] = None, *, device="cpu",
+                dtype=None) -> dict:
     """``{form: call()}`` for ``n`` calls at :func:`fresh_positions` from ``p``: every form walks the same ones."""
-    walk = fresh_positions(p, n, capacity, bucket)
+    walk = fresh_positions(p, n, capacity, bucket, device=device, dtype=dtype)
 
     def step(call):
         it = iter(walk)
@@ -343,8 +363,8 @@ def _time_forms(names, device, dtype, hq, hkv, head_dim, capacity, bucket, posit
              for n in names}
     out = {n: {} for n in names}
     for p in positions:
-        times = interleaved(fresh_calls(calls, p, capacity, repeats + 2, bucket), repeats=repeats, warmup=2,
-                            device=device)
+        times = interleaved(fresh_calls(calls, p, capacity, repeats + 2, bucket, device=device, dtype=dtype),
+                            repeats=repeats, warmup=2, device=device)
         for n, t in times.items():
             out[n][p] = statistics.median(t) * 1e3 / layers
     return out

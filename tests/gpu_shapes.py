@@ -21,6 +21,7 @@ import copy
 import json
 from pathlib import Path
 
+from fastattn.bench.memory import kv_memory
 from fastattn.bench.records import find_row, save_record
 from fastattn.bench.targets import check_targets
 
@@ -94,16 +95,13 @@ def _decode_step(rec: dict) -> dict:
     return rec
 
 
-def _kv(rec: dict) -> dict:
-    up = {r["lm"]: r for r in rec["rows"] if r["variant"] == "upstream"}
-    for r in rec["rows"]:
-        if r["variant"] == "patched":
-            r.update(slots=up[r["lm"]]["slots"], bytes=up[r["lm"]]["bytes"])
-    n = rec["params"]["max_length"]
-    rec.update(patched_bytes=rec["upstream_bytes"], ratio=1.0, right_sized=False,
-               note=f"no exact window on cuda: the patched cache holds all {n} slots, as upstream's")
-    rec["params"]["bucket"] = n
-    return rec
+def _kv(rec: dict, dtype=None) -> dict:
+    """The KV record a GPU run writes, measured, not edited: ``kv_memory`` with the patched cache at ``max_length``
+    slots, as on a device with no exact window."""
+    p = rec["params"]
+    kv = kv_memory(p["preset"], prefill=p["prefill"], steps=p["steps"], dtype=dtype or p["dtype"],
+                   max_length=p["max_length"], bucket=p["max_length"])
+    return {**kv, "env": rec["env"]}
 
 
 def _growth(rec: dict) -> dict:
@@ -161,10 +159,7 @@ def gpu_records(profile: str, ref: Path = REF) -> dict:
     afresh by ``check_targets`` from those records."""
     recs = {p.stem: _transform(p.stem, json.loads(p.read_text()), profile) for p in sorted(ref.glob("*.json"))
             if p.stem != "targets"}
-    kv32 = copy.deepcopy(recs["kv_memory_full"])  # 01's fp32 KV record, which the ledger's KV claim reads
-    kv32["params"]["dtype"] = "float32"
-    kv32.update(upstream_bytes=2 * kv32["upstream_bytes"], patched_bytes=2 * kv32["patched_bytes"])
-    recs["kv_memory_float32"] = kv32
+    recs["kv_memory_float32"] = _kv(recs["kv_memory_full"], "float32")  # 01's fp32 record: the ledger's KV claim
     recs["targets"] = {**copy.deepcopy(json.loads((ref / "targets.json").read_text())),
                        "env": _env(recs["backend_matrix"]["env"], profile)}
     recs["targets"]["rows"] = check_targets({

@@ -243,3 +243,19 @@ def test_without_a_compiler_the_compile_steps_are_skipped_with_why_and_eager_ste
     monkeypatch.setattr(sysconfig, "get_paths", lambda: {"include": str(tmp_path)})
     assert "no Python.h at" in compile_toolchain("cuda") and "no C compiler ($CC, gcc or clang)" in compile_toolchain(
         "cuda")
+
+
+def test_on_cuda_a_key_count_called_earlier_in_the_process_is_not_fresh_again():
+    """cuDNN's plan cache is process-wide: a sweep after the fast probe (or eager_slices) walks past every key count
+    already called on that CUDA device and dtype; the CPU keeps the plain walk (nothing plans there)."""
+    from fastattn import static
+    static._CALLED.clear()
+    first = static.fresh_positions(4096, 9, 8192, device="cuda:0", dtype=torch.bfloat16)
+    assert first == list(range(4096, 4087, -1))
+    again = static.fresh_positions(4096, 9, 8192, device="cuda:0", dtype=torch.bfloat16)
+    assert not {i + 1 for i in again} & {i + 1 for i in first} and again == list(range(4087, 4078, -1))
+    assert static.fresh_positions(4096, 9, 8192, device="cuda:0", dtype=torch.float32) == first  # its own plans
+    assert static.fresh_positions(4096, 9, 8192) == static.fresh_positions(4096, 9, 8192) == first
+    static.called_key_counts("cuda:0", torch.bfloat16).update(range(1, 4098))  # the fast probe's and more
+    assert static.fresh_positions(4096, 3, 8192, device="cuda:0", dtype=torch.bfloat16) == [4097, 4098, 4099]
+    static._CALLED.clear()

@@ -234,3 +234,33 @@ def test_a_cell_stalled_on_an_idle_kernel_fails_fast_named_with_the_partial_note
     assert err.value.ename == "StalledCell" and "cell 1 ('k = get_ipython().kernel') stalled" in err.value.evalue
     code = [c for c in nbformat.read(str(out), as_version=4).cells if c.cell_type == "code"]  # the partial notebook
     assert code[1].outputs[-1]["ename"] == "StalledCell" and not code[2].get("outputs")
+
+
+#: measurements that stay on the CPU by design, on every device (their records say so)
+CPU_ONLY = {"peak_rss", "compile_demo", "consumer_matrix"}
+
+
+@pytest.mark.parametrize("nb", NOTEBOOKS, ids=lambda p: p.stem)
+def test_every_measurement_a_notebook_makes_runs_on_the_runs_device(nb):
+    """A call to a function that takes ``device`` passes it (``P["device"]``): on a GPU run a record measured on
+    the CPU by default would be judged as the GPU's (the KV claim once was)."""
+    import ast
+    import inspect
+
+    from fastattn import bench
+    missing = []
+    for cell in nbformat.read(str(nb), as_version=4).cells:
+        if cell.cell_type != "code" or "parameters" in cell.metadata.get("tags", []):
+            continue
+        for node in ast.walk(ast.parse(cell.source)):
+            if not (isinstance(node, ast.Call) and isinstance(node.func, (ast.Attribute, ast.Name))):
+                continue
+            owner = ast.unparse(node.func.value) if isinstance(node.func, ast.Attribute) else "bench"
+            name = node.func.attr if isinstance(node.func, ast.Attribute) else node.func.id
+            fn = getattr(bench, name, None) if owner in ("bench", "fastattn.bench") else None
+            if name in CPU_ONLY or not callable(fn) or "device" not in inspect.signature(fn).parameters:
+                continue
+            at = list(inspect.signature(fn).parameters).index("device")
+            if len(node.args) <= at and not any(k.arg == "device" for k in node.keywords):
+                missing.append(f"{name}(...) at: {ast.unparse(node)[:80]}")
+    assert not missing, "\n".join(missing)

@@ -89,7 +89,8 @@ def _variants(q, modes, bucket, slice_fix: bool, gemm: bool) -> dict:
 def _position_rows(fns, q, kvs, p, device, repeats, warmup, capacity, gran, bw, llc) -> list:
     from ..static import fresh_positions
     n, k0, v0 = p + 1, kvs[0][0], kvs[0][1]
-    turn, walk = iter(range(10**12)), [i + 1 for i in fresh_positions(p, warmup + repeats, capacity)]
+    turn = iter(range(10**12))
+    walk = [i + 1 for i in fresh_positions(p, warmup + repeats, capacity, device=device, dtype=q.dtype)]
 
     def timed(m, fn):
         lengths = iter(walk) if m in FRESH else itertools.repeat(n)

@@ -45,7 +45,7 @@ def reference_run(out, *, device="cpu", positions=(0, 16, 256, 512, 1024, 2048, 
     ladder = calibration_ladders(device, capacity=8192)
     written.append(save_record(record("exactness_calibration", env=env_record(device), params={"capacity": 8192},
                                       rows=ladder), out, "exactness_calibration"))
-    kv = kv_memory("full", prefill=100, steps=200, dtype="bfloat16")
+    kv = kv_memory("full", prefill=100, steps=200, dtype="bfloat16", device=device)
     written.append(save_record(kv, out, "kv_memory_full"))
     written.append(save_record(fill_cost("full", device=device), out, "fill_cost_full"))
     growth = cache_growth("full", device=device)
@@ -158,7 +158,7 @@ def main(argv=None) -> int:
                                                        dtype=args.dtype or "float32", device=device,
                                                        repeats=args.repeats), out))
     if args.what in ("memory", "all"):
-        written.append(save_record(kv_memory("full", dtype=args.dtype or "bfloat16"), out, "kv_memory-full"))
+        written.append(save_record(kv_memory("full", dtype=args.dtype or "bfloat16", device=device), out, "kv_memory-full"))
         written.append(save_record(step_allocations(device=str(device)), out, "step_allocations"))
     for p in written:
         print(p)

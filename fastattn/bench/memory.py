@@ -57,8 +57,9 @@ def kv_memory(preset: str = "full", *, prefill: int = 100, steps: int = 200, dty
     total = {v: sum(r["bytes"] for r in rows if r["variant"] == v) for v in ("upstream", "patched")}
     layers = sum(r["layers"] for r in rows if r["variant"] == "upstream")
     per_slot = total["upstream"] // max_length
-    note = (f"measured from the cache objects after a {prefill}-token fill and {steps} steps" if sized else
-            f"no exact window on {device.type}: the patched cache holds all {max_length} slots, as upstream's")
+    why = f"no exact window on {device.type}" if bucket is None else f"bucket={bucket} asked"
+    note = (f"in {g}-slot windows, measured from the cache objects after a {prefill}-token fill and {steps} steps"
+            if sized else f"{why}: the patched cache holds all {max_length} slots, as upstream's")
     return record("kv_memory", env=env_record(device, dtype),
                   params={"preset": preset, "prefill": prefill, "steps": steps, "dtype": dtype_name(dt),
                           "max_length": max_length, "bucket": g, "layers": layers},

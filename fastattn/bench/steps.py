@@ -116,7 +116,7 @@ def decode_step_sweep(positions: Sequence[int], *, preset: str = "small", layers
 
         outs = {n: call(n)() for n in fns}
         host: dict = {}
-        walk = fresh_positions(p, warmup + repeats, max_length)
+        walk = fresh_positions(p, warmup + repeats, max_length, device=device, dtype=dt)
         times = time_interleaved({n: call(n, walk=walk if n == "slice_fix" else None) for n in fns},
                                  repeats=repeats, warmup=warmup, device=device, host=host)
         caches["upstream"].current_length = p + 1
