@@ -20,9 +20,10 @@ def sync(device) -> None:
         torch.cuda.synchronize(device)
 
 
-def _timed(fn: Callable, cuda: bool) -> float:
-    if cuda:
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+def _timed(fn: Callable, events: Optional[tuple]) -> float:
+    """Seconds of one call: between two CUDA events (one pair, made before the loop, reused), else the host clock."""
+    if events:
+        a, b = events
         a.record()
         fn()
         b.record()
@@ -49,11 +50,12 @@ def interleaved(fns: dict, *, repeats: int = 7, warmup: int = 2, device="cpu", s
             fns[n]()
     sync(device)
     out, rng = {n: [] for n in names}, random.Random(seed)
+    events = tuple(torch.cuda.Event(enable_timing=True) for _ in range(2)) if device.type == "cuda" else None
     for _ in range(repeats):
         end_round = on_round() if on_round else None
         for n in rng.sample(names, len(names)):
             end_call = on_call(n) if on_call else None
-            out[n].append(_timed(fns[n], device.type == "cuda"))
+            out[n].append(_timed(fns[n], events))
             if end_call:
                 end_call()
         if end_round:

@@ -39,7 +39,7 @@ def _flex():
 __all__ = ["FLEX_BLOCK", "FORMS", "Form", "ULP_FLOOR", "slice_live", "bucketed_window", "flex_decode",
            "upstream_masked", "decode_block_mask", "flex_available", "sweep_lengths", "check_form", "form_winner",
            "choose_graph_form", "form_view", "form_caller", "compile_form", "layer_stack", "decode_data",
-           "stack_data", "fresh_positions", "fresh_calls", "called_key_counts"]
+           "stack_data", "fresh_positions", "fresh_calls", "called_key_counts", "error_bound"]
 
 #: FlexAttention's key block (torch's default block size): blocks past the position are never read
 FLEX_BLOCK = 128
@@ -263,12 +263,12 @@ def torch_limit(form: Form, exc: BaseException, device) -> Optional[str]:
     text = f"{type(exc).__name__} {exc}".lower()
     version = tuple(int(x) for x in torch.__version__.split("+")[0].split(".")[:2])
     if form.scalar_outputs and torch.device(device).type == "cuda" and version < (2, 14) \
-            and ("data-dependent" in text or "datadependent" in text):
+            and any(w in text for w in ("data-dependent", "datadependent", "symbolic sizes", "unbacked")):
         return f"torch {torch.__version__}'s SDPA backend selection cannot take an unbacked key length (< 2.14)"
     return None
 
 
-def _bound(ref_err: float, scale: float, dtype) -> float:
+def error_bound(ref_err: float, scale: float, dtype) -> float:
     """The accepted error: twice upstream's, floored at :data:`ULP_FLOOR` ulps of the output scale in float32."""
     floor = ULP_FLOOR * torch.finfo(dtype).eps * scale if torch.finfo(dtype).bits >= 32 else 0.0
     return max(2 * ref_err, floor) + 1e-12
@@ -280,7 +280,7 @@ def check_form(name: str, device="cpu", dtype=torch.float32, *, hq: int = 16, hk
                compiled: bool = True, compile_mode: Optional[str] = None, seed: int = 0, draws: int = 1) -> dict:
     """One form, compiled with ``fullgraph=True`` (or eager). A row: ``available`` (else ``reason``; ``limit="torch"``
     where :func:`torch_limit` says so); ``max_err``, ``reference_err`` (upstream's eager call) against float64 over
-    :func:`sweep_lengths` and ``draws`` draws; ``accepted`` (``max_err <= bound``, :func:`_bound`); ``graphs`` over
+    :func:`sweep_lengths` and ``draws`` draws; ``accepted`` (``max_err <= bound``, :func:`error_bound`); ``graphs`` over
     the sweep and ``steps`` positions against ``graph_bound``; ``deterministic``; on CUDA ``cudagraph_recordings``.
     Resets dynamo (and the cudagraph trees): check forms before compiling a model."""
     if name not in FORMS:
@@ -325,7 +325,7 @@ def check_form(name: str, device="cpu", dtype=torch.float32, *, hq: int = 16, hk
         limit = torch_limit(form, exc, device)
         return dict(row, reason=f"{limit}: {_error_line(exc)}" if limit else _error_line(exc),
                     limit="torch" if limit else None)
-    bound = _bound(max(refs), scale, dtype)
+    bound = error_bound(max(refs), scale, dtype)
     row.update(available=True, max_err=max(errs), reference_err=max(refs), bound=bound, accepted=max(errs) <= bound)
     if compiled:
         row["graphs"] = counters["stats"].get("unique_graphs", 0)

@@ -127,3 +127,28 @@ def test_cuda_candidates_probed_and_accurate(fresh):
     names = {r["candidate"] for r in rep["candidates"]}
     assert {"sdpa_flash", "sdpa_efficient", "sdpa_cudnn"} <= names
     assert (out.double() - f64_attention(q, k, v, 3000)).abs().max() <= TOL[torch.bfloat16]
+
+
+def test_the_flash_op_is_a_cuda_candidate_that_can_win():
+    """On CUDA the flash kernel competes as its aten op (no sdpa_kernel flags, no cuDNN plan per key count), not as
+    a probe-only forced backend; an Lq > 1 call with a causal offset (a mask flash cannot take) goes through SDPA."""
+    from fastattn.fast import CANDIDATES, PROBE_ONLY, flash_op, sdpa_slice
+    assert CANDIDATES["flash_op"] == (flash_op, ("cuda",)) and "flash_op" not in PROBE_ONLY
+    q, k = torch.randn(1, 4, 3, 16), torch.randn(1, 2, 10, 16)
+    assert torch.equal(flash_op(q, k, k), sdpa_slice(q, k, k))
+
+
+def test_fp32_acceptance_has_an_ulp_floor():
+    """Reference's fp32 error is ulp noise: twice a lucky small one must not reject every candidate."""
+    from fastattn.fast import choose_fast
+    from fastattn.static import ULP_FLOOR
+    r = choose_fast("cpu", torch.float32, hq=4, hkv=2, head_dim=16, length_class="keys<=512")
+    assert r["bound"] >= ULP_FLOOR * torch.finfo(torch.float32).eps * 1e-3 and r["bound"] >= 2 * r["reference_max_err"]
+
+
+@cuda
+def test_the_flash_op_matches_sdpa_on_cuda():
+    from fastattn.fast import flash_op, sdpa_slice
+    q = torch.randn(1, 16, 1, 128, device="cuda", dtype=torch.bfloat16)
+    k, v = (torch.randn(1, 2, 300, 128, device="cuda", dtype=torch.bfloat16) for _ in range(2))
+    torch.testing.assert_close(flash_op(q, k, v), sdpa_slice(q, k, v), atol=2e-2, rtol=0)
