@@ -80,6 +80,16 @@ def probe_ms(probe_rec: dict) -> dict:
     return {r.get("kernels", r["dtype"]): r["chunk_ms"] for r in probe_rec["rows"]}
 
 
+def unplannable(device) -> Optional[str]:
+    """Why no time plan can be made for ``device``, or None. Every calibration is a CPU run: scaled to a GPU by its
+    stream chunk it would give 04's CUDA-graph compiles seconds, when cold they take minutes, and cut 05's whole
+    decodes to match."""
+    if str(device).split(":")[0] == "cpu":
+        return None
+    return (f"no time plan on {device}: the calibrations are CPU runs and do not model GPU compile time; the "
+            "notebooks run at their defaults (a profile, --profile, sets sizes for a GPU)")
+
+
 def calibration(kernels: Optional[str] = None, path: Optional[Path] = None) -> dict:
     """The committed calibration of the kernel class ``kernels`` (None: this machine's): a default run's fixed
     seconds per notebook and full/small ratios beside its machine's probe. A class with none of its own takes the

@@ -18,9 +18,8 @@ import torch.nn.functional as F
 
 from .clock import interleaved
 from .core import capturing_or_compiling, causal_mask, f64_attention, sdpa
-from .static import called_key_counts, error_bound
 from .devices import device_key, dtype_name
-from .static import choose_graph_form
+from .static import called_key_counts, choose_graph_form, error_bound
 
 __all__ = ["CANDIDATES", "PROBE_ONLY", "fast_attention", "fast_report", "reset_fast_cache", "choose_fast",
            "grouped_window", "graph_choice"]

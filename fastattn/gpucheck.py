@@ -96,7 +96,8 @@ def _steps(device: torch.device, size: dict) -> list:
                                                                        dtypes=("bfloat16", "float32")))],
              est(30, 30), None),
         Step("attention_sweep", lambda: [bench.attention_sweep(size["positions"], capacity=size["capacity"], dtype=dt,
-                                                               device=device, repeats=size["repeats"], progress=False)
+                                                               device=device, repeats=size["repeats"], progress=False,
+                                                               caches=36 if gpu else 1)  # K/V past L2, as 36 layers
                                          for dt in ("bfloat16", "float32")], est(60, 60), None),
         Step("decode_step_sweep", lambda: [bench.decode_step_sweep(size["positions"], preset=small, dtype="bfloat16",
                                                                    device=device, repeats=size["repeats"],
@@ -583,8 +584,14 @@ def first_contact_lines(kept: dict) -> list:
                    f"{_ratio_line(rec['rows'], 'slice, fresh length per call', 'slice, one length')}; "
                    f"{_ratio_line(rec['rows'], 'slice, fresh length per call', 'masked, whole cache')}"
                    + "".join(f"; {_ratio_line(rec['rows'], v, 'masked, whole cache')}" for v in
-                             ("slice, fresh length, cuDNN left out",) if any(r["variant"] == v for r in rec["rows"])))
+                             ("slice, fresh length, cuDNN left out",) if any(r["variant"] == v for r in rec["rows"]))
+                   + (HOST_BOUND if str(rec["env"].get("device", "")).startswith("cuda") else ""))
     return out
+
+
+#: what a single eager call's time is on a GPU: launches, not bytes (a ratio of them decides no kernel verdict)
+HOST_BOUND = (" (single eager calls on CUDA: host-dispatch bound, one cache's K/V held in L2; the per-step figures "
+              "are decode_step_sweep's)")
 
 
 def opt_in_section(forms: Optional[list], kit: Optional[list]) -> list:

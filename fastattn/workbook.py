@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Optional, Sequence
 
 from . import models as _models
-from .budget import BUDGET_S, SCALABLE, notebook_budget, replan
+from .budget import BUDGET_S, SCALABLE, notebook_budget, replan, unplannable
 from .devices import DTYPES
 from .paths import atomic_write_text, data_dir, notebooks_dir, reports_dir, without_machine_paths
 
@@ -275,6 +275,9 @@ def run_workbook(params: Optional[dict] = None, *, only: Optional[list] = None, 
     from .doctor import doctor
     from .report import write_report
 
+    if budget_s and unplannable(device):
+        log(f"[fastattn] {unplannable(device)}")
+        budget_s = None
     plan = _plan(params, nbs, device, budget_s, log) if budget_s else None
     if prof:
         log(f"[fastattn] profile {profile}: " + "; ".join(profile_lines(prof, device)))

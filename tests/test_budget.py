@@ -318,3 +318,11 @@ def test_step_timers_on_cuda_read_events(monkeypatch):
     assert timers.step_s() == [0.015, 0.015, 0.015]  # mark, start, end: 15 ms apart in the fake clock
     assert timers.totals_s() == {"base_lm": 0.02} and timers.totals_s() == {}
     assert len(timers.step_disturbed()) == 3
+
+
+def test_no_time_plan_on_a_gpu_from_cpu_calibrations():
+    """The calibrations are CPU runs: a GPU's plan would give 04's cold CUDA-graph compiles seconds (B6), so a GPU
+    run gets its notebooks' defaults and the reason, not a borrowed plan."""
+    assert budget.unplannable("cpu") is None
+    why = budget.unplannable("cuda:0")
+    assert why.startswith("no time plan on cuda:0") and "GPU compile time" in why

@@ -225,6 +225,7 @@ def test_first_contact_lines_read_gpu_shaped_records(tmp_path):
     assert "3 dynamo graph(s), 1 cudagraph skip(s) (skipping cudagraphs due to mutated inputs), 2 CUDA graph(s)" in text
     assert "(SDPA picks CUDNN_ATTENTION)" in text and "slice, fresh length per call / slice, one length: 600" in text
     assert "slice, fresh length, cuDNN left out / masked, whole cache: 0.3" in text
+    assert gpucheck.HOST_BOUND in text  # single eager calls on a GPU time launches: said where the ratio is
     assert "| eager_slices | ok: eager_slices.json | 1.0 |" in text
 
 

@@ -158,7 +158,8 @@ def main(argv=None) -> int:
                                                        dtype=args.dtype or "float32", device=device,
                                                        repeats=args.repeats), out))
     if args.what in ("memory", "all"):
-        written.append(save_record(kv_memory("full", dtype=args.dtype or "bfloat16", device=device), out, "kv_memory-full"))
+        kv = kv_memory("full", dtype=args.dtype or "bfloat16", device=device)
+        written.append(save_record(kv, out, "kv_memory-full"))
         written.append(save_record(step_allocations(device=str(device)), out, "step_allocations"))
     for p in written:
         print(p)
