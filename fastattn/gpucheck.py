@@ -75,7 +75,8 @@ def _sizes(device: torch.device, quick: bool) -> dict:
 
 
 def _steps(device: torch.device, size: dict) -> list:
-    """Every step in run order: :data:`FIRST_CONTACT`, then the full run's."""
+    """Every step in run order: :data:`FIRST_CONTACT`, then the full run's. CUDA estimates are cold (empty inductor
+    and triton caches): the upper ends of estimates from each step's compile count on one H200."""
     from . import bench
     from .exactness import calibration_ladders
     gpu = device.type == "cuda"
@@ -86,11 +87,11 @@ def _steps(device: torch.device, size: dict) -> list:
     rec = _recorder(device)
     small = "small" if size["preset"] != "tiny" else "tiny"
     return [
-        Step("environment", lambda: _environment(device, size), est(40, 15), None),
-        Step("forms_check", lambda: _forms_check(device, size), est(120, 40), compiled()),
-        Step("static_inputs", lambda: _static_inputs(device, size), est(120, 30), compiled()),
-        Step("optimize_counters", lambda: _optimize_counters(device, size), est(120, 0), compiled(cuda_only)),
-        Step("eager_slices", lambda: _eager_slices(device, size), est(15, 5), None),
+        Step("environment", lambda: _environment(device, size), est(30, 15), None),
+        Step("forms_check", lambda: _forms_check(device, size), est(100, 40), compiled()),
+        Step("static_inputs", lambda: _static_inputs(device, size), est(90, 30), compiled()),
+        Step("optimize_counters", lambda: _optimize_counters(device, size), est(150, 0), compiled(cuda_only)),
+        Step("eager_slices", lambda: _eager_slices(device, size), est(10, 5), None),
         Step("exactness_calibration", lambda: [rec("exactness_calibration", {"capacity": size["capacity"]},
                                                    calibration_ladders(device, capacity=size["capacity"],
                                                                        dtypes=("bfloat16", "float32")))],
@@ -105,17 +106,17 @@ def _steps(device: torch.device, size: dict) -> list:
         Step("whole_decode_eager", lambda: [bench.whole_decode(size["preset"], steps=size["steps"], dtype="bfloat16",
                                                                device=str(device), repeats=1, progress=False)],
              est(60, 60), None),
-        Step("whole_decode_optimized", lambda: [_optimized_decode(device, size)], est(300, 0), compiled(cuda_only)),
-        Step("stream_under_optimize", lambda: [_stream_under_upstream_optimize(device, size)], est(300, 0),
+        Step("whole_decode_optimized", lambda: [_optimized_decode(device, size)], est(480, 0), compiled(cuda_only)),
+        Step("stream_under_optimize", lambda: [_stream_under_upstream_optimize(device, size)], est(360, 0),
              compiled(cuda_only)),
-        Step("upstream_diff_compiled", lambda: [_diff_compiled(device, size)], est(200, 0), compiled(cuda_only)),
+        Step("upstream_diff_compiled", lambda: [_diff_compiled(device, size)], est(300, 0), compiled(cuda_only)),
         Step("decode_forms", lambda: [bench.form_sweep(size["form_positions"], device=device, dtype=dt,
                                                        capacity=size["capacity"], repeats=size["repeats"],
                                                        progress=False, layers=size["layers"])
                                       for dt in size["form_dtypes"]], est(600, 0),
              compiled(cuda_only and "the CUDA opt-in is chosen on CUDA (on CPU: notebook 04's graph_choice)")),
         Step("kit_decode", lambda: [kit_decode(device, preset=size["preset"], steps=size["steps"],
-                                               chunks=size["stream_chunks"], repeats=3)], est(600, 0),
+                                               chunks=size["stream_chunks"], repeats=3)], est(900, 0),
              compiled(cuda_only)),
         Step("kit_decode_eager", lambda: [kit_decode(device, preset="small", steps=size["steps"], chunks=20, repeats=3,
                                                      compile=False)], est(200, 0),
@@ -615,8 +616,8 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python -m fastattn gpu-check", description=__doc__.split("\n\n")[0])
     names = lambda s: [n for n in s.split(",") if n]  # noqa: E731
     ap.add_argument("--device", default="cuda", help="cuda (default), cuda:N, or cpu (the kit's own test)")
-    ap.add_argument("--quick", action="store_true", help=f"the first contact: {', '.join(FIRST_CONTACT)} (about 7 "
-                    f"minutes cold on one H200; a budget of {QUICK_BUDGET_S} s)")
+    ap.add_argument("--quick", action="store_true", help=f"the first contact: {', '.join(FIRST_CONTACT)} (a budget of "
+                    f"{QUICK_BUDGET_S} s; the plan line gives each step's cold estimate)")
     ap.add_argument("--only", type=names, action="extend", help="run only these steps (names, comma-separated)")
     ap.add_argument("--skip", type=names, action="extend", help="leave these steps out")
     ap.add_argument("--budget", type=float, default=None, help="seconds for the whole run (0: none)")
