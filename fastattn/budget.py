@@ -11,7 +11,10 @@ import time
 from pathlib import Path
 from typing import Optional
 
-from .paths import atomic_write_text, data_dir
+from .bench.stream import text_for, time_chunks
+from .devices import cpu_flags, resolve_device
+from .models import build_voxcpm2, silence_progress
+from .paths import atomic_write_text, data_dir, notebooks_dir
 
 __all__ = ["BUDGET_S", "SCALABLE", "probe", "calibration", "plan", "replan", "profile_estimate", "notebook_budget",
            "calibrate", "plan_lines", "stream_seconds", "whole_seconds"]
@@ -43,7 +46,6 @@ FOLLOWS = {"01_root_cause": "bfloat16", "02_backend_selection": "host", "03_caus
 
 def kernel_class(device="cpu", flags: Optional[dict] = None) -> str:
     """This machine's kernel class (:data:`KERNEL_CLASSES`), or the device type for an accelerator."""
-    from .devices import cpu_flags
     if str(device) != "cpu":
         return str(device).split(":")[0]
     flags = cpu_flags() if flags is None else flags
@@ -56,9 +58,6 @@ def probe(device="cpu", *, chunks: int = 10, kernels=tuple(PROBES)) -> dict:
     """Per kernel of :data:`PROBES`, the median wall ms of a streamed chunk (the first two, the prefill's and the
     warm-up's, left out; ``inference_timesteps=2`` as 01's stream) and the build seconds; and the machine's
     :func:`kernel_class`. A few seconds on a 2-core CPU."""
-    from .bench.stream import text_for, time_chunks
-    from .devices import resolve_device
-    from .models import build_voxcpm2, silence_progress
     device = resolve_device(device)
     rows = []
     for name in kernels:
@@ -334,7 +333,6 @@ def main(argv=None) -> int:
         print(json.dumps({k: cal[k] for k in ("source", "fixed_s", "sweep_s", "full_build_s", "full_over_small")},
                          indent=1))
         return 0
-    from .paths import notebooks_dir
     stems = sorted(p.stem for p in notebooks_dir().glob("[0-9][0-9]_*.ipynb"))
     print("\n".join(plan_lines(plan(probe_rec, stems, budget_s=args.budget))))
     return 0

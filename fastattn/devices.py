@@ -130,6 +130,31 @@ def cpu_flags(names=("avx512f", "avx512_bf16", "amx_bf16", "avx2", "bf16")) -> d
     return {n: n in flags for n in names}
 
 
+def cpu_features(flags: Optional[dict] = None, capability: str = "?") -> str:
+    """The CPU features that pick this project's kernels, in a few words: AMX (bf16 matrix tiles), AVX512-BF16
+    without AMX, AVX512 or AVX2 without native bf16. ``capability`` (ATen's) stands in where flags are unknown."""
+    flags = cpu_flags() if flags is None else flags
+    if not flags:
+        return capability
+    if flags.get("amx_bf16"):
+        return "AMX"
+    if flags.get("avx512_bf16"):
+        return "AVX512-BF16, no AMX"
+    if flags.get("bf16"):
+        return "Arm BF16"
+    return ("AVX512" if flags.get("avx512f") else "AVX2" if flags.get("avx2") else capability) + ", no native bf16"
+
+
+def machine_label(env: dict, flags: Optional[dict] = None) -> str:
+    """A record's machine as the tables name it: threads, CPU, the features that decide the kernels, torch; or the
+    GPU. ``flags``: the run's CPU flags where ``env`` has no ``cpu_features`` (records written before it)."""
+    torch_v = env["torch"].split("+")[0]
+    if str(env.get("device", "cpu")).startswith("cuda"):
+        return f"{env['device_name']} (CUDA), torch {torch_v}"
+    feats = env.get("cpu_features") or (cpu_features(flags) if flags else f"ATen {env.get('cpu_capability', '?')}")
+    return f"{env['threads']}-core {env['device_name']} ({feats}), torch {torch_v}"
+
+
 def native_bf16(flags: Optional[dict] = None) -> Optional[bool]:
     """Whether this CPU has bf16 arithmetic (any of ``BF16_FLAGS``; else torch converts via fp32); None: unknown."""
     flags = cpu_flags() if flags is None else flags
@@ -179,6 +204,7 @@ def env_facts(device="cpu", dtype=None) -> dict:
         "dtype": None if dtype is None else dtype_name(dtype_of(dtype)),
         "threads": torch.get_num_threads(),
         "cpu_capability": getattr(torch.backends.cpu, "get_cpu_capability", lambda: "unknown")(),
+        "cpu_features": cpu_features() if device.type == "cpu" else None,
         "python": sys.version.split()[0],
     }
 

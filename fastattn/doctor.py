@@ -11,7 +11,19 @@ from typing import Optional
 import torch
 
 from . import compat
-from .devices import compile_toolchain, cpu_name, cuda_build_without_cuda, git_commit, native_bf16, package_version
+from .bench.metrics import dtype_recommendation
+from .bench.records import load_record
+from .devices import (
+    compile_toolchain,
+    cpu_features,
+    cpu_name,
+    cuda_build_without_cuda,
+    git_commit,
+    native_bf16,
+    package_version,
+)
+from .exactness import exact_granularity
+from .paths import reports_dir
 
 __all__ = ["doctor", "format_doctor", "git_commit"]
 
@@ -30,6 +42,7 @@ def doctor(calibrate: bool = True) -> dict:
         "interop_threads": torch.get_num_interop_threads(),
         "cpu_capability": getattr(torch.backends.cpu, "get_cpu_capability", lambda: "unknown")(),
         "cpu_native_bf16": native_bf16(),
+        "cpu_features": cpu_features(),
         "fastest_dtype_measured": fastest_dtype_measured(),
         "mkldnn": torch.backends.mkldnn.is_available(),
         "torchaudio_placeholder": compat.shim_engaged() or compat.ensure_torchaudio(),
@@ -71,9 +84,6 @@ def doctor(calibrate: bool = True) -> dict:
 def fastest_dtype_measured(reports=None) -> Optional[str]:
     """The dtype the newest 05 run under ``reports`` measured fastest on this machine, with its ratio and run name;
     None where no run compared whole-decode dtypes."""
-    from .bench.metrics import dtype_recommendation
-    from .bench.records import load_record
-    from .paths import reports_dir
     found = sorted(Path(reports or reports_dir()).glob("*/05_profiling/records/dtype_decode*.json"))
     for path in reversed(found):
         rec = load_record(path)
@@ -105,7 +115,6 @@ def sdp_priority_order(device) -> Optional[list]:
 
 
 def _granularities(device: str) -> dict:
-    from .exactness import exact_granularity
 
     return {name: exact_granularity(torch.device(device), getattr(torch, name), hq=16, hkv=2, head_dim=128,
                                     capacity=8192, lq=1) for name in ("float32", "bfloat16")}

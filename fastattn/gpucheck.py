@@ -24,9 +24,26 @@ from typing import Callable, NamedTuple, Optional
 
 import torch
 
-from .devices import compile_toolchain
-from .graphs import cudagraph_recordings, graph_counts, reset_graph_counts
+from . import bench
+from .backends import backend_matrix, explain_sdpa
+from .bench.forms import check_lines, form_lines, kit_lines, stack_sweep
+from .bench.records import env_record, load_record, record, save_record
+from .bench.stats import fmt_ci
+from .bench.stream import sixths, text_for, time_chunks
+from .bench.targets import quiet_ratio
+from .bench.timing import stats_ms, time_interleaved
+from .bench.trend import describe, trend
+from .clock import interleaved, sync
+from .devices import compile_toolchain, device_name, resolve_device
+from .doctor import doctor
+from .exactness import calibration_ladders
+from .fast import sdpa_slice
+from .graphs import cudagraph_recordings, graph_counts, optimize, reset_graph_counts
+from .models import build_voxcpm2, silence_progress
+from .patch import patch_voxcpm
 from .paths import atomic_write_text
+from .static import check_form, decode_data, flex_available, fresh_positions, upstream_masked
+from .upstream import run_in_patched_copy, upstream_decode
 
 #: the text the kit's decodes read
 KIT_TEXT = "The quick brown fox jumps over the lazy dog. " * 4
@@ -53,7 +70,6 @@ class Overrun(BaseException):
 
 
 def folder_name(device: torch.device) -> str:
-    from .devices import device_name
     slug = re.sub(r"[^a-z0-9]+", "-", device_name(device).lower()).strip("-")[:40]
     return f"{device.type}-{slug}-torch{torch.__version__.split('+')[0]}"
 
@@ -77,8 +93,6 @@ def _sizes(device: torch.device, quick: bool) -> dict:
 def _steps(device: torch.device, size: dict) -> list:
     """Every step in run order: :data:`FIRST_CONTACT`, then the full run's. CUDA estimates are cold (empty inductor
     and triton caches): the upper ends of estimates from each step's compile count on one H200."""
-    from . import bench
-    from .exactness import calibration_ladders
     gpu = device.type == "cuda"
     cuda_only = None if gpu else "CUDA graphs and upstream's reduce-overhead compile need CUDA"
     no_cc = compile_toolchain(device)  # a compile step's reason to skip; eager steps still run
@@ -125,7 +139,6 @@ def _steps(device: torch.device, size: dict) -> list:
 
 
 def _recorder(device, dtype=None) -> Callable:
-    from .bench.records import env_record, record
     return lambda kind, params, rows, **extra: record(kind, env=env_record(device, dtype), params=params, rows=rows,
                                                       **extra)
 
@@ -133,8 +146,6 @@ def _recorder(device, dtype=None) -> Callable:
 # --------------------------------------------------------------------------- the first-contact steps
 def _environment(device, size) -> list:
     """doctor (SDPA's priority order, the compile toolchain) and the backend matrix with SDPA's refusal reasons."""
-    from .backends import backend_matrix
-    from .doctor import doctor
     rows = [r for dt in size["dtypes"] for r in backend_matrix(device, dtype=dt, capacity=size["capacity"],
                                                              position=size["positions"][1])]
     for r in rows:
@@ -147,7 +158,6 @@ def _environment(device, size) -> list:
 
 def _forms_check(device, size) -> list:
     """flex, masked and slice at the capacity, bf16, under ``reduce-overhead`` on CUDA (:func:`check_form`)."""
-    from .static import check_form
     mode = "reduce-overhead" if device.type == "cuda" else None
     rows = [check_form(n, device, torch.bfloat16, capacity=size["capacity"], steps=size["form_steps"],
                        compile_mode=mode, **size["geometry"]) for n in ("flex_decode", "upstream_masked", "slice_live")]
@@ -158,8 +168,6 @@ def _forms_check(device, size) -> list:
 def _static_inputs(device, size) -> list:
     """One compiled form (flex where torch has it): ``layers`` calls per replay with q/K/V static, the same unmarked
     (every replay copies them), and one call per replay (:func:`fastattn.bench.forms.stack_sweep`)."""
-    from .bench.forms import stack_sweep
-    from .static import flex_available
     form, layers = "upstream_masked" if flex_available(device) else "flex_decode", size["layers"]
     variants = {"static, 1 call per replay": (form, True, True, 1),
                 f"static, {layers} calls per replay": (form, True, True, layers),
@@ -177,7 +185,6 @@ def _static_inputs(device, size) -> list:
 def counted_decode(model, prepare: Optional[Callable], steps: int, device, text: str = KIT_TEXT) -> tuple:
     """Counters reset, ``prepare(model)`` (a compile), one decode of ``steps`` steps from seed 0: (waveform on CPU,
     {wall_s, :func:`graph_counts`, ``cudagraph_recordings``}), skips logged at compile or in that decode included."""
-    from .clock import sync
     reset_graph_counts()
     before = cudagraph_recordings(device) or 0  # None: no tree yet (or no CUDA)
     if prepare is not None:
@@ -194,7 +201,6 @@ def counted_decode(model, prepare: Optional[Callable], steps: int, device, text:
 def _optimize_counters(device, size) -> list:
     """The small preset under voxcpm's own ``optimize()``, counted from before it compiles: does upstream replay
     CUDA graphs (0 skips, recordings > 0)?"""
-    from .models import build_voxcpm2
     model = build_voxcpm2("small", device="cuda", dtype="bfloat16")
     torch._dynamo.reset()
     _, row = counted_decode(model, upstream_optimized, size["counter_steps"], device)
@@ -206,10 +212,6 @@ def _eager_slices(device, size) -> list:
     """The eager slice at ``slice_calls`` fresh key counts, with SDPA's own choice and with cuDNN left out (as the
     kit's eager ``live`` calls it), against one count repeated and upstream's masked call: a kernel that plans per
     key count (cuDNN on Hopper) pays it in the first only."""
-    from .backends import explain_sdpa
-    from .bench.timing import stats_ms, time_interleaved
-    from .fast import sdpa_slice
-    from .static import decode_data, fresh_positions, upstream_masked
     n, p, cap = size["slice_calls"], size["slice_position"], size["capacity"]
     q, k, v = decode_data(device, torch.bfloat16, capacity=cap, seed=0, **size["geometry"])
     walk = fresh_positions(p, n + 2, cap, device=device, dtype=torch.bfloat16)  # 2 warm-up calls, n timed: all new
@@ -251,9 +253,6 @@ def upstream_optimized(model) -> None:
 def _optimized_decode(device, size) -> dict:
     """Upstream under its own ``optimize()`` against patched under :func:`fastattn.optimize`: outputs, graphs and
     cudagraph skips (counted from before each compile), recordings."""
-    from .graphs import optimize
-    from .models import build_voxcpm2
-    from .patch import patch_voxcpm
     rows, outs = [], {}
     for variant in ("upstream", "patched"):
         model = build_voxcpm2(size["preset"], device="cuda", dtype="bfloat16")
@@ -274,7 +273,6 @@ def stream_chunks(model, chunks: int, *, text: str, seed: int = 0, device="cpu",
                   recordings=cudagraph_recordings) -> list[dict]:
     """Every chunk of one ``generate_streaming`` run: its ms, then the compile counters and CUDA graphs so far (a
     graph recorded per new shape shows chunk by chunk: #209/#269, #293)."""
-    from .bench.stream import time_chunks
 
     def counters():
         g = graph_counts()
@@ -288,9 +286,6 @@ def stream_chunks(model, chunks: int, *, text: str, seed: int = 0, device="cpu",
 
 def _stream_under_upstream_optimize(device, size) -> dict:
     """A long stream, twice, under voxcpm's own ``optimize()``: per chunk ms and counters; the per-chunk trend."""
-    from .bench.stream import sixths, text_for
-    from .bench.trend import describe, trend
-    from .models import build_voxcpm2
     chunks = size["stream_chunks"]
     model = build_voxcpm2(size["preset"], device="cuda", dtype="bfloat16")
     torch._dynamo.reset()
@@ -320,7 +315,6 @@ def _in_copy(root: str) -> None:
 
 def diff_child(root: str, preset: str, steps: str, out: str) -> None:
     """:func:`_diff_compiled`'s child (the right-sized kit's copy): a decode under upstream's ``optimize()``."""
-    from .models import build_voxcpm2
     _in_copy(root)
     m = build_voxcpm2(preset, device="cuda", dtype="bfloat16")
     upstream_optimized(m)
@@ -331,7 +325,6 @@ def diff_child(root: str, preset: str, steps: str, out: str) -> None:
 
 def _diff_compiled(device, size) -> dict:
     """The upstream diff applied to a copy of voxcpm, decoding under upstream's own fullgraph compile."""
-    from .upstream import run_in_patched_copy
     try:
         rows = [{"returncode": 0, **run_in_patched_copy("right-sized", _LAUNCH.format("diff_child"), size["preset"],
                                                          size["steps"], timeout=900, env=child_env(device))}]
@@ -357,8 +350,6 @@ def kit_child(root, preset, device, steps, chunks, repeats, compile_, out) -> No
     """:func:`kit_decode`'s child (the decode-attention kit's copy): per mode a model (compiled by
     :func:`upstream_optimized` when ``compile_ == "1"``) and its warm-up decode, counted from before the compile;
     the whole decodes interleaved; a stream per mode. Counts run from compile to the stream's end."""
-    from .clock import interleaved
-    from .models import build_voxcpm2, silence_progress
     _in_copy(root)
     silence_progress()
     steps, chunks, repeats, compiled = int(steps), int(chunks), int(repeats), compile_ == "1"
@@ -390,7 +381,6 @@ def kit_decode(device, *, preset: str = "small", steps: int = 12, chunks: int = 
                compile: Optional[bool] = None) -> dict:
     """The ``decode-attention`` kit on a copy of voxcpm in a fresh process (:func:`kit_child`), bf16, under upstream's
     ``optimize()`` when ``compile`` (default on CUDA); ``identical_off``: mode off equals upstream's decode here."""
-    from .upstream import run_in_patched_copy, upstream_decode
     device = select_device(device)
     compile = device.type == "cuda" if compile is None else compile
     rec = _recorder(device, "bfloat16")
@@ -412,7 +402,6 @@ def kit_decode(device, *, preset: str = "small", steps: int = 12, chunks: int = 
 def select_device(device) -> torch.device:
     """The kit's device, resolved: ``cuda:N`` becomes the current device and the kit runs on ``"cuda"`` (voxcpm's
     ``optimize()`` compiles only for exactly that; events, SDPA's checks and cudagraph trees read the current one)."""
-    from .devices import resolve_device
     device = resolve_device(device)
     if device.type == "cuda" and device.index is not None:
         torch.cuda.set_device(device.index)
@@ -459,7 +448,6 @@ def _log_entries(folder: Path) -> dict:
 
 def _run_step(step: Step, folder: Path, left: Optional[float]) -> dict:
     """Run one step under the deadline; save its records at once; return its log entry."""
-    from .bench.records import save_record
     if left is not None and step.estimate_s > left:
         return {"step": step.name, "status": "stopped", "seconds": 0.0,
                 "why": f"its estimate of {step.estimate_s:.0f} s is over the {max(left, 0):.0f} s left of the budget"}
@@ -530,7 +518,6 @@ def _failures(rec: dict) -> list[str]:
 def summary_lines(folder: Path, steps: list, head: list) -> list:
     """``summary.md`` from the folder: each planned step's outcome (``steps.jsonl``, its records), what the first
     contact answers, the CUDA opt-in section."""
-    from .bench.records import load_record
     entries, kept = _log_entries(folder), {}
     lines = [*head, "", "| step | outcome | seconds |", "|---|---|---|"]
     planned = [(s.name, s.skip) for s in steps]
@@ -552,8 +539,6 @@ def summary_lines(folder: Path, steps: list, head: list) -> list:
 
 
 def _ratio_line(rows: list, num: str, den: str, key: str = "variant") -> str:
-    from .bench.stats import fmt_ci
-    from .bench.targets import quiet_ratio
     a, b = (next(r for r in rows if r[key] == name) for name in (num, den))
     r, ci, _, _ = quiet_ratio(a, b)
     return f"{num} / {den}: {r:.2f}x {fmt_ci(ci)}"
@@ -561,7 +546,6 @@ def _ratio_line(rows: list, num: str, den: str, key: str = "variant") -> str:
 
 def first_contact_lines(kept: dict) -> list:
     """What the first-contact records answer, a line each (only for the steps that wrote records)."""
-    from .bench.forms import check_lines
     out = ["", "## First contact", ""] if kept else []
     for rec in kept.get("forms_check", []):
         out += check_lines(rec["rows"])
@@ -598,7 +582,6 @@ HOST_BOUND = (" (single eager calls on CUDA: host-dispatch bound, one cache's K/
 def opt_in_section(forms: Optional[list], kit: Optional[list]) -> list:
     """The CUDA opt-in: per dtype the winning form and its margin (``form_verdict``), the kit's decodes; or that the
     choice is unmeasured."""
-    from .bench.forms import form_lines, kit_lines
     out = ["", "## The CUDA opt-in: which decode form upstream should carry", ""]
     if not forms:
         out += ["Not measured in this run: the decode_forms step runs on CUDA only, and here it was skipped or "

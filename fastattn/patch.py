@@ -18,9 +18,10 @@ from .cache import RightSizedKVCache
 from .core import check_bucket
 from .devices import package_version
 from .exactness import exactness_report
+from .graphs import OPTIMIZED, deoptimize
 from .inflight import in_flight
 from .modes import REGISTRY, mode_spec
-from .steps import cache_granularity, make_attention_forward_step, make_model_forward_step, make_setup_cache
+from .steps import BUILT, cache_granularity, make_attention_forward_step, make_model_forward_step, make_setup_cache
 
 __all__ = ["patch_voxcpm", "patch_status", "VoxcpmPatch", "PatchError", "fingerprints", "VERIFIED", "TARGETS",
            "installed_functions", "in_flight"]
@@ -148,7 +149,6 @@ def _lms(model):
 
 
 def _check_not_compiled(model) -> None:
-    from .graphs import OPTIMIZED
     if model in OPTIMIZED:
         return  # fastattn.optimize: its wrappers compile whatever the class holds when first called
     for name in ("base_lm", "residual_lm"):
@@ -214,8 +214,6 @@ class _Applied:
     def undo(self) -> None:
         """Restore the original functions (by identity), upstream caches and eager steps on every model touched."""
         global _STATE
-        from .graphs import OPTIMIZED, deoptimize
-        from .steps import BUILT
         with _LOCK:
             if _STATE is not self:
                 return
@@ -235,7 +233,6 @@ class _Applied:
             _STATE = None
 
     def models(self) -> list:
-        from .steps import BUILT
         out, seen = [], set()
         for lm in list(self.converted) + list(BUILT):
             if id(lm) not in seen:

@@ -10,6 +10,12 @@ from typing import Optional, Sequence
 
 import matplotlib.pyplot as plt
 
+from .bench import dtype_table
+from .bench.stats import fmt_ci
+from .bench.stream import COMPONENTS
+from .paths import data_dir
+from .report import fmt
+
 __all__ = ["attention_sweep", "decode_step", "breakdown", "memory", "published_vs_ours", "exactness",
            "backend_table", "targets_table", "load_published"]
 
@@ -113,7 +119,6 @@ def breakdown(rec: dict, *, ax=None):
 
 def dtype_decode(rec: dict, *, ax=None):
     """A ``dtype_decode`` record: median step per dtype and variant, its ratio to voxcpm's default with 95% interval."""
-    from .bench import dtype_table
     rows = dtype_table(rec)
     fig, ax = (ax.figure, ax) if ax is not None else plt.subplots(figsize=(7, 3.8))
     labels = [f"{r['dtype']}\n{r['variant']}" for r in rows]
@@ -151,7 +156,6 @@ def memory(kv: dict, *, published: Optional[list] = None, ax=None):
 
 def load_published(name: str) -> list[dict]:
     """Rows of one CSV under data/published/."""
-    from .paths import data_dir
     with (Path(data_dir()) / "published" / name).open() as f:
         return list(csv.DictReader(f))
 
@@ -295,7 +299,6 @@ def stream_components(rec: dict, *, variant: str = "upstream", ax=None, window: 
     rows = [r for r in rec["rows"] if r["variant"] == variant and r["repeat"] == 0 and r["chunk"] > 0
             and not r["disturbed"]]
     cmap = plt.get_cmap("tab10")
-    from .bench.stream import COMPONENTS
     for i, c in enumerate(COMPONENTS):
         x, y = [r["chunk"] for r in rows], [r["components"][c] for r in rows]
         roll = _rolling_median(y, window)
@@ -323,8 +326,6 @@ def targets_table(targets: list) -> str:
     """HTML table of judged targets: measured, 95% interval, n, goal, verdict (yes / no / undecided / n/a), note."""
     from html import escape
 
-    from .bench.stats import fmt_ci
-    from .report import fmt
 
     def row(t):
         ci = "" if t.get("ci_low") is None else fmt_ci((t["ci_low"], t["ci_high"]))

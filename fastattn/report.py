@@ -19,7 +19,11 @@ from typing import Optional
 
 from .bench.metrics import headlines, kv_mb, slice_evidence
 from .bench.records import load_run
-from .paths import data_dir
+from .bench.stats import fmt_ci
+from .claims import claims_ledger
+from .devices import cpu_features
+from .diagnosis import diagnosis, reply_293
+from .paths import atomic_write_text, data_dir
 
 __all__ = ["fmt", "short", "md_table", "write_report", "compare", "compare_markdown", "compare_html", "main"]
 
@@ -62,9 +66,15 @@ def _targets(run_dir: Path) -> list:
     return rec["rows"] if rec else []
 
 
-def _environment(summary: dict) -> dict:
-    env = summary.get("environment") or {}
-    keys = ("device_name", "device", "torch", "voxcpm", "fastattn", "git_commit", "threads", "cpu_capability")
+def _environment(summary: dict, run_dir: Path) -> dict:
+    """The run's environment, with the CPU features that decide its kernels (AMX, AVX512-BF16, ...): from the summary,
+    else from the CPU flags a dtype record of the run holds."""
+    env = dict(summary.get("environment") or {})
+    if str(env.get("device", "cpu")).startswith("cpu") and not env.get("cpu_features"):
+        flags = next((r["flags"] for r in load_run(run_dir).records if r.get("flags")), None)
+        env["cpu_features"] = cpu_features(flags) if flags else None
+    keys = ("device_name", "device", "cpu_features", "torch", "voxcpm", "fastattn", "git_commit", "threads",
+            "cpu_capability")
     return {k: env.get(k) for k in keys if env.get(k) is not None}
 
 
@@ -75,7 +85,6 @@ def _verdict_rows(targets: list) -> list:
     """One row per target: the measured figure with its 95% interval and n where it has them; ``met`` is None
     for a target that does not apply on this device."""
     def measured(t):
-        from .bench.stats import fmt_ci
         ci = f" {fmt_ci((t['ci_low'], t['ci_high']))}" if t.get("ci_low") is not None else ""
         return fmt(t["measured"]) + ci + (f" (n={t['n']})" if t.get("n") else "")
     return [{"claim": t["target"], "measured (95% CI)": measured(t), "goal": t["goal"],
@@ -92,10 +101,8 @@ def _split_findings(nb: dict) -> tuple:
 
 def write_report(run_dir, summary: dict) -> tuple:
     """Write ``index.html`` and ``summary.md`` into ``run_dir``; return their paths."""
-    from .claims import claims_ledger
-    from .paths import atomic_write_text
     run_dir = Path(run_dir)
-    env, verdicts = _environment(summary), _verdict_rows(_targets(run_dir))
+    env, verdicts = _environment(summary, run_dir), _verdict_rows(_targets(run_dir))
     full = claims_ledger(run_dir)
     atomic_write_text(run_dir / "claims_ledger.json", json.dumps(full, indent=1))
     ledger = [dict(r, evidence=short(r["evidence"], 220)) for r in full]
@@ -203,7 +210,6 @@ def _summary_md(run_dir: Path, summary: dict, env: dict, verdicts: list, ledger:
 def reply_for_293(run_dir: Path) -> Optional[str]:
     """The #293 reply from a run's 01 records (its stream, and the consumer matrix, prompt growth and contention
     where run), with the slice fix's compile evidence from the committed torch matrix; None without a stream."""
-    from .diagnosis import diagnosis, reply_293
     run = load_run(run_dir)
     kind = lambda k: run.get(k, notebook="01_root_cause")  # noqa: E731
     stream = kind("stream_profile")
@@ -248,10 +254,8 @@ def _measures(run) -> dict:
 
 
 def _machine(run) -> str:
-    folder = run.folder
-    env = next((r["env"] for r in run.records if isinstance(r.get("env"), dict) and r["env"].get("device_name")), {})
-    name = env.get("device_name") or folder.name
-    return f"{name} · torch {env.get('torch', '?')} · {env.get('threads', '?')} threads ({folder.name})"
+    has_env = any(isinstance(r.get("env"), dict) and r["env"].get("device_name") for r in run.records)
+    return f"{run.machine() if has_env else run.folder.name} ({run.folder.name})"
 
 
 def compare(paths) -> dict:

@@ -18,6 +18,8 @@ from functools import partial
 from pathlib import Path
 
 from . import compat
+from .devices import resolve_device
+from .models import build_voxcpm2
 from .paths import data_dir
 
 __all__ = ["LIVE_ERROR_BOUND", "upstream_diff", "write_upstream_diff", "DIFF_NAME", "LAYOUTS", "KITS", "KIT_DIR",
@@ -246,7 +248,6 @@ def upstream_decode(preset: str, *, text: str, steps: int, dtype: str, seed: int
     ``prepare(model)`` runs before it (e.g. voxcpm's own ``optimize()``). Returns (model, waveform on CPU)."""
     import torch
 
-    from .models import build_voxcpm2
     model = build_voxcpm2(preset, seed=seed, dtype=dtype, device=device)
     if prepare is not None:
         prepare(model)
@@ -261,7 +262,6 @@ def decode_with_diff(preset: str, *, text: str, steps: int, dtype: str = "bfloat
     ``{"identical", "max_abs_diff", "diff_capacity", "upstream_capacity", "length", "device"}``."""
     import torch
 
-    from .devices import resolve_device
     device = str(resolve_device(device))
     res = run_in_patched_copy("right-sized", KIT_DIR / "scripts" / "decode.py", preset, dtype, text, steps, seed,
                               device, *([granularity] if granularity else []))
@@ -292,7 +292,6 @@ def live_decode_check(preset: str, *, text: str, steps: int, dtype: str = "float
 
     import torch
 
-    from .devices import resolve_device
     device = str(resolve_device(device))
     res = run_in_patched_copy("decode-attention", KIT_DIR / "scripts" / "live_check.py", preset, dtype, text, steps,
                               seed, device, json.dumps(list(lengths)))

@@ -15,10 +15,17 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Optional, Sequence
 
+from . import budget
 from . import models as _models
+from .bench import compiled_step_sweep, form_sweep, save_record
 from .budget import BUDGET_S, SCALABLE, notebook_budget, replan, unplannable
 from .devices import DTYPES
+from .devices import resolve_device as resolve
+from .doctor import doctor
+from .models import silence_progress
+from .nbexec import ENGINE
 from .paths import atomic_write_text, data_dir, notebooks_dir, reports_dir, without_machine_paths
+from .report import fmt, md_text, write_report
 
 __all__ = ["check_params", "resolve_device", "time_left", "provenance", "save_figure", "save", "table", "findings",
            "run_workbook",
@@ -31,7 +38,6 @@ DTYPE_NAMES = tuple(DTYPES)
 # --------------------------------------------------------------------------- notebook helpers
 def resolve_device(device: str) -> str:
     """The device name a notebook runs on (``auto`` resolved); see :func:`fastattn.bench.resolve_device`."""
-    from .devices import resolve_device as resolve
     return str(resolve(device))
 
 
@@ -96,12 +102,10 @@ def time_left(params: dict, reserve_s: float = 15.0) -> Optional[float]:
 
 def provenance(params: dict, *, random_weights: Optional[bool] = None) -> None:
     """Print where and how this notebook ran: doctor summary, commit, parameters, weights."""
-    from .doctor import doctor
-    from .models import silence_progress
     silence_progress()
     d = doctor(calibrate=False)
     keys = ("torch", "voxcpm", "fastattn", "git_commit", "device", "device_name", "compute_capability",
-            "cudnn_version", "threads", "cpu_capability", "torchaudio_placeholder")
+            "cudnn_version", "threads", "cpu_features", "cpu_capability", "torchaudio_placeholder")
     print("Provenance")
     for k in keys:
         print(f"  {k:<22} {d.get(k)}")
@@ -151,7 +155,6 @@ def table(rows: list):
 
 def save(record: dict, out_dir, name: str) -> Path:
     """Save a record (JSON + CSV of rows) into the notebook's output folder, never overwriting."""
-    from .bench import save_record
     return save_record(record, Path(out_dir) / "records", name)
 
 
@@ -162,7 +165,6 @@ def findings(out_dir, items: dict, key: Optional[Sequence[str]] = None) -> None:
     few that the run's landing page and summary.md lead with (default: the first four); the others are
     listed there too, folded away.
     """
-    from .report import fmt
     key = list(items)[:4] if key is None else list(key)
     missing = [k for k in key if k not in items]
     if missing:
@@ -231,7 +233,6 @@ def _findings_up_front(executed: Path, nb_out: Path) -> None:
     from the notebook's own ``findings.json`` (the closing cell prints them all). Nothing where it wrote none."""
     import nbformat
 
-    from .report import fmt, md_text
     fj, kf = nb_out / "findings.json", nb_out / "key_findings.json"
     if not fj.exists():
         return
@@ -272,8 +273,6 @@ def run_workbook(params: Optional[dict] = None, *, only: Optional[list] = None, 
     import shutil
     import tempfile
 
-    from .doctor import doctor
-    from .report import write_report
 
     if budget_s and unplannable(device):
         log(f"[fastattn] {unplannable(device)}")
@@ -319,7 +318,6 @@ def load_profile(name: str) -> dict:
 
 def profile_lines(prof: dict, device: str) -> list:
     """A profile's plan: each notebook's sizes and, from this machine's probe and the calibration, its seconds."""
-    from . import budget
     stems = [p.stem for p in notebooks()]
     est = budget.profile_estimate(budget.probe(device), stems, prof.get("notebooks", {}))
     sizes = prof.get("notebooks", {})
@@ -335,7 +333,6 @@ BENCH_EXTRAS = ("compiled", "forms")
 def _run_bench(what: list, out: Path, device: str, log) -> list:
     """The profile's extra records: the compiled decode step and the static-shape forms (both dtypes). A failing
     one is logged and listed (``failed: ...``), never lost with the notebooks' run."""
-    from .bench import compiled_step_sweep, form_sweep, save_record
     jobs = {"compiled": [("compiled_step_tiny", lambda: compiled_step_sweep([0, 16, 256, 512, 1024], preset="tiny",
                                                                           device=device, progress=False))],
             "forms": [(f"decode_forms_{dt}", lambda dt=dt: form_sweep([0, 256, 1024, 2048, 4096, 6144, 8000],
@@ -378,7 +375,6 @@ def _validate_run(params: dict, nbs: list) -> None:
 
 def _plan(params: dict, nbs: list, device: str, budget_s: float, log) -> dict:
     """Probe this machine and fit the sized measurements to ``budget_s``; print the plan."""
-    from . import budget
     log("[fastattn] measuring this machine first (a few small-preset chunks per dtype) ...")
     probe = budget.probe(device)
     plan = budget.plan(probe, [nb.stem for nb in nbs], given=params, budget_s=budget_s)
@@ -405,7 +401,6 @@ def _run_all(nbs, per_nb: dict, run_dir: Path, device: str, kernel: str, keep_go
     import papermill as pm
     from papermill.exceptions import PapermillExecutionError
 
-    from .nbexec import ENGINE
     params = next(iter(per_nb.values()), {})
     summary = {"run": run_dir.name, "parameters": params, "device": device, "started_utc":
                datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"), "notebooks": [], "plan": plan}

@@ -120,7 +120,14 @@ def test_seed_claims_checked_on_cpu():
     assert "bfloat16" in claims["A bool attn_mask makes SDPA fall back to the math kernel"]["shows"]  # voxcpm's dtype
     shows = claims["A bool attn_mask makes SDPA fall back to the math kernel"]["shows"]
     assert "fused kernel takes the bool mask" in shows
-    assert verdicts["Slicing the cache to position+1 (no mask) lets SDPA use flash attention"] == "holds"
+    assert verdicts["Slicing the cache to position+1 lets SDPA use flash attention"] == "holds"
+    rounding = "The sliced result differs only by ~1e-6 (which can shift the stop token)"
+    assert verdicts[rounding] == "holds in part"  # float32's error is ~1e-7, bf16's ~1e-3
+    from fastattn import bench
+    from fastattn.claims import matrix_claims
+    ledger = {r["claim"]: r["verdict"] for r in matrix_claims(bench.record(
+        "backend_matrix", env={"device": "cpu"}, params={}, rows=rows))}
+    assert ledger.items() <= verdicts.items()  # 02's table and the ledger: the same rows
     causal = verdicts["is_causal=True is a safe way to drop the mask for a one-query decode step"]
     assert causal.startswith("does not hold")
 
@@ -167,8 +174,8 @@ def test_claims_ledger_verdicts_come_from_measurements(tmp_path):
         run = tmp_path / str(word)
         text = f"{word} (+80% over the stream, 95% CI [+70%, +90%], 2 repeats; ...)"
         trend = {} if word is None else {"trend": {"upstream": {"verdict": word}}}  # None: a record of one run
-        rec = bench.record("stream_profile", env={}, params={"chunks": 600, "preset": "small"}, rows=[],
-                           verdict={"upstream": text}, **trend)
+        rec = bench.record("stream_profile", env={"device": "cuda"}, params={"chunks": 600, "preset": "small",
+                           "weights": "checkpoint"}, rows=[], verdict={"upstream": text}, **trend)
         bench.save_record(rec, run / "01_root_cause" / "records", "stream_profile")
         got = {r["claim"]: r for r in claims_ledger(run)}[symptom]
         assert got["verdict"] == verdict and (word is None or text in got["evidence"])

@@ -134,11 +134,9 @@ gpucheck.gpu_check("cpu", out={str(tmp_path / "k")!r}, log=lambda *_: None)
 def test_a_missing_tool_for_the_kits_is_a_reported_failure_not_a_lost_step(monkeypatch):
     """A kit whose copy cannot be made (no ``patch`` binary: FileNotFoundError, not RuntimeError) fails the step
     with the reason, in a record."""
-    from fastattn import upstream
-
     def no_tool(*a, **k):
         raise FileNotFoundError(2, "No such file or directory", "patch")
-    monkeypatch.setattr(upstream, "run_in_patched_copy", no_tool)
+    monkeypatch.setattr(gpucheck, "run_in_patched_copy", no_tool)
     for rec in (gpucheck.kit_decode("cpu", preset="tiny"), gpucheck._diff_compiled("cpu", {"preset": "tiny",
                                                                                            "steps": 2})):
         assert gpucheck._failures(rec) and "FileNotFoundError" in rec["rows"][0]["stderr"]

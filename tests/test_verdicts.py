@@ -59,20 +59,44 @@ def test_the_floor_and_the_growth_of_seed_003s_claim_are_judged_apart(tmp_path):
     assert "the floor is max_length's" in rising["evidence"]
 
 
-def _stream(chunks: int, verdict: str) -> dict:
-    return {"kind": "stream_profile", "params": {"chunks": chunks, "preset": "small", "dtype": "bfloat16"},
+def _stream(chunks: int, verdict: str, device: str = "cuda", weights: str = "checkpoint") -> dict:
+    return {"kind": "stream_profile", "params": {"chunks": chunks, "preset": "full", "dtype": "bfloat16",
+                                                 "weights": weights},
             "trend": {"upstream": {"verdict": verdict}}, "verdict": {"upstream": f"{verdict} (...)"},
-            "rows": [], "env": {"device": "cpu"}}
+            "rows": [], "env": {"device": device}}
 
 
-@pytest.mark.parametrize("chunks,verdict,want", [(60, "flat", NOT_SCALE), (60, "grows", NOT_SCALE),
-                                                 (500, "flat", FAILS), (500, "grows", HOLDS)])
-def test_293s_row_is_judged_only_at_its_scale(tmp_path, chunks, verdict, want):
-    row = _ledger(_run(tmp_path, _stream(chunks, verdict)))[
+@pytest.mark.parametrize("chunks,verdict,device,weights,want", [
+    (60, "flat", "cuda", "checkpoint", NOT_SCALE), (60, "grows", "cuda", "checkpoint", NOT_SCALE),
+    (500, "flat", "cuda", "checkpoint", FAILS), (500, "grows", "cuda", "checkpoint", HOLDS),
+    (500, "flat", "cpu", "random", NOT_SCALE), (500, "grows", "cuda", "random", NOT_SCALE)])
+def test_293s_row_is_judged_only_at_its_scale_and_device(tmp_path, chunks, verdict, device, weights, want):
+    """#293 is a stream of 400+ chunks on the reporter's GPU with the real checkpoint: anything else is evidence."""
+    row = _ledger(_run(tmp_path, _stream(chunks, verdict, device, weights)))[
         "Streaming slows from ~0.3 s to 1-2 s per chunk after 400+ chunks (#293)"]
-    assert row["verdict"] == want and "400+" in row["scale"]
-    if want == NOT_SCALE:
+    assert row["verdict"] == want and "400+" in row["scale"] and "CUDA" in row["scale"]
+    if want == NOT_SCALE and chunks < 400:
         assert row["evidence"].startswith(f"({chunks} of 400+ chunks)")
+    elif want == NOT_SCALE:
+        assert f"{verdict} (...)" in row["evidence"] and ("cpu" in row["evidence"] or "random" in row["evidence"])
+
+
+def _whole(device: str, steps: int, patched_s: float) -> dict:
+    rows = [{"variant": v, "repeat": i, "wall_s": (patched_s if v == "patched" else 1.0) * (1 + 0.001 * i)}
+            for i in range(7) for v in ("upstream", "patched")]
+    return {"kind": "whole_decode", "env": {"device": device}, "rows": rows, "identical": True,
+            "params": {"preset": "full", "dtype": "bfloat16", "steps": steps}, "median_wall_s": {},
+            "patched_granularity": 512}
+
+
+@pytest.mark.parametrize("device,steps,patched_s,want", [
+    ("cuda", 3600, 1 / 1.36, HOLDS), ("cuda", 3600, 1 / 1.1, FAILS), ("cuda", 12, 1 / 1.36, NOT_SCALE),
+    ("cpu", 3600, 1 / 1.36, NOT_SCALE)])
+def test_end_to_end_is_read_as_speed_and_judged_only_at_3500_steps_on_cuda(tmp_path, device, steps, patched_s, want):
+    """"~36% faster" is 1.36x speed (the seed's 951 -> 699 s is 26.5% less time), over 3500+ steps on CUDA."""
+    row = _ledger(_run(tmp_path, _whole(device, steps, patched_s)))["~36% faster end to end"]
+    assert row["verdict"] == want, row
+    assert f"{1 / patched_s:.2f}x the speed" in row["evidence"] and "3500+" in row["scale"]
 
 
 @pytest.mark.parametrize("measured,ci,goal,want", [(0.943, (0.372, 1.6), 0.75, UNDECIDED),  # the issue's two rows

@@ -16,7 +16,8 @@ from pathlib import Path
 from typing import Optional
 
 from fastattn.bench.metrics import matrix_rows, newest, slice_evidence, whole_ratio
-from fastattn.bench.records import load_record
+from fastattn.bench.records import load_record, load_run
+from fastattn.devices import machine_label
 from fastattn.ingest import bench_table
 from fastattn.paths import data_dir
 from tools.readme import REFERENCE, records
@@ -40,9 +41,9 @@ def _slice() -> tuple:
     return slice_evidence(_results() / "torch-matrix")
 
 
-def _machine(env: dict) -> str:
-    return (f"{env['threads']}-core {env['device_name']} ({env.get('cpu_capability', '?')}), "
-            f"torch {env['torch'].split('+')[0]}")
+def _machine(env: dict, folder: Optional[Path] = None) -> str:
+    """A machine in upstream's words, named by the CPU features that decide its kernels."""
+    return load_run(folder).machine(env) if folder else machine_label(env)
 
 
 #: targets.json rows written before targets had ids, by their target text (up to the colon)
@@ -71,7 +72,7 @@ def machine_rows() -> list:
         t = {x.get("id") or _OLD_IDS.get(x["target"].split(":")[0]): x for x in r["targets"]["rows"]}
         whole, kv = r["whole"], r["kv"]
         kv_mb = (kv["upstream_bytes"] / 1e6, kv["patched_bytes"] / 1e6)
-        rows.append({"machine": _machine(whole["env"]), "kv_mb": kv_mb,
+        rows.append({"machine": _machine(whole["env"], folder), "kv_mb": kv_mb,
                      "step_bf16": t["decode_bf16"], "step_fp32": t["decode_fp32"], "whole": whole_ratio(whole),
                      "whole_runs": _paired(whole),
                      "identical": whole["identical"], "steps": whole["params"]["steps"],
@@ -327,7 +328,7 @@ def fields() -> dict:
     """Every figure the PR templates (``data/upstream-prs/templates/``) print, by name."""
     from fastattn.upstream import LIVE_ERROR_BOUND
     from tools.readme import dtype_machines, forms_machines
-    label = lambda folder, env: _machine(env)  # noqa: E731 - a machine in upstream's words, not a folder name
+    label = lambda folder, env: _machine(env, folder)  # noqa: E731 - a machine in upstream's words, not a folder name
     tests = {k: _tests_line(f"test_{k}.py") for k in ("minicpm4_right_sized_cache", "cpu_dtype_override",
                                                        "minicpm4_decode_attention")}
     return {"machine_table": _machine_table(), "matrix_machine": _matrix()[0]["machine"].split(", torch")[0],

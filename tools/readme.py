@@ -21,7 +21,7 @@ from fastattn.bench.metrics import (
 from fastattn.bench.records import find_row, load_run
 from fastattn.bench.targets import met_count
 from fastattn.claims import claims_ledger, math_fallback_reason
-from fastattn.devices import native_bf16, runtime_dtype
+from fastattn.devices import machine_label, native_bf16, runtime_dtype
 from fastattn.ingest import bench_table
 from fastattn.paths import data_dir, repo_root
 
@@ -49,10 +49,9 @@ def records(ref: Path) -> dict:
             "forms": run.get("decode_forms", dtype="bfloat16")}
 
 
-def _machine(env: dict) -> str:
-    if str(env.get("device", "cpu")).startswith("cuda"):
-        return f"{env['device_name']} (CUDA, torch {env['torch']})"
-    return f"{env['threads']}-core {env['device_name']} ({env['cpu_capability']}, torch {env['torch']})"
+def _machine(env: dict, folder: Optional[Path] = None) -> str:
+    """The machine named by what decides its kernels (the CPU features a record of ``folder`` holds)."""
+    return load_run(folder).machine(env) if folder else machine_label(env)
 
 
 def _kernel(r: dict) -> tuple:
@@ -119,7 +118,7 @@ def findings_table(ref: Path) -> str:
     if r["forms"]:
         rows.append(("Compiled (fullgraph), bf16: the fastest static-shape decode form", forms_answer(r["forms"])))
     rows.append(("Targets met", f"{met_count(t['rows'])} (`targets.json` says why each miss)"))
-    head = [f"Measured on a {_machine(t['env'])}: the committed reference run `data/results/{Path(ref).name}/`. "
+    head = [f"Measured on a {_machine(t['env'], ref)}: the committed reference run `data/results/{Path(ref).name}/`. "
             "Every figure, its interval and n: [docs/results.md](docs/results.md).", "",
             "| question | measured |", "|---|---|"]
     return "\n".join(head + [f"| {q} | {a} |" for q, a in rows]) + "\n"
@@ -186,7 +185,7 @@ def reference_findings(ref: Path, other: Optional[Path] = None) -> str:
                                  ("memory", r["rss"] and r["growth"] and _memory(r)),
                                  ("where a whole decode's time goes", r["whole"] and _amdahl(r)),
                                  ("the compiled step", _compiled(r))) if v]
-    lines = [f"Measured on a {_machine(r['targets']['env'])}: `data/results/{Path(ref).name}/` at commit "
+    lines = [f"Measured on a {_machine(r['targets']['env'], ref)}: `data/results/{Path(ref).name}/` at commit "
              f"{r['targets']['env'].get('git_commit', '?')[:7]}.", "", "| finding | measured |", "|---|---|"]
     lines += [f"| {k} | {v} |" for k, v in rows]
     ledger = [{k: x[k] for k in ("source", "claim", "scale", "verdict", "evidence")} for x in claims_ledger(ref)]

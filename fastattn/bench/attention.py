@@ -7,10 +7,14 @@ from typing import Optional, Sequence
 
 import torch
 
+from .. import fast as _fast
 from ..core import causal_mask, f64_attention, sdpa
 from ..devices import cpu_flags, dtype_name, resolve_device
 from ..devices import dtype_of as _dtype
+from ..exactness import exact_granularity
+from ..fast import LENGTH_CLASSES, fast_report, sdpa_slice
 from ..modes import MODES, REGISTRY
+from ..static import fresh_positions
 from ..step import attention_step
 from .floor import bandwidth, floor_binds, floor_ms, live_kv_bytes
 from .records import env_record, record
@@ -30,7 +34,6 @@ def attention_sweep(positions: Sequence[int], *, capacity: int = 8192, dtype="fl
     last-level cache (None where its size is unknown). ``slice_fix`` adds the public slice fix's rows;
     ``gemm_floor`` (fp32) the two bare GEMMs of the grouped form, the best torch's BLAS does with these bytes.
     ``slice_fix`` and ``fast`` are timed at a fresh key count per call, walking from each position (:data:`FRESH`)."""
-    from ..fast import fast_report
 
     device, dt = resolve_device(device), _dtype(dtype)
     _check_sweep_args(positions, capacity, modes, caches)
@@ -72,7 +75,6 @@ FRESH = ("slice_fix", "fast")
 
 def _variants(q, modes, bucket, slice_fix: bool, gemm: bool) -> dict:
     """name -> fn(k, v, n) of one call at length ``n`` over full-capacity caches ``k``, ``v``."""
-    from ..fast import sdpa_slice
     fns = {m: (lambda k, v, n, m=m: attention_step(q, k, v, n, mode=m, bucket=bucket)) for m in modes}
     if slice_fix:
         fns["slice_fix"] = lambda k, v, n: sdpa_slice(q, k[:, :, :n], v[:, :, :n])
@@ -87,7 +89,6 @@ def _variants(q, modes, bucket, slice_fix: bool, gemm: bool) -> dict:
 
 
 def _position_rows(fns, q, kvs, p, device, repeats, warmup, capacity, gran, bw, llc) -> list:
-    from ..static import fresh_positions
     n, k0, v0 = p + 1, kvs[0][0], kvs[0][1]
     turn = iter(range(10**12))
     walk = [i + 1 for i in fresh_positions(p, warmup + repeats, capacity, device=device, dtype=q.dtype)]
@@ -116,12 +117,12 @@ def fast_choices(device="cpu", *, dtypes=("float32", "bfloat16"), hq: int = 16, 
                  seed: int = 0) -> dict:
     """What ``fast`` picks on this device for each dtype and key-count class, and why: every candidate's
     error vs float64, ``reference``'s error on the same data, whether it was accepted, its median time."""
-    from ..fast import LENGTH_CLASSES, choose_fast
     device = resolve_device(device)
     rows = []
     for name in dtypes:
         for cls in LENGTH_CLASSES:
-            ch = choose_fast(device, _dtype(name), hq=hq, hkv=hkv, head_dim=head_dim, lq=1, length_class=cls, seed=seed)
+            ch = _fast.choose_fast(device, _dtype(name), hq=hq, hkv=hkv, head_dim=head_dim, lq=1, length_class=cls,
+                                   seed=seed)
             rows += [{"class": f"{name}, {cls}", "dtype": name, **c, "reference_max_err": ch["reference_max_err"],
                       "winner": c["candidate"] == ch["winner"]} for c in ch["candidates"]]
     return record("fast_choice", env=env_record(device),
@@ -132,7 +133,6 @@ def fast_choices(device="cpu", *, dtypes=("float32", "bfloat16"), hq: int = 16, 
 
 def _granularity_of(q, k, bucket):
     """The window granularity ``exact`` used: the int bucket, the calibrated one, or None (whole cache)."""
-    from ..exactness import exact_granularity
     return bucket if bucket is not None else exact_granularity(
         q.device, q.dtype, hq=q.shape[1], hkv=k.shape[1], head_dim=q.shape[3], capacity=k.shape[2], lq=q.shape[2])
 
@@ -143,7 +143,6 @@ def dtype_costs(device="cpu", *, length: int = 4096, capacity: int = 8192, hq: i
     interleaved. Rows: ``{op, dtype, median_ms, n, ...}`` for upstream's masked SDPA over the whole
     capacity, SDPA over the slice, one bare GEMM ``q @ k^T`` over ``length`` keys, and the bf16 -> fp32
     conversion of that K; ``ratios``: bf16 / fp32 per op; ``flags``: the CPU's bf16-relevant features."""
-    from ..fast import sdpa_slice
     device = resolve_device(device)
     g = torch.Generator().manual_seed(seed)
     base = [torch.randn(1, h, n, head_dim, generator=g) for h, n in ((hq, 1), (hkv, capacity), (hkv, capacity))]

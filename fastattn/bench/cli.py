@@ -5,7 +5,10 @@ from __future__ import annotations
 from datetime import datetime, timezone
 from pathlib import Path
 
-from ..devices import resolve_device
+from ..backends import backend_matrix
+from ..devices import dtype_of, resolve_device
+from ..exactness import calibration_ladders
+from ..models import PRESETS
 from .attention import attention_sweep, dtype_costs
 from .decode import dtype_decode, whole_decode
 from .floor import bandwidth
@@ -38,10 +41,8 @@ def reference_run(out, *, device="cpu", positions=(0, 16, 256, 512, 1024, 2048, 
         written.append(save_record(cold[dt], out, f"attention_{dt}_cold"))
         written.append(save_record(dec[dt], out, f"decode_step_{dt}"))
     written.append(save_record(dtype_costs(device), out, "dtype_costs"))
-    from ..backends import backend_matrix
     written.append(save_record(record("backend_matrix", env=env_record(device), rows=backend_matrix(device),
                                       params={"capacity": 8192, "position": 256}), out, "backend_matrix"))
-    from ..exactness import calibration_ladders
     ladder = calibration_ladders(device, capacity=8192)
     written.append(save_record(record("exactness_calibration", env=env_record(device), params={"capacity": 8192},
                                       rows=ladder), out, "exactness_calibration"))
@@ -76,8 +77,6 @@ def _ints(s: str) -> list[int]:
 
 
 def _check_args(args):
-    from ..devices import dtype_of
-    from ..models import PRESETS
     device = resolve_device(args.device, name="--device")
     if args.dtype is not None:
         dtype_of(args.dtype, name="--dtype")

@@ -12,8 +12,10 @@ from typing import Optional, Sequence
 
 import numpy as np
 
+from ..models import build_voxcpm2, silence_progress
 from .records import env_record, record
-from .stream import time_chunks
+from .stats import ratio_ci
+from .stream import text_for, time_chunks
 from .timing import time_interleaved
 from .trend import resistant_slope
 
@@ -84,8 +86,6 @@ def stream_audio(preset: str = "small", chunks: int = 30, *, device="cpu", dtype
     """The chunks (1-D float32 arrays) of one ``generate_streaming`` run of a freshly built random-weight model."""
     import torch
 
-    from ..models import build_voxcpm2, silence_progress
-    from .stream import text_for
     model = build_voxcpm2(preset, seed=seed, device=str(device), dtype=dtype)
     silence_progress()
     torch.manual_seed(seed)
@@ -164,9 +164,6 @@ def consumer_contention(preset: str = "small", chunks: int = 60, *, pattern: str
     ``consumer_ms``; ``ratio`` beside / alone (medians, chunk 0 left out) with its 95% ``ci``."""
     import torch
 
-    from ..models import build_voxcpm2, silence_progress
-    from .stats import ratio_ci
-    from .stream import text_for
     fns, _ = patterns()
     known = {n for n, f in fns.items() if f is not None} | {codec_pattern(n) for n in CODECS}
     if pattern not in known:

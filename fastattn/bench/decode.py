@@ -12,7 +12,9 @@ from typing import Callable, Optional
 
 import torch
 
-from ..devices import resolve_device
+from ..devices import cpu_flags, resolve_device, runtime_dtype
+from ..models import build_voxcpm2, count_parameters, silence_progress
+from ..patch import cache_bytes, patch_voxcpm
 from .metrics import dtype_table, patched_is_upstream, quiet_steps, time_shares  # noqa: F401 (re-exported)
 from .noise import delta, disturbed, host_counters, others_busy
 from .records import env_record, record
@@ -159,8 +161,6 @@ def whole_decode(preset: str = "tiny", *, steps: int = 12, dtype="bfloat16", dev
     ``patched_granularity`` is the patched base-LM cache's window granularity, None where it holds all
     ``max_length`` slots (no exact window on the device: the patched decode is upstream's computation).
     """
-    from ..models import build_voxcpm2, silence_progress
-    from ..patch import cache_bytes, patch_voxcpm
     device = resolve_device(device)
     model = model or build_voxcpm2(preset, seed=seed, device=str(device), dtype=dtype)
     silence_progress()
@@ -262,7 +262,6 @@ def dtype_decode(preset: str = "full", *, dtypes=("bfloat16", "float32"), steps:
     the build's own fp32 transient is left out) and the
     :func:`whole_decode` record. ``step_s`` is each dtype's median upstream step; :func:`dtype_table` compares them.
     """
-    from ..models import build_voxcpm2, count_parameters, silence_progress
     device = resolve_device(device)
     out, sizing, spent, measured = {}, {}, 0.0, 0.0
     for i, dtype in enumerate(dtypes):
@@ -292,7 +291,6 @@ def dtype_decode(preset: str = "full", *, dtypes=("bfloat16", "float32"), steps:
     step_s = {d: statistics.median(quiet_steps(o["decode"], "upstream")[0]) for d, o in out.items()}
     params = {"preset": preset, "dtypes": list(dtypes), "steps": steps, "min_steps": min_steps,
               "inference_timesteps": inference_timesteps, "repeats": repeats, "budget_s": budget_s}
-    from ..devices import cpu_flags
     return record("dtype_decode", env=env_record(device, dtypes[0]), params=params, rows=[], dtypes=out,
                   flags=cpu_flags() if device.type == "cpu" else {},
                   sizing=sizing, step_s=step_s, measured_s=measured,
@@ -303,6 +301,5 @@ def whole_dtypes(device, dtype: str) -> tuple:
     """05's whole-decode dtypes: voxcpm's own first (every ratio's base), float32, ``dtype``, and float16 on CUDA."""
     import torch
 
-    from ..devices import runtime_dtype
     extra = ("float32", dtype) + (("float16",) if torch.device(device).type == "cuda" else ())
     return tuple(dict.fromkeys((runtime_dtype(device),) + extra))

@@ -9,10 +9,14 @@ from typing import Optional
 
 import torch
 
+from ..cache import RightSizedKVCache
 from ..devices import dtype_name, quiet_native_stderr, resolve_device
 from ..devices import dtype_of as _dtype
+from ..models import voxcpm2_config
+from ..patch import original_functions, swapped, variant_functions
+from ..steps import cache_granularity
 from .records import env_record, record
-from .steps import lm_and_caches, random_prefill, start_request
+from .steps import lm_and_caches, lm_config, random_prefill, start_request
 from .stream import time_chunks
 from .timing import stats_ms, time_interleaved
 
@@ -20,8 +24,6 @@ from .timing import stats_ms, time_interleaved
 def _granularity(preset: str, device, dt, max_length: int, bucket) -> int:
     """The patched cache's granularity for the preset's base LM on ``device``: what ``setup_cache`` would pick
     (the caller's int, the calibrated window, or ``max_length`` rounded up where no window is exact)."""
-    from ..steps import cache_granularity
-    from .steps import lm_config
     return cache_granularity(lm_config(preset, None), torch.device(device), dt, max_length, bucket)
 
 
@@ -36,8 +38,6 @@ def kv_memory(preset: str = "full", *, prefill: int = 100, steps: int = 200, dty
     where the patched cache holds all ``max_length`` slots (its bytes then equal upstream's)."""
     from voxcpm.modules.minicpm4.cache import StaticKVCache
 
-    from ..cache import RightSizedKVCache
-    from ..models import voxcpm2_config
     device, dt = resolve_device(device), _dtype(dtype)
     cfg, g = voxcpm2_config(preset), _granularity(preset, device, dt, max_length, bucket)
     lm = cfg["lm_config"]
@@ -73,7 +73,6 @@ def step_allocations(*, preset: str = "small", layers: int = 1, dtype="float32",
     """Bytes allocated by one decode step (profiler ``profile_memory``), upstream vs patched."""
     from torch.profiler import ProfilerActivity, profile
 
-    from ..patch import original_functions, swapped, variant_functions
     device, dt = resolve_device(device), _dtype(dtype)
     lm, cfg, D, caches = lm_and_caches(preset, layers, dt, device, max_length, None, 0)
     g = torch.Generator().manual_seed(1)
@@ -122,8 +121,6 @@ def fill_cost(preset: str = "full", *, prefill: int = 100, dtype="bfloat16", dev
     upstream zeroes all ``max_length`` slots, the right-sized cache only what the request uses. Interleaved."""
     from voxcpm.modules.minicpm4.cache import StaticKVCache
 
-    from ..cache import RightSizedKVCache
-    from ..models import voxcpm2_config
     device, dt = resolve_device(device), _dtype(dtype)
     lm = voxcpm2_config(preset)["lm_config"]
     geo = (lm["num_hidden_layers"], lm["num_key_value_heads"], lm["kv_channels"], 1, device, dt)
@@ -151,8 +148,6 @@ def cache_growth(preset: str = "full", *, prefill: int = 100, steps: int = 8000,
     False). Rows: the steps that moved the storage (position, ms, capacity); summary: total seconds in
     ``step()``, moves, the largest step, and the capacity bound checked at every step."""
 
-    from ..cache import RightSizedKVCache
-    from ..models import voxcpm2_config
     device, dt = resolve_device(device), _dtype(dtype)
     lm = voxcpm2_config(preset)["lm_config"]
     geo = (lm["num_hidden_layers"], lm["num_key_value_heads"], lm["kv_channels"], 1, device, dt)

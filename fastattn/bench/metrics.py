@@ -12,6 +12,7 @@ import statistics
 from pathlib import Path
 from typing import NamedTuple, Optional
 
+from ..devices import machine_label
 from .records import Run, find_row, load_record
 from .stats import YES, fmt_ci, judge, quiet_ratio, ratio_ci, scaled_ci
 
@@ -214,8 +215,7 @@ def _recommendation_line(r: dict, best: dict, rows: list) -> str:
 
 
 def _cpu(env: dict) -> str:
-    return (f"{env['threads']}-core {env['device_name']} ({env.get('cpu_capability', '?')}), "
-            f"torch {env['torch'].split('+')[0]}")
+    return machine_label(env)
 
 
 def newest(folder: Path, pattern: str) -> list:

@@ -9,7 +9,7 @@ import json
 from pathlib import Path
 from typing import Optional
 
-from ..devices import env_facts
+from ..devices import env_facts, machine_label
 from ..paths import atomic_write_text, without_machine_paths
 
 
@@ -98,6 +98,13 @@ class Run:
     def get(self, kind: str, notebook: Optional[str] = None, **params) -> Optional[dict]:
         """The first record :meth:`all` finds, or None."""
         return next(iter(self.all(kind, notebook, **params)), None)
+
+    def machine(self, env: Optional[dict] = None) -> str:
+        """``env``'s machine (default: the first record's) as :func:`fastattn.devices.machine_label` names it, with
+        the CPU flags a dtype record of this run holds (records older than ``env.cpu_features`` carry none)."""
+        env = env or next((r["env"] for r in self.records if r.get("env", {}).get("device_name")), None)
+        flags = next((r["flags"] for r in self.records if r.get("flags")), None)
+        return machine_label(env, flags)
 
 
 

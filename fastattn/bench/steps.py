@@ -6,8 +6,14 @@ from typing import Optional, Sequence
 
 import torch
 
+from ..cache import RightSizedKVCache
 from ..devices import dtype_name, quiet_native_stderr, resolve_device
 from ..devices import dtype_of as _dtype
+from ..graphs import graph_counts, mark_cache_static, reset_graph_counts
+from ..models import voxcpm2_config
+from ..patch import original_functions, swapped, variant_functions
+from ..static import fresh_positions
+from ..steps import cache_granularity, slice_fix_functions
 from .records import env_record, record
 from .timing import progress_bar, stats_ms, time_interleaved
 
@@ -15,7 +21,6 @@ from .timing import progress_bar, stats_ms, time_interleaved
 def lm_config(preset: str, layers: Optional[int]):
     from voxcpm.modules.minicpm4 import MiniCPM4Config
 
-    from ..models import voxcpm2_config
     cfg = voxcpm2_config(preset)["lm_config"]
     if layers is not None:
         cfg["num_hidden_layers"] = layers
@@ -28,9 +33,6 @@ def lm_and_caches(preset: str, layers: Optional[int], dt, device, max_length: in
     from voxcpm.modules.minicpm4 import MiniCPMModel
     from voxcpm.modules.minicpm4.cache import StaticKVCache
 
-    from ..cache import RightSizedKVCache
-    from ..patch import original_functions, swapped
-    from ..steps import cache_granularity
 
     cfg = lm_config(preset, layers)
     state = torch.random.get_rng_state()
@@ -82,9 +84,6 @@ def decode_step_sweep(positions: Sequence[int], *, preset: str = "small", layers
     Rows per variant and position: per-token and per-layer medians, ``bit_identical``, and ``attention_in_step_ms``
     (the SDPA kernel's time per layer inside the step, profiled; None on CUDA). ``params["granularity"]``: the
     patched cache's bucket (None: all ``max_length`` slots). The slice fix is timed at a fresh key count per call."""
-    from ..patch import original_functions, swapped, variant_functions
-    from ..static import fresh_positions
-    from ..steps import slice_fix_functions
 
     device, dt = resolve_device(device), _dtype(dtype)
     for p in positions:
@@ -146,8 +145,6 @@ def compiled_step_sweep(positions: Sequence[int], *, preset: str = "tiny", layer
     defaults to ``reduce-overhead`` on CUDA). Calls interleaved; the record also
     carries dynamo's graph counts (one per variant expected, never one per position).
     """
-    from ..graphs import graph_counts, mark_cache_static, reset_graph_counts
-    from ..patch import original_functions, swapped, variant_functions
 
     device, dt = resolve_device(device), _dtype(dtype)
     mode = mode if mode is not None else ("reduce-overhead" if device.type == "cuda" else None)
@@ -215,8 +212,6 @@ def compile_counts(steps: int = 500, *, preset: str = "tiny", start: int = 16, d
     inductor's code generation."""
     from torch._dynamo.utils import counters
 
-    from ..graphs import graph_counts, reset_graph_counts
-    from ..patch import original_functions, swapped
 
     device, dt = resolve_device(device), _dtype(dtype)
     lm, cfg, D, caches = lm_and_caches(preset, None, dt, device, start + steps + 1, None, seed)

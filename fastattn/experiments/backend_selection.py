@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from ..claims import MATH_OP, math_fallback_verdict  # noqa: F401 (02 shows the ledger's verdict)
+from ..claims import MATH_OP, math_fallback_verdict, matrix_claims  # noqa: F401 (02 shows the ledger's verdict)
 from ..devices import runtime_dtype
 
 __all__ = ["check_claims", "findings", "key_findings"]
@@ -18,25 +18,17 @@ def _rows_of(rows: list, device) -> tuple:
 
 
 def check_claims(rows: list, device="cpu") -> list[dict]:
-    """Seed 000's claims, checked one by one against ``backend_matrix`` rows from this device, in the dtype
-    voxcpm runs there (:func:`fastattn.devices.runtime_dtype`).
+    """Seed 000's kernel claims against ``backend_matrix`` rows from this device: the ledger's own rows
+    (:func:`fastattn.claims.matrix_claims`, one rule, so 02 and the ledger agree), then fastattn's window and the
+    ``is_causal`` trap, in the dtype voxcpm runs there (:func:`fastattn.devices.runtime_dtype`).
 
-    Returns ``[{claim, shows, verdict}]`` with verdict "holds", "does not hold" or a qualified form.
+    Returns ``[{claim, shows, verdict}]``.
     """
     mine, dt = _rows_of(rows, device)
     by = lambda case: next((r for r in mine if r["case"].startswith(case)), None)  # noqa: E731
-    up, fast, exact, causal = by("upstream"), by("fast"), by("exact"), by("is_causal")
-    out = []
-    verdict, shows = math_fallback_verdict(up, by("bool mask, no enable_gqa"))
-    out.append({"claim": "A bool attn_mask makes SDPA fall back to the math kernel", "shows": shows,
-                "verdict": verdict})
-    flash_ok = fast["kernel"] is not None and "flash" in fast["kernel"]
-    out.append({"claim": "Slicing the cache to position+1 (no mask) lets SDPA use flash attention",
-                "shows": f"{dt} sliced call ran {fast['kernel']}",
-                "verdict": "holds" if flash_ok else "does not hold"})
-    out.append({"claim": "The sliced result differs from upstream only by rounding (~1e-6)",
-                "shows": f"fast vs float64: {fast['max_abs_err']:.2e}; upstream vs float64: {up['max_abs_err']:.2e}",
-                "verdict": "holds" if fast["correct"] else "does not hold"})
+    up, exact, causal = by("upstream"), by("exact"), by("is_causal")
+    out = [{"claim": r["claim"], "shows": r["evidence"], "verdict": r["verdict"]}
+           for r in matrix_claims({"rows": rows, "env": {"device": str(device)}})]
     out.append({"claim": "(fastattn) A window rounded up to a bucket, mask kept inside it, runs the same kernel",
                 "shows": f"{dt} exact call ran {exact['kernel']} over {exact['keys']} keys",
                 "verdict": "holds" if exact["kernel"] == up["kernel"] else "differs: " + str(exact["kernel"])})

@@ -7,7 +7,10 @@ from typing import Optional, Sequence
 
 import torch
 
+from ..cache import RightSizedKVCache
+from ..devices import resolve_device
 from ..exactness import calibration_ladders  # noqa: F401 (03 shows the ladder)
+from ..masks import MaskInfo, attention
 from ..modes import MODES
 from ..step import attention_step, f64_attention
 
@@ -61,7 +64,6 @@ def sweep_summary(sweep: list) -> dict:
 def gqa_check(device="cpu", *, seed: int = 0, capacity: int = 1024, batch: int = 3) -> dict:
     """Per GQA grouping (16/2, 8/8, 8/1 heads), batched: ``exact`` == ``reference`` at every 37th length, and
     every mode returns v[0] exactly at one key."""
-    from ..devices import resolve_device
     device = resolve_device(device)
     g = torch.Generator().manual_seed(seed)
     out = {}
@@ -83,8 +85,6 @@ def padded_batch_check(*, lengths=(37, 200, 5), Lq: int = 3, Lk: int = 256, hq: 
                        head_dim: int = 64, seed: int = 0, device="cpu") -> dict:
     """A left-padded batch (Lq > 1) through :func:`fastattn.attention` with ``MaskInfo(keys, causal=True,
     padding="left")`` and ``check=True``: equal to dense-mask SDPA?, max distance to a per-row float64 reference."""
-    from ..devices import resolve_device
-    from ..masks import MaskInfo, attention
     device = resolve_device(device)
     g = torch.Generator().manual_seed(seed)
     B = len(lengths)
@@ -104,8 +104,6 @@ def padded_batch_check(*, lengths=(37, 200, 5), Lq: int = 3, Lk: int = 256, hq: 
 
 def stale_nan_check(*, capacity: int = 1024, length: int = 300, seed: int = 0, device="cpu") -> dict:
     """NaN stored past ``length``: which modes' outputs stay finite, and whether RightSizedKVCache clears it."""
-    from ..cache import RightSizedKVCache
-    from ..devices import resolve_device
     device = resolve_device(device)
     g = torch.Generator().manual_seed(seed)
     q, k, v = (torch.randn(*s, generator=g).to(device) for s in ((1, 16, 1, 128), (1, 2, capacity, 128),
