@@ -46,8 +46,8 @@ VRAM_LEAD = ("a fork measured a progressive 2.3x -> 3.3x slowdown on an 8 GB Win
 
 def _trend_line(t: dict) -> str:
     ci = t.get("ci")
-    return (f"{t['verdict']}, {t['slope_ms_per_100']:+.2f} ms per 100 chunks (95% CI [{ci[0]:+.2f}, {ci[1]:+.2f}]) "
-            f"on {t['level_ms']:.1f} ms" if ci else f"{t['verdict']} ({t.get('why', '')})")
+    return (f"{t['verdict']}, {t['slope_ms_per_100']:+.3g} ms per 100 chunks (95% CI [{ci[0]:+.3g}, {ci[1]:+.3g}]) "
+            f"on {t['level_ms']:.4g} ms" if ci else f"{t['verdict']} ({t.get('why', '')})")
 
 
 def diagnosis(stream: dict, consumers: Optional[dict] = None, device: str = "cpu",
@@ -99,8 +99,8 @@ def _none_grew(up: dict, comps: list) -> str:
     if not ci or any(up[c]["verdict"] != "flat" for c in comps):
         return "; ".join(f"{c}: {_trend_line(up[c])}" for c in comps)
     top = max(ci, key=ci.get)
-    return (f"{len(comps)} parts timed apart, each flat; the steepest upper 95% bound is {ci[top]:+.2f} ms per "
-            f"100 chunks ({top}, on {up[top]['level_ms']:.0f} ms)")
+    return (f"{len(comps)} parts timed apart, each flat; the steepest upper 95% bound is {ci[top]:+.3g} ms per "
+            f"100 chunks ({top}, on {up[top]['level_ms']:.4g} ms)")
 
 
 def _attention_row(stream: dict, up: dict, comps: list) -> dict:

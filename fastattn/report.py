@@ -25,7 +25,8 @@ from .devices import cpu_features
 from .diagnosis import diagnosis, reply_293
 from .paths import atomic_write_text, data_dir
 
-__all__ = ["fmt", "short", "md_table", "write_report", "compare", "compare_markdown", "compare_html", "main"]
+__all__ = ["fmt", "short", "md_table", "report_texts", "write_report", "compare", "compare_markdown", "compare_html",
+           "main"]
 
 CSS = ("body{font-family:system-ui,sans-serif;max-width:1100px;margin:2em auto;padding:0 1em;color:#222}"
        "table{border-collapse:collapse;margin:1em 0}td,th{border:1px solid #ccc;padding:4px 8px;text-align:left;"
@@ -99,15 +100,24 @@ def _split_findings(nb: dict) -> tuple:
     return [(k, items[k]) for k in key], [(k, v) for k, v in items.items() if k not in key]
 
 
-def write_report(run_dir, summary: dict) -> tuple:
-    """Write ``index.html`` and ``summary.md`` into ``run_dir``; return their paths."""
+def report_texts(run_dir, summary: dict) -> dict:
+    """``{file name: text}`` of a run's reports, from its records and ``summary``: ``claims_ledger.json``,
+    ``index.html`` and ``summary.md``."""
     run_dir = Path(run_dir)
     env, verdicts = _environment(summary, run_dir), _verdict_rows(_targets(run_dir))
     full = claims_ledger(run_dir)
-    atomic_write_text(run_dir / "claims_ledger.json", json.dumps(full, indent=1))
     ledger = [dict(r, evidence=short(r["evidence"], 220)) for r in full]
-    return (atomic_write_text(run_dir / "index.html", _index_html(run_dir, summary, env, verdicts, ledger)),
-            atomic_write_text(run_dir / "summary.md", _summary_md(run_dir, summary, env, verdicts, ledger)))
+    return {"claims_ledger.json": json.dumps(full, indent=1),
+            "index.html": _index_html(run_dir, summary, env, verdicts, ledger),
+            "summary.md": _summary_md(run_dir, summary, env, verdicts, ledger)}
+
+
+def write_report(run_dir, summary: dict) -> tuple:
+    """Write :func:`report_texts` into ``run_dir``; return the paths of ``index.html`` and ``summary.md``."""
+    texts = report_texts(run_dir, summary)
+    atomic_write_text(Path(run_dir) / "claims_ledger.json", texts["claims_ledger.json"])
+    return (atomic_write_text(Path(run_dir) / "index.html", texts["index.html"]),
+            atomic_write_text(Path(run_dir) / "summary.md", texts["summary.md"]))
 
 
 def _params_line(summary: dict) -> str:
@@ -121,9 +131,10 @@ def _params_line(summary: dict) -> str:
 def _index_html(run_dir: Path, summary: dict, env: dict, verdicts: list, ledger: list) -> str:
     e = html.escape
     status = summary.get("status", "?")
-    out = [f"<!doctype html><html><head><meta charset='utf-8'><title>fastattn {e(run_dir.name)}</title>"
+    run = summary.get("run") or run_dir.name
+    out = [f"<!doctype html><html><head><meta charset='utf-8'><title>fastattn {e(run)}</title>"
            f"<style>{CSS}</style></head><body>",
-           f"<h1>fastattn workbook: {e(run_dir.name)}</h1>",
+           f"<h1>fastattn workbook: {e(run)}</h1>",
            f"<p>Overall: <span class='{'ok' if status == 'ok' else 'bad'}'>{e(status)}</span>. Weights are random "
            "unless a checkpoint was given; timings are real.</p>", "<h2>Environment</h2><table>"]
     out += [f"<tr><th>{e(k)}</th><td>{e(fmt(v))}</td></tr>" for k, v in env.items()]
@@ -177,7 +188,7 @@ def md_table(rows: list) -> list:
 
 
 def _summary_md(run_dir: Path, summary: dict, env: dict, verdicts: list, ledger: list) -> str:
-    lines = [f"## fastattn workbook: `{run_dir.name}` ({summary.get('status', '?')})", "",
+    lines = [f"## fastattn workbook: `{summary.get('run') or run_dir.name}` ({summary.get('status', '?')})", "",
              "Environment: " + ", ".join(f"{k} {fmt(v)}" for k, v in env.items()), ""]
     if verdicts:
         lines += ["### Verdicts", ""] + md_table([{**v, "met": "**no**" if v["met"] == "no" else v["met"] or "n/a"}

@@ -7,6 +7,7 @@ writes nothing and exits 1 naming each file that would change (one test runs it,
 """
 
 import argparse
+import json
 import sys
 import tempfile
 from pathlib import Path
@@ -14,6 +15,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tools/ beside fastattn/
 
 from fastattn.paths import atomic_write_text, data_dir, repo_root  # noqa: E402
+from fastattn.report import report_texts  # noqa: E402
 from fastattn.upstream import KITS, upstream_diff  # noqa: E402
 from tools import prs, readme  # noqa: E402
 
@@ -46,6 +48,9 @@ def generated() -> dict:
         out[data / diffs["wheel"]] = upstream_diff("wheel", kit)
         if kit != "cpu-dtype":  # its src diff is made against upstream's main tree (python -m fastattn diff)
             out[data / diffs["src"]] = upstream_diff("src", kit)
+    for folder in sorted(p for p in results.iterdir() if (p / "summary.json").exists()):  # a committed run's reports
+        summary = json.loads((folder / "summary.json").read_text())
+        out.update({folder / name: text for name, text in report_texts(folder, summary).items()})
     with tempfile.TemporaryDirectory() as tmp:
         out[results / readme.HEADLINE] = readme.headline_figure(ref, Path(tmp) / "headline.png").read_bytes()
     return out

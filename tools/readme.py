@@ -66,7 +66,9 @@ def _symptom(r: dict) -> str:
     row = next(x for x in claims_ledger(r["run"].folder) if x["claim"].endswith("(#293)"))
     s = r["stream"]
     return (f"{s['verdict']['upstream']} over {s['params']['chunks']} chunks ({s['params']['preset']} model, "
-            f"{s['params']['dtype']}): the claim {row['verdict']} here (its scale: {row['scale']})")
+            f"{s['params']['dtype']}): the claim "
+            + ("was not measured at its scale" if row["verdict"] == "not measured at its scale" else row["verdict"])
+            + f" here (its scale: {row['scale']})")
 
 
 def _exact(r: dict) -> str:
