@@ -1,45 +1,33 @@
-"""Measuring instruments. Every function returns a record (:func:`record`: ``{"kind", "env", "params", "rows",
-...}``) that :func:`save_record` writes under a name never reused and :func:`load_run` reads back. Two timers:
+"""Measuring instruments. Every function returns a record (:func:`record`: ``{"kind", "env", "params", "rows", ...}``)
+that :func:`save_record` writes under a name never reused and :func:`load_run` reads back. Two timers:
 :func:`time_interleaved` (calls, interleaved, quiet-flagged) and ``stream.time_chunks`` (a stream's chunks).
-Headline figures come from :mod:`.metrics`. Timing lives here, never in a test's assertion (tests marked
-``timing`` are benchmarks, outside ``make test``)."""
+Headline figures come from :mod:`.metrics`. Plain imports: ``from fastattn import bench`` loads every instrument.
+Timing lives here, never in a test's assertion (tests marked ``timing`` are benchmarks, outside ``make test``)."""
 
-from importlib import import_module
+from ..devices import DTYPES, cpu_flags, resolve_device
+from .attention import attention_sweep, dtype_costs, fast_choices
+from .cli import main, reference_run
+from .consumers import consumer_contention, consumer_matrix, consumer_table, stream_audio
+from .decode import dtype_decode, whole_decode
+from .floor import bandwidth, bandwidth_line, floor_ms, live_kv_bytes, llc_bytes
+from .forms import form_sweep
+from .memory import cache_growth, fill_cost, kv_memory, peak_rss, step_allocations
+from .metrics import HEADLINES, Figure, dtype_recommendation, dtype_table, headlines, time_shares
+from .prompts import prompt_growth, prompt_table
+from .records import env_record, load_record, load_run, record, save_record
+from .stats import ratio_ci, scaled_ci
+from .steps import compile_counts, compiled_step_sweep, decode_step_sweep
+from .stream import COMPONENTS, component_table, stream_profile, stream_table
+from .targets import GOALS, check_targets, target_goals
+from .timing import time_interleaved
 
-#: public name -> the submodule that owns it (imported on first use: ``fastattn.fast`` uses the timer without
-#: importing every instrument, and the instruments import the core)
-_OWNERS = {
-    "attention": ("attention_sweep", "dtype_costs", "fast_choices"),
-    "cli": ("main", "reference_run"),
-    "consumers": ("consumer_contention", "consumer_matrix", "consumer_table", "stream_audio"),
-    "decode": ("dtype_decode", "whole_decode"),
-    "metrics": ("HEADLINES", "Figure", "dtype_recommendation", "dtype_table", "headlines", "time_shares"),
-    "forms": ("form_sweep",),
-    "floor": ("bandwidth", "bandwidth_line", "floor_ms", "live_kv_bytes", "llc_bytes"),
-    "memory": ("cache_growth", "fill_cost", "kv_memory", "peak_rss", "step_allocations"),
-    "prompts": ("prompt_growth", "prompt_table"),
-    "records": ("env_record", "load_record", "load_run", "record", "save_record"),
-    "stats": ("ratio_ci", "scaled_ci"),
-    "steps": ("compile_counts", "compiled_step_sweep", "decode_step_sweep"),
-    "stream": ("COMPONENTS", "component_table", "stream_profile", "stream_table"),
-    "targets": ("GOALS", "check_targets", "target_goals"),
-    "timing": ("time_interleaved",),
-}
-_LAZY = {name: mod for mod, names in _OWNERS.items() for name in names} | {"DTYPES": "..devices",
-                                                                         "resolve_device": "..devices",
-                                                                         "cpu_flags": "..devices"}
-
-__all__ = sorted(_LAZY)
-
-
-def __getattr__(name):
-    mod = _LAZY.get(name)
-    if mod is None:
-        raise AttributeError(f"module 'fastattn.bench' has no attribute {name!r}")
-    value = getattr(import_module(mod if mod.startswith("..") else f".{mod}", __name__), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__():
-    return sorted(set(globals()) | set(_LAZY))
+__all__ = [
+    "COMPONENTS", "DTYPES", "Figure", "GOALS", "HEADLINES", "attention_sweep", "bandwidth", "bandwidth_line",
+    "cache_growth", "check_targets", "compile_counts", "compiled_step_sweep", "component_table",
+    "consumer_contention", "consumer_matrix", "consumer_table", "cpu_flags", "decode_step_sweep", "dtype_costs",
+    "dtype_decode", "dtype_recommendation", "dtype_table", "env_record", "fast_choices", "fill_cost", "floor_ms",
+    "form_sweep", "headlines", "kv_memory", "live_kv_bytes", "llc_bytes", "load_record", "load_run", "main",
+    "peak_rss", "prompt_growth", "prompt_table", "ratio_ci", "record", "reference_run", "resolve_device",
+    "save_record", "scaled_ci", "step_allocations", "stream_audio", "stream_profile", "stream_table",
+    "target_goals", "time_interleaved", "time_shares", "whole_decode",
+]
