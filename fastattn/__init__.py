@@ -34,7 +34,7 @@ __all__ = ["MODES", "attention_step", "calibrate_exact", "check_exactness", "exa
 
 _SUBMODULES = {"core", "clock", "step", "modes", "masks", "cache", "exactness", "fast", "static", "backends", "devices",
                "doctor", "claims", "diagnosis", "budget",
-               "patch", "steps", "inflight", "models", "graphs", "upstream", "compat", "bench", "plots", "report",
+               "patch", "forward", "inflight", "models", "graphs", "upstream", "compat", "bench", "plots", "report",
                "workbook", "nbexec", "gpucheck", "ingest", "experiments", "paths"}
 
 

@@ -18,10 +18,10 @@ from .cache import RightSizedKVCache
 from .core import check_bucket
 from .devices import package_version
 from .exactness import exactness_report
+from .forward import BUILT, cache_granularity, make_attention_forward_step, make_model_forward_step, make_setup_cache
 from .graphs import OPTIMIZED, deoptimize
 from .inflight import in_flight
 from .modes import REGISTRY, mode_spec
-from .steps import BUILT, cache_granularity, make_attention_forward_step, make_model_forward_step, make_setup_cache
 
 __all__ = ["patch_voxcpm", "patch_status", "VoxcpmPatch", "PatchError", "fingerprints", "VERIFIED", "TARGETS",
            "installed_functions", "in_flight"]

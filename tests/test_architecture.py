@@ -66,7 +66,7 @@ def test_the_import_graph_has_no_cycle():
     assert not cycles, "\n".join(" -> ".join(c) for c in cycles)
 
 
-RUNTIME = ("core", "clock", "step", "modes", "masks", "exactness", "fast", "static", "cache", "patch", "steps")
+RUNTIME = ("core", "clock", "step", "modes", "masks", "exactness", "fast", "static", "cache", "patch", "forward")
 
 
 def test_no_runtime_module_imports_the_measuring_layer_or_a_notebooks_module():

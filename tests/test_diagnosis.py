@@ -156,7 +156,7 @@ def test_compile_counts_show_a_specialised_length_recompiling():
     """#293's recompile hypothesis on CPU: upstream compiles once; a slice length that reaches the graph as a Python
     int is specialised on, so the graphs grow with the steps (to dynamo's limit); the record feeds the differential.
     Dynamo decides the recompiles, so the eager backend counts the same graphs without inductor's code generation."""
-    from fastattn.bench.steps import compile_counts
+    from fastattn.bench.lm import compile_counts
     rec = compile_counts(12, backend="eager")
     by = {r["variant"]: r for r in rec["rows"]}
     assert by["upstream"]["unique_graphs"] == 1 and by["upstream"]["graph_breaks"] == 0

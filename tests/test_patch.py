@@ -525,14 +525,14 @@ def test_upstream_diff_applies_and_is_equivalent(tmp_path):
 def test_cache_false_granularity_follows_each_patch_not_an_earlier_one():
     """With cache=False the layers' window over upstream's StaticKVCache is this patch's granularity:
     an earlier patch's bucket must not stay behind on the cache object."""
-    from fastattn.steps import _keys_for
+    from fastattn.forward import _keys_for
     model = build_voxcpm2("tiny", dtype="float32")
     lm, cache = model.base_lm, model.base_lm.kv_cache
     cache.current_length = 100
     with patch_voxcpm(model, cache=False, bucket=64):
         assert _keys_for(lm, cache, "exact", 64) == 128
     with patch_voxcpm(model, cache=False):
-        calibrated = fastattn.steps.cache_granularity(lm.config, "cpu", torch.float32, cache.max_length, None)
+        calibrated = fastattn.forward.cache_granularity(lm.config, "cpu", torch.float32, cache.max_length, None)
         want = _keys_for(lm, cache, "exact", None)
         assert want == (None if calibrated >= cache.max_length else -(-100 // calibrated) * calibrated)
         assert want != 128

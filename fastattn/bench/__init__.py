@@ -11,12 +11,12 @@ from .consumers import consumer_contention, consumer_matrix, consumer_table, str
 from .decode import dtype_decode, whole_decode
 from .floor import bandwidth, bandwidth_line, floor_ms, live_kv_bytes, llc_bytes
 from .forms import form_sweep
+from .lm import compile_counts, compiled_step_sweep, decode_step_sweep
 from .memory import cache_growth, fill_cost, kv_memory, peak_rss, step_allocations
 from .metrics import HEADLINES, Figure, dtype_recommendation, dtype_table, headlines, time_shares
 from .prompts import prompt_growth, prompt_table
 from .records import env_record, load_record, load_run, record, save_record
 from .stats import ratio_ci, scaled_ci
-from .steps import compile_counts, compiled_step_sweep, decode_step_sweep
 from .stream import COMPONENTS, component_table, stream_profile, stream_table
 from .targets import GOALS, check_targets, target_goals
 from .timing import time_interleaved

@@ -12,9 +12,9 @@ from ..models import PRESETS
 from .attention import attention_sweep, dtype_costs
 from .decode import dtype_decode, whole_decode
 from .floor import bandwidth
+from .lm import compiled_step_sweep, decode_step_sweep
 from .memory import cache_growth, fill_cost, kv_memory, peak_rss, step_allocations
 from .records import env_record, record, save_record
-from .steps import compiled_step_sweep, decode_step_sweep
 from .targets import check_targets
 
 
@@ -143,7 +143,7 @@ def main(argv=None) -> int:
                                                 steps=args.steps or 12, device=device), out,
                                    f"dtype_decode_{args.preset or 'tiny'}"))
     if args.what == "compile-counts":  # #293's recompile hypothesis on CPU: about a minute, mostly compiling
-        from .steps import compile_counts
+        from .lm import compile_counts
         written.append(save_record(compile_counts(args.steps or 500, preset=args.preset or "tiny",
                                                   device=device), out, "compile_counts"))
     if args.what == "forms":  # the static-shape forms of a compiled decode (a compile per form and dtype)

@@ -12,11 +12,11 @@ import torch
 from ..cache import RightSizedKVCache
 from ..devices import dtype_name, quiet_native_stderr, resolve_device
 from ..devices import dtype_of as _dtype
+from ..forward import cache_granularity
 from ..models import voxcpm2_config
 from ..patch import original_functions, swapped, variant_functions
-from ..steps import cache_granularity
+from .lm import lm_and_caches, lm_config, random_prefill, start_request
 from .records import env_record, record
-from .steps import lm_and_caches, lm_config, random_prefill, start_request
 from .stream import time_chunks
 from .timing import stats_ms, time_interleaved
 

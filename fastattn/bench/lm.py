@@ -9,11 +9,11 @@ import torch
 from ..cache import RightSizedKVCache
 from ..devices import dtype_name, quiet_native_stderr, resolve_device
 from ..devices import dtype_of as _dtype
+from ..forward import cache_granularity, slice_fix_functions
 from ..graphs import graph_counts, mark_cache_static, reset_graph_counts
 from ..models import voxcpm2_config
 from ..patch import original_functions, swapped, variant_functions
 from ..static import fresh_positions
-from ..steps import cache_granularity, slice_fix_functions
 from .records import env_record, record
 from .timing import progress_bar, stats_ms, time_interleaved
 
