@@ -12,12 +12,26 @@ from typing import Callable, Optional
 
 import torch
 
-__all__ = ["interleaved", "medians", "sync"]
+__all__ = ["interleaved", "medians", "sync", "stamp", "elapsed_s"]
 
 
 def sync(device) -> None:
     if torch.device(device).type == "cuda":
         torch.cuda.synchronize(device)
+
+
+def stamp(cuda: bool):
+    """A point in time without a sync: a recorded CUDA event on CUDA, else the host clock."""
+    if cuda:
+        event = torch.cuda.Event(enable_timing=True)
+        event.record()
+        return event
+    return time.perf_counter()
+
+
+def elapsed_s(a, b) -> float:
+    r"""Seconds between two :func:`stamp`\ s (CUDA events: after a synchronize)."""
+    return a.elapsed_time(b) / 1e3 if isinstance(a, torch.cuda.Event) else b - a
 
 
 def _timed(fn: Callable, events: Optional[tuple]) -> float:

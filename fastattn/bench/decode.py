@@ -12,6 +12,7 @@ from typing import Callable, Optional
 
 import torch
 
+from ..clock import elapsed_s, stamp
 from ..devices import cpu_flags, resolve_device, runtime_dtype
 from ..models import build_voxcpm2, count_parameters, silence_progress
 from ..patch import cache_bytes, patch_voxcpm
@@ -22,7 +23,8 @@ from .timing import progress_bar, sync_device, time_interleaved
 
 
 class Timers:
-    """Per-component times within a decode, without extra syncs (CUDA events; perf_counter on CPU). What a wrapped
+    """Per-component times within a decode, without extra syncs (:func:`fastattn.clock.stamp`: CUDA events, else
+    perf_counter). What a wrapped
     call costs the timer on CPU (two ``perf_counter`` reads) is measured by :func:`timer_overhead_us`."""
 
     def __init__(self, device):
@@ -33,12 +35,7 @@ class Timers:
 
     def mark(self, fn: Callable) -> Callable:
         def marked(*a, **k):
-            if self.cuda:
-                e = torch.cuda.Event(enable_timing=True)
-                e.record()
-                self.marks.append(e)
-            else:
-                self.marks.append(time.perf_counter())
+            self.marks.append(stamp(self.cuda))
             self.hosts.append(host_counters())
             return fn(*a, **k)
         return marked
@@ -52,34 +49,21 @@ class Timers:
 
     def step_s(self) -> list:
         """Seconds of each whole decode step but the last (from one base-LM step's start to the next)."""
-        m = self.marks
-        if self.cuda:
-            torch.cuda.synchronize()
-            return [a.elapsed_time(b) / 1e3 for a, b in zip(m, m[1:])]
-        return [b - a for a, b in zip(m, m[1:])]
+        sync_device("cuda" if self.cuda else "cpu")
+        return [elapsed_s(a, b) for a, b in zip(self.marks, self.marks[1:])]
 
     def wrap(self, name: str, fn: Callable) -> Callable:
         def timed(*a, **k):
-            if self.cuda:
-                s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-                s.record()
-                out = fn(*a, **k)
-                e.record()
-                self.samples.setdefault(name, []).append((s, e))
-            else:
-                t0 = time.perf_counter()
-                out = fn(*a, **k)
-                self.samples.setdefault(name, []).append(time.perf_counter() - t0)
+            start = stamp(self.cuda)
+            out = fn(*a, **k)
+            self.samples.setdefault(name, []).append((start, stamp(self.cuda)))
             return out
         return timed
 
     def totals_s(self) -> dict:
         """Seconds per component since the last call (the samples are then cleared: per chunk, call it per chunk)."""
-        if self.cuda:
-            torch.cuda.synchronize()
-            out = {n: sum(s.elapsed_time(e) for s, e in v) / 1e3 for n, v in self.samples.items()}
-        else:
-            out = {n: sum(v) for n, v in self.samples.items()}
+        sync_device("cuda" if self.cuda else "cpu")
+        out = {n: sum(elapsed_s(a, b) for a, b in v) for n, v in self.samples.items()}
         self.samples = {}
         return out
 
