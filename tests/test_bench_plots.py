@@ -105,6 +105,18 @@ def test_targets_carry_intervals_n_and_whether_the_interval_decides():
     assert fast["verdict"] == "undecided" and fast["passed"] is None  # 0.049 <= 0.05, the interval straddles it
     goals = bench.target_goals()
     assert all(g["goal"] for g in goals) and len(goals) == len(bench.GOALS) + 2
+    restated = {g["target"]: g["history"] for g in goals if g["history"] != "as first set"}
+    assert len(restated) == 3 and all("restated 2026-12-02 (e186bf7)" in h for h in restated.values())
+
+
+def test_a_goal_over_positions_is_judged_at_every_position():
+    """fast / bare GEMMs at p >= 1024: one position's interval across 1.5 makes the target undecided, though the
+    worst position's interval is below it; one position wholly above makes it a miss."""
+    from fastattn.bench.stats import judge_all
+    met, crossing, missed = (1.2, (1.1, 1.3), 9), (1.3, (1.11, 1.54), 9), (1.7, (1.6, 1.8), 9)
+    assert judge_all([met, met], 1.5) == "yes"
+    assert judge_all([met, crossing], 1.5) == "undecided"
+    assert judge_all([crossing, missed], 1.5) == "no"
 
 
 def test_decode_step_sweep_tiny_is_bit_identical():

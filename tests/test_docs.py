@@ -13,7 +13,7 @@ ROOT = Path(__file__).resolve().parents[1]
 @pytest.mark.slow
 def test_make_docs_leaves_main_unchanged():
     docs = runpy.run_path(str(ROOT / "scripts" / "docs.py"))
-    files = docs["generated"]()
+    files = {**docs["targets_rejudged"](), **docs["generated"]()}
     assert {ROOT / "README.md", ROOT / "docs" / "results.md", ROOT / "data" / "upstream-prs" / "reply-293.md",
             ROOT / "data" / "results" / "headline.png"} <= set(files)
     stale = [str(p.relative_to(ROOT)) for p in docs["stale"](files)]

@@ -44,16 +44,25 @@ def save_record(record: dict, out_dir, name: Optional[str] = None) -> Path:
     while path.exists() or path.with_suffix(".csv").exists():
         i += 1
         path = out_dir / f"{stem}-{i}.json"
-    atomic_write_text(path, without_machine_paths(json.dumps(record, indent=1, default=str)))  # records get shared
-    rows = record.get("rows")
+    text, table = record_texts(record)
+    atomic_write_text(path, text)
+    if table is not None:
+        atomic_write_text(path.with_suffix(".csv"), table)
+    return path
+
+
+def record_texts(record: dict) -> tuple:
+    """``(JSON, CSV of its rows or None)`` as :func:`save_record` writes them, machine paths scrubbed (records
+    get shared)."""
+    rows, table = record.get("rows"), None
     if rows and isinstance(rows, list) and isinstance(rows[0], dict):
         keys = list(dict.fromkeys(k for r in rows for k in r if not isinstance(r[k], (dict, list))))
         buf = io.StringIO(newline="")
         w = csv.DictWriter(buf, fieldnames=keys, extrasaction="ignore")
         w.writeheader()
         w.writerows(rows)
-        atomic_write_text(path.with_suffix(".csv"), without_machine_paths(buf.getvalue()))
-    return path
+        table = without_machine_paths(buf.getvalue())
+    return without_machine_paths(json.dumps(record, indent=1, default=str)), table
 
 
 def find_row(rows, **match) -> Optional[dict]:

@@ -88,6 +88,13 @@ def judge(measured: float, ci: Optional[tuple], bound: float, n: Optional[int] =
     return YES if measured <= bound else NO
 
 
+def judge_all(figures: list, bound: float) -> str:
+    """A goal over several points (``(measured, ci, n)`` each), judged at every one: :data:`NO` where any point
+    misses, :data:`UNDECIDED` where any interval reaches the bound, :data:`YES` only where every point is met."""
+    verdicts = {judge(m, ci, bound, n) for m, ci, n in figures}
+    return NO if NO in verdicts else UNDECIDED if UNDECIDED in verdicts else YES
+
+
 def fmt_ci(ci: Optional[tuple]) -> str:
     """``[low, high]`` at 3 significant digits, or ``n/a`` where there is no interval."""
     return "n/a" if not ci else f"[{ci[0]:.3g}, {ci[1]:.3g}]"
