@@ -72,7 +72,9 @@ def attention_sweep(rec: dict, *, ax=None, log: bool = True, show_floor: bool = 
     if log:
         ax.set_yscale("log")
     p = rec["params"]
-    cold = f", K/V cold over {p['caches']} caches" if p.get("caches", 1) > 1 else ""
+    fits = any(r.get("floor_meaningful") is False for r in rec["rows"])  # the record says: within the LLC
+    cold = (f", K/V rotated over {p['caches']} caches" + (" (within the last-level cache)" if fits else ", cold")
+            if p.get("caches", 1) > 1 else "")
     return _finish(fig, ax, _title(rec, f"one decode attention call: capacity {p['capacity']}, {p['dtype']}, "
                                         f"{p['hq']}/{p['hkv']} heads, d {p['head_dim']}{cold}"))
 
