@@ -128,7 +128,7 @@ def _prompt_row(prompts: Optional[dict]) -> dict:
     if not prompts:
         return {"hypothesis": hyp, "measured here": "calls with a growing prompt were not measured in this run",
                 "reading": NOT_MEASURED}
-    parts, hit = [], False
+    parts, hit, cut = [], False, False
     for way in prompts["params"]["ways"]:
         ok = [r for r in prompts["rows"] if r["mode"] == "upstream" and r["way"] == way and r["error"] is None]
         if len(ok) < 2:
@@ -136,10 +136,12 @@ def _prompt_row(prompts: Optional[dict]) -> dict:
         grow = ok[-1]["first_ms"] / ok[0]["first_ms"]
         hit |= grow >= 3
         full = prompts["full_at"]["upstream"][way]
+        cut |= bool(full) and 1.5 <= grow < 3  # it was growing when the cache filled: where it would stop is unseen
         parts.append(f"{way}: prefix {ok[0]['prefix']} -> {ok[-1]['prefix']}, first step {ok[0]['first_ms']:.0f} -> "
                      f"{ok[-1]['first_ms']:.0f} ms ({grow:.1f}x)" + (f", cache full at call {full}" if full else ""))
-    return {"hypothesis": hyp, "measured here": "upstream, " + "; ".join(parts), "reading": REPRODUCES if hit
-            else RULES_OUT}
+    reading = REPRODUCES if hit else NEEDS if cut else RULES_OUT
+    why = "; a growth was cut off by the cache filling, so this run cannot rule it out" if reading == NEEDS else ""
+    return {"hypothesis": hyp, "measured here": "upstream, " + "; ".join(parts) + why, "reading": reading}
 
 
 def _contention_line(c: Optional[dict]) -> str:
@@ -225,7 +227,7 @@ def _why(row: dict, lang: int) -> str:
     said = {REPRODUCES: "reproduced here", RULES_OUT: "ruled out here", NOT_MEASURED: "not measured in this run",
             NEEDS: "needs your machine to decide"}[row["reading"]]
     shown = row.get("brief", row["measured here"]) if row["reading"] == RULES_OUT else row["measured here"]
-    return said + (f": {shown}" if row["reading"] in (REPRODUCES, RULES_OUT) else "")
+    return said + (f": {shown}" if row["reading"] in (REPRODUCES, RULES_OUT, NEEDS) else "")
 
 
 def _reply(lang: str, **parts) -> str:

@@ -126,7 +126,19 @@ def test_prompt_growth_grows_the_prefix_until_the_cache_is_full():
     assert len(prompt_table(rec)) == 4
     row = next(r for r in diagnosis(_stream({c: "flat" for c in COMPONENTS}), None, "cpu", rec)
                if r["hypothesis"].startswith("A prompt that grows"))
-    assert row["reading"] in (REPRODUCES, RULES_OUT) and "cache full at call" in row["measured here"]
+    assert row["reading"] in (REPRODUCES, NEEDS, RULES_OUT) and "cache full at call" in row["measured here"]
+
+
+@pytest.mark.parametrize("last_ms,full,want", [(10.0, 17, NEEDS), (10.0, None, RULES_OUT), (13.0, 17, REPRODUCES),
+                                               (5.0, 17, RULES_OUT)])
+def test_a_prompt_growth_cut_off_by_a_full_cache_is_not_ruled_out(last_ms, full, want):
+    """2.5x by the call where the cache filled: where it would have stopped is unseen, so not ruled out."""
+    rows = [{"mode": "upstream", "way": "merge", "error": None, "prefix": 79 + 25 * i, "first_ms": ms}
+            for i, ms in enumerate((4.0, 6.0, last_ms))]
+    rec = {"params": {"ways": ["merge"]}, "rows": rows, "full_at": {"upstream": {"merge": full}}}
+    row = next(r for r in diagnosis(_stream({c: "flat" for c in COMPONENTS}), None, "cpu", rec)
+               if r["hypothesis"].startswith("A prompt that grows"))
+    assert row["reading"] == want, row
 
 
 def test_the_diagnosis_figures_draw(planted):
