@@ -118,7 +118,8 @@ def findings_table(ref: Path) -> str:
     if _dtype(r):
         rows.append(("Which dtype should this CPU run?", _dtype(r)))
     if r["forms"]:
-        rows.append(("Compiled (fullgraph), bf16: the fastest static-shape decode form", forms_answer(r["forms"])))
+        rows.append(("Compiled (fullgraph, inductor), bf16: the fastest decode form at VoxCPM2's geometry",
+                     forms_answer(r["forms"])))
     rows.append(("Targets met", f"{met_count(t['rows'])} (`targets.json` says why each miss)"))
     head = [f"Measured on a {_machine(t['env'], ref)}: the committed reference run `data/results/{Path(ref).name}/`. "
             "Every figure, its interval and n: [docs/results.md](docs/results.md).", "",

@@ -125,5 +125,9 @@ def findings(results: dict, fast: dict, trap: dict, through_diff: dict, restored
         "decode-attention kit, mode on: step error vs float64 over masked's":
             f"{live['error_ratio']:.2f}x (bound {live['error_bound']})",
         "decode-attention kit, mode on under fullgraph compile: graphs": live["rows"][-1]["unique_graphs"],
-        "compiled decode forms: fastest accepted here": f"{choice['winner']} ({choice['device']}, {choice['dtype']})",
+        "compiled decode forms: fastest accepted here": (
+            f"{choice['winner']} at this model's geometry ({choice['hq']}/{choice['hkv']} heads, "
+            f"d {choice['head_dim']}, {choice['capacity']} slots; {choice['device']}, {choice['dtype']}; medians, "
+            "no interval: 05 and the "
+            "decode_forms records time VoxCPM2's geometry)"),
     }
