@@ -160,11 +160,11 @@ def _consumer_row(consumers: Optional[dict], contention: Optional[dict] = None) 
     hits = [(p, s) for p, s in consumers["summary"].items() if s["reproduces_293"]]
     cheapest = min(consumers["summary"].items(), key=lambda kv: kv[1]["us_per_ksample"])
     if hits:
-        what = "; ".join(f"{p}: {s['ms_first']:.1f} ms at chunk 1, {s['ms_at_400']:.0f} ms at chunk 400 "
-                         f"({s['us_per_ksample']:.1f} us per 1k samples so far)" for p, s in hits)
+        what = "; ".join(f"{p}: {s['ms_first']:.3g} ms at chunk 1, {s['ms_at_400']:.4g} ms at chunk 400 "
+                         f"({s['us_per_ksample']:.3g} us per 1k samples so far)" for p, s in hits)
         return {"hypothesis": hyp, "measured here": what + beside, "reading": REPRODUCES}
     return {"hypothesis": hyp, "measured here": f"no pattern reaches +0.7 s by chunk 400 here (cheapest: "
-            f"{cheapest[0]}, {cheapest[1]['us_per_ksample']:.2f} us per 1k samples){beside}", "reading": RULES_OUT}
+            f"{cheapest[0]}, {cheapest[1]['us_per_ksample']:.3g} us per 1k samples){beside}", "reading": RULES_OUT}
 
 
 #: the GPU leads (by how their hypothesis starts): why they fit the post, in English and Chinese
