@@ -248,9 +248,13 @@ def _measures(run) -> dict:
     ``fast`` chose, the cache growth and the stream verdicts); absent ones are simply missing."""
     out = {k: f.text() for k, f in headlines(run).items()}
     for dt in ("float32", "bfloat16"):
-        att = next((r for r in run.all("attention", dtype=dt) if r["params"].get("caches", 1) == 1), None)
-        if att and att.get("fast_choice"):
-            out[f"fast's implementation, {dt}"] = ", ".join(sorted({c["winner"] for c in att["fast_choice"]}))
+        warm = [r for r in run.all("attention", dtype=dt) if r["params"].get("caches", 1) == 1]
+        att = next((r for r in warm if r.get("fast_choice")), warm[0] if warm else None)  # 05's sweep, not 01's
+        fc = run.get("fast_choice")  # 02's record of the choice per key-count class, where no sweep kept one
+        won = {c["winner"] for c in att["fast_choice"]} if att and att.get("fast_choice") else \
+            {r["candidate"] for r in (fc or {}).get("rows", []) if r.get("winner") and r["class"].startswith(dt)}
+        if won:
+            out[f"fast's implementation, {dt}"] = ", ".join(sorted(won))
         if att and "exact_granularity" in att["params"]:
             out[f"exact granularity, {dt}"] = str(att["params"]["exact_granularity"])
     whole, kv = run.get("whole_decode"), run.get("kv_memory", dtype="bfloat16")

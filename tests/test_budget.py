@@ -310,7 +310,7 @@ def test_step_timers_on_cuda_read_events(monkeypatch):
             return other.t - self.t
 
     monkeypatch.setattr(decode.torch.cuda, "Event", Event)
-    monkeypatch.setattr(decode.torch.cuda, "synchronize", lambda: None)
+    monkeypatch.setattr(decode.torch.cuda, "synchronize", lambda *device: None)
     timers = decode.Timers("cuda")
     step = timers.mark(timers.wrap("base_lm", lambda: None))
     for _ in range(4):
