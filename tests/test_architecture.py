@@ -4,6 +4,10 @@
 import ast
 from pathlib import Path
 
+import pytest
+
+pytestmark = pytest.mark.usefixtures("seeded_fast_choice")  # fast's probe, cheap (conftest)
+
 PKG = Path(__file__).resolve().parents[1] / "fastattn"
 
 

@@ -14,6 +14,8 @@ from fastattn.step import attention_step, check_exactness, window_for
 
 from .helpers import rand_cache
 
+pytestmark = pytest.mark.usefixtures("seeded_fast_choice")  # fast's probe, cheap (conftest)
+
 MODES_TEXT = re.escape(", ".join(map(repr, fastattn.MODES)))  # the message lists the registry
 
 DTYPES = [torch.float32, torch.bfloat16]

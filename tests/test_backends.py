@@ -12,6 +12,8 @@ from fastattn.doctor import doctor
 
 from .conftest import cuda
 
+pytestmark = pytest.mark.usefixtures("seeded_fast_choice")  # fast's probe, cheap (conftest)
+
 CPU_FLASH = "aten::_scaled_dot_product_flash_attention_for_cpu"
 MATH = "aten::_scaled_dot_product_attention_math"
 

@@ -12,6 +12,8 @@ matplotlib.use("Agg")
 
 from fastattn import bench, plots  # noqa: E402
 
+pytestmark = pytest.mark.usefixtures("seeded_fast_choice")  # fast's probe, cheap (conftest)
+
 
 def test_time_interleaved_honours_repeats_and_balances_neighbours():
     """Every repeat runs each variant once; across repeats each variant follows every other one (a call pays

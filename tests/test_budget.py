@@ -17,6 +17,8 @@ from fastattn.bench.decode import dtype_table, steps_for
 from fastattn.experiments.profiling import dtype_findings, dtype_recommendation, sizing_line, whole_dtypes
 from fastattn.workbook import _planned, check_params, notebooks
 
+pytestmark = pytest.mark.usefixtures("seeded_fast_choice")  # fast's probe, cheap (conftest)
+
 CAL = budget.calibration()
 NOTEBOOKS = [p.stem for p in notebooks()]
 

@@ -10,6 +10,8 @@ from hypothesis import strategies as st
 from fastattn.cache import RightSizedKVCache
 from fastattn.step import attention_step
 
+pytestmark = pytest.mark.usefixtures("seeded_fast_choice")  # fast's probe, cheap (conftest)
+
 
 def make(max_length=8192, bucket=256, layers=2, dtype=torch.float32, B=1):
     return RightSizedKVCache(layers, 2, 16, B, "cpu", dtype, max_length=max_length, bucket=bucket)

@@ -10,6 +10,8 @@ import torch
 from fastattn import bench
 from fastattn.bench.floor import bandwidth_line, floor_binds, llc_bytes
 
+pytestmark = pytest.mark.usefixtures("seeded_fast_choice")  # fast's probe, cheap (conftest)
+
 
 def test_native_warnings_are_read_from_fd2():
     """torch's can_use_* bindings print their reasons with c10's handler on C++ stderr, not Python warnings."""

@@ -14,6 +14,8 @@ import pytest
 
 from fastattn import ingest as ing
 
+pytestmark = pytest.mark.usefixtures("seeded_fast_choice")  # fast's probe, cheap (conftest)
+
 ROOT = Path(__file__).resolve().parents[1]
 BENCH = ROOT / "scripts" / "voxcpm_decode_bench.py"
 

@@ -16,6 +16,8 @@ from fastattn.bench.stream import COMPONENTS, component_table
 from fastattn.diagnosis import ASK, NEEDS, REPRODUCES, RULES_OUT, diagnosis, reply_293
 from fastattn.models import build_voxcpm2
 
+pytestmark = pytest.mark.usefixtures("seeded_fast_choice")  # fast's probe, cheap (conftest)
+
 
 @pytest.fixture(scope="module")
 def planted():

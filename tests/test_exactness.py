@@ -21,6 +21,8 @@ from fastattn.exactness import CPU_FLASH_KEY_BLOCK
 
 from .helpers import order_sensitive, rand_cache
 
+pytestmark = pytest.mark.usefixtures("seeded_fast_choice")  # fast's probe, cheap (conftest)
+
 ROOT = Path(__file__).resolve().parents[1]
 DTYPES = [torch.float32, torch.bfloat16]
 

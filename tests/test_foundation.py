@@ -8,7 +8,10 @@ import sys
 import textwrap
 from pathlib import Path
 
+import pytest
 import yaml
+
+pytestmark = pytest.mark.usefixtures("seeded_fast_choice")  # fast's probe, cheap (conftest)
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -16,6 +16,8 @@ from fastattn.experiments import backend_selection, profiling
 
 from .gpu_shapes import PROFILES, REF, gpu_records, write_reference_folder, write_run_folder
 
+pytestmark = pytest.mark.usefixtures("seeded_fast_choice")  # fast's probe, cheap (conftest)
+
 #: per profile: the bf16 masked call's kernel verdict words, the bf16 slice's flash verdict
 EXPECT = {"a100-torch2.13": ("caused by GQA", HOLDS), "h200-cudnn9.19-torch2.13": ("fused kernel", FAILS),
           "a100-torch2.14": ("fused kernel", HOLDS)}

@@ -17,6 +17,8 @@ from fastattn.gpucheck import FIRST_CONTACT, Step, gpu_check
 
 from .conftest import cuda
 
+pytestmark = pytest.mark.usefixtures("seeded_fast_choice")  # fast's probe, cheap (conftest)
+
 QUIET = {"log": lambda *_: None}
 
 

@@ -15,6 +15,8 @@ from fastattn.graphs import graph_counts, optimize, reset_graph_counts
 from fastattn.models import build_voxcpm2, silence_progress
 from fastattn.patch import patch_voxcpm
 
+pytestmark = pytest.mark.usefixtures("seeded_fast_choice")  # fast's probe, cheap (conftest)
+
 TEXT = "hello world " * 4  # ~50 prefill tokens
 STEPS = 64                 # 16-slot buckets: 4 or more windows crossed while decoding
 BUCKET = 16

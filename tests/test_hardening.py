@@ -13,6 +13,8 @@ import fastattn
 from fastattn import attention_step, backend_matrix
 from fastattn import workbook as wb
 
+pytestmark = pytest.mark.usefixtures("seeded_fast_choice")  # fast's probe, cheap (conftest)
+
 ROOT = Path(__file__).resolve().parents[1]
 
 

@@ -8,6 +8,8 @@ from hypothesis import strategies as st
 
 from fastattn.masks import MaskInfo, attention
 
+pytestmark = pytest.mark.usefixtures("seeded_fast_choice")  # fast's probe, cheap (conftest)
+
 
 def hand_mask(B, Lq, Lk, lengths=None, causal=False, window=None, left=False):
     m = torch.zeros(B, 1, Lq, Lk, dtype=torch.bool)

@@ -9,6 +9,8 @@ from fastattn.paths import data_dir
 from fastattn.report import compare
 from tools import readme
 
+pytestmark = pytest.mark.usefixtures("seeded_fast_choice")  # fast's probe, cheap (conftest)
+
 REF = data_dir() / "results" / readme.REFERENCE
 
 

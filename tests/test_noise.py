@@ -16,6 +16,8 @@ from fastattn.bench.targets import quiet_pairs
 from fastattn.bench.timing import stats_ms
 from fastattn.bench.trend import describe, resistant_slope, stretches, trend
 
+pytestmark = pytest.mark.usefixtures("seeded_fast_choice")  # fast's probe, cheap (conftest)
+
 
 def test_descheduled_and_preempted_samples_are_flagged_against_their_own_series():
     wall = [0.2] * 10

@@ -17,6 +17,8 @@ from fastattn.patch import PatchError, cache_bytes, patch_status, patch_voxcpm
 
 from .helpers import no_patch_leaks  # noqa: F401  (autouse: no test leaves voxcpm patched)
 
+pytestmark = pytest.mark.usefixtures("seeded_fast_choice")  # fast's probe, cheap (conftest)
+
 MODES_TEXT = re.escape(", ".join(map(repr, fastattn.MODES)))  # the message lists the registry
 
 ROOT = Path(__file__).resolve().parents[1]

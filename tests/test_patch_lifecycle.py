@@ -12,6 +12,8 @@ from fastattn.patch import PatchError, patch_status, patch_voxcpm
 
 from .helpers import no_patch_leaks  # noqa: F401  (autouse: no test leaves voxcpm patched)
 
+pytestmark = pytest.mark.usefixtures("seeded_fast_choice")  # fast's probe, cheap (conftest)
+
 TEXT = "a stream that is still running when the patch is left " * 3
 KW = dict(min_len=40, max_len=40, inference_timesteps=2)
 

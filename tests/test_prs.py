@@ -7,6 +7,8 @@ import pytest
 from fastattn.paths import data_dir
 from tools import prs
 
+pytestmark = pytest.mark.usefixtures("seeded_fast_choice")  # fast's probe, cheap (conftest)
+
 PRIVATE = re.compile(r"fastattn|workbook|seed 000|make workbook|0\d_[a-z_]+|gpu-check|\bbench\.|calibrate_exact|"
                      r"exactness_calibration|RightSizedKVCache|patch_voxcpm|\d+threads-torch|\bkits?\b", re.I)
 

@@ -18,6 +18,8 @@ from fastattn.bench.forms import choice_lines, form_lines, form_verdict, kit_lin
 from fastattn.core import f64_attention
 from fastattn.gpucheck import opt_in_section
 
+pytestmark = pytest.mark.usefixtures("seeded_fast_choice")  # fast's probe, cheap (conftest)
+
 #: (dtype, (Hq, Hkv, D), draws): GQA groups of 4 and 2, one geometry per dtype (a compile each)
 CASES = [(torch.float32, (8, 2, 64), 2), (torch.bfloat16, (4, 2, 32), 1)]
 

@@ -9,6 +9,8 @@ from fastattn.bench.stats import NO, UNDECIDED, YES, judge
 from fastattn.bench.targets import check_targets, met_count
 from fastattn.claims import FAILS, HOLDS, NOT_SCALE, PARTLY, claims_ledger, position_cost
 
+pytestmark = pytest.mark.usefixtures("seeded_fast_choice")  # fast's probe, cheap (conftest)
+
 
 def timed(mode_or_variant: dict, position: int, ms: list) -> dict:
     return {**mode_or_variant, "position": position, "median_ms": sorted(ms)[len(ms) // 2], "samples_ms": ms,
