@@ -48,3 +48,21 @@ def test_the_targets_record_is_the_metrics_of_its_records(run):
         assert t[gid]["measured"] == pytest.approx(fig.value, rel=1e-12), gid
         if t[gid].get("ci_low") is not None:
             assert (t[gid]["ci_low"], t[gid]["ci_high"]) == pytest.approx(fig.ci, rel=1e-12), gid
+
+
+def test_the_attention_share_explains_the_step_ratio():
+    """Two machines' decode-step rows as the committed records hold them: the share of upstream's layer time its
+    attention call takes, beside the patched / upstream step (76% -> 0.36x; 22% -> 0.75x)."""
+    from fastattn.bench.metrics import attention_share, attention_share_line
+
+    def rec(attn, layer, patched):
+        rows = [{"variant": v, "position": 256, "median_ms": ms * 4, "per_layer_ms": ms, "n": 9,
+                 "samples_ms": [ms * 4 * (1 + 0.001 * i) for i in range(9)], "attention_in_step_ms": a}
+                for v, ms, a in (("upstream", layer, attn), ("patched", patched, 0.1))]
+        return {"rows": rows, "params": {"positions": [0, 256], "dtype": "bfloat16"}}
+    epyc, amx = attention_share(rec(16.4, 21.7, 7.85), 256), attention_share(rec(1.71, 7.71, 5.8), 256)
+    assert round(epyc["share"], 2) == 0.76 and round(amx["share"], 2) == 0.22
+    assert epyc["ratio"] < amx["ratio"]  # the larger the attention's share, the more the patch removes
+    line = attention_share_line(rec(1.71, 7.71, 5.8))
+    assert "(22%)" in line and "0.75x" in line
+    assert "did not time" in attention_share_line({"rows": [], "params": {"positions": [256], "dtype": "bfloat16"}})

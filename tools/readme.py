@@ -12,6 +12,7 @@ from typing import Optional
 from fastattn.bench.metrics import (
     HEADLINES,
     amdahl_bound,
+    attention_share,
     dtype_recommendation,
     dtype_table,
     matrix_rows,
@@ -196,9 +197,24 @@ def reference_findings(ref: Path, other: Optional[Path] = None) -> str:
     if other:
         lines += ["", f"The machines side by side (`python -m fastattn compare data/results/{Path(ref).name} "
                       f"data/results/{Path(other).name}`):", "", compare_markdown(compare([ref, other])).rstrip("\n")]
+    lines += ["", "Why the bf16 step ratio differs between machines: the attention's share of upstream's step, from "
+              "each machine's decode-step record.", "", attention_shares(ref.parent).rstrip("\n")]
     lines += ["", "Runs of `scripts/voxcpm_decode_bench.py` on other machines (`python -m fastattn ingest FILE`):", "",
               bench_table()]
     return "\n".join(lines) + "\n"
+
+
+def attention_shares(results: Path, position: int = 256) -> str:
+    """Per machine folder with a bf16 decode-step record that timed the attention in the step: its CPU features,
+    upstream's attention call and layer, the share, the patched / upstream step (:func:`attention_share`)."""
+    out = ["| machine | upstream's bf16 attention call / layer (ms) | attention's share | patched / upstream step |",
+           "|---|---|---|---|"]
+    for folder, rec in machines_with(results, "decode_step", dtype="bfloat16"):
+        a = attention_share(rec, position)
+        if a:
+            out.append(f"| {_machine(rec['env'], folder)} | {a['attention_ms']:.3g} / {a['layer_ms']:.3g} | "
+                       f"{a['share']:.0%} | {a['ratio']:.2f}x |")
+    return "\n".join(out) + "\n"
 
 
 def _code(form: str) -> str:

@@ -49,6 +49,30 @@ def step_ratio(dec: dict, position: int = 256, num: str = "patched", den: str = 
     return _rows_ratio(dec, "variant", num, den, position)
 
 
+def attention_share(dec: dict, position: int = 256) -> Optional[dict]:
+    """Why a decode step's patched / upstream ratio is what it is: upstream's attention call, timed inside the
+    step, over its layer time at ``position`` (``share``), beside the step ratio; None where the record did not
+    time the attention in the step. The patch can remove at most about that share."""
+    up = find_row(dec["rows"], variant="upstream", position=position)
+    fig = step_ratio(dec, position)
+    if not up or up.get("attention_in_step_ms") is None or fig is None:
+        return None
+    return {"attention_ms": up["attention_in_step_ms"], "layer_ms": up["per_layer_ms"],
+            "share": up["attention_in_step_ms"] / up["per_layer_ms"], "ratio": fig.value, "position": position}
+
+
+def attention_share_line(dec: dict, position: Optional[int] = None) -> str:
+    """:func:`attention_share` in a sentence, at ``position`` (default: 256 where swept, else the last position)."""
+    ps = dec["params"]["positions"]
+    position = position if position is not None else 256 if 256 in ps else ps[-1]
+    a = attention_share(dec, position)
+    if a is None:
+        return "this decode-step record did not time the attention inside the step"
+    return (f"at p={position}, upstream's {dec['params']['dtype']} attention call takes {a['attention_ms']:.3g} ms of "
+            f"a {a['layer_ms']:.3g} ms layer ({a['share']:.0%}); the patched step takes {a['ratio']:.2f}x upstream's "
+            f"({1 - a['ratio']:.0%} less)")
+
+
 def whole_ratio(whole: dict) -> Figure:
     """A ``whole_decode`` record's patched / upstream wall time, paired by repeat."""
     up, pa = ([r["wall_s"] for r in whole["rows"] if r["variant"] == v] for v in ("upstream", "patched"))
