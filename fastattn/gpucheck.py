@@ -571,7 +571,24 @@ def first_contact_lines(kept: dict) -> list:
                    + "".join(f"; {_ratio_line(rec['rows'], v, 'masked, whole cache')}" for v in
                              ("slice, fresh length, cuDNN left out",) if any(r["variant"] == v for r in rec["rows"]))
                    + (HOST_BOUND if str(rec["env"].get("device", "")).startswith("cuda") else ""))
+        out.append(plan_cost_line(rec["rows"]))
     return out
+
+
+#: the layers of one VoxCPM2 decode step (base LM 28 + residual LM 8): they share a step's key count, so one plan
+STEP_LAYERS = 36
+
+
+def plan_cost_line(rows: list) -> str:
+    """What a new key count costs apart from the kernel (fresh minus repeated length, medians), and what that is per
+    layer when a decode step's layers share one plan: a single call charges the whole plan to one layer."""
+    by = {r["variant"]: r["median_ms"] for r in rows}
+    fresh, same = by.get("slice, fresh length per call"), by.get("slice, one length")
+    if fresh is None or same is None:
+        return "  - plan cost per new key count: not measured"
+    plan = max(fresh - same, 0.0)
+    return (f"  - plan cost per new key count: {plan:.3g} ms (fresh {fresh:.3g} - repeated {same:.3g}); a step's "
+            f"{STEP_LAYERS} layers share one, {plan / STEP_LAYERS:.3g} ms per layer beside the kernel's {same:.3g} ms")
 
 
 #: what a single eager call's time is on a GPU: launches, not bytes (a ratio of them decides no kernel verdict)

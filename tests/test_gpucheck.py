@@ -226,6 +226,8 @@ def test_first_contact_lines_read_gpu_shaped_records(tmp_path):
     assert "(SDPA picks CUDNN_ATTENTION)" in text and "slice, fresh length per call / slice, one length: 600" in text
     assert "slice, fresh length, cuDNN left out / masked, whole cache: 0.3" in text
     assert gpucheck.HOST_BOUND in text  # single eager calls on a GPU time launches: said where the ratio is
+    assert "plan cost per new key count: 30.2 ms (fresh 30.3 - repeated 0.0505)" in text
+    assert "36 layers share one, 0.84 ms per layer" in text  # a single call charges a whole plan to one layer (B3)
     assert "| eager_slices | ok: eager_slices.json | 1.0 |" in text
 
 
