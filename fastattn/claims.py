@@ -9,7 +9,6 @@ installed source); nothing is typed in. Tolerances are per dtype.
 
 from __future__ import annotations
 
-import csv
 import inspect
 import statistics
 import threading
@@ -22,7 +21,7 @@ from .bench.metrics import patched_is_upstream, step_ratio, whole_ratio
 from .bench.records import find_row, load_run
 from .bench.stats import fmt_ci, quiet, ratio_ci, scaled_ci
 from .devices import runtime_dtype
-from .paths import data_dir
+from .paths import load_published
 
 __all__ = ["claims_ledger", "math_fallback_reason", "math_fallback_verdict", "MATH_OP", "HOLDS", "FAILS", "NOT_HERE",
            "NOT_RUN", "UNDECIDED", "PARTLY", "NOT_SCALE", "within", "position_cost"]
@@ -386,9 +385,8 @@ def _zero_fill_cost(recs, finds):
 
 
 def _published(name: str, metric: str) -> str:
-    """The ``before`` figure of ``metric`` in ``data/published/<name>``: a seed's number, read, never typed."""
-    with open(data_dir() / "published" / name, newline="") as f:
-        return next(r["before"] for r in csv.DictReader(f) if r["metric"] == metric)
+    """The ``before`` figure of ``metric`` in ``data/published/<name>``."""
+    return next(r["before"] for r in load_published(name) if r["metric"] == metric)
 
 
 def _default_dtype(recs, finds):

@@ -7,6 +7,7 @@ overrides the repository root (a non-editable install has no ``data/`` beside it
 
 from __future__ import annotations
 
+import csv
 import os
 import re
 import sys
@@ -67,3 +68,9 @@ def atomic_write_text(path, text: str) -> Path:
         if tmp.exists():
             tmp.unlink()
     return path
+
+
+def load_published(name: str) -> list[dict]:
+    """Rows of one CSV under data/published/ (the seeds' own figures, read, never typed)."""
+    with (Path(data_dir()) / "published" / name).open(newline="") as f:
+        return list(csv.DictReader(f))

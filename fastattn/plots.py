@@ -4,8 +4,6 @@ matplotlib figures; they never run a benchmark or a model.
 
 from __future__ import annotations
 
-import csv
-from pathlib import Path
 from typing import Optional, Sequence
 
 import matplotlib.pyplot as plt
@@ -13,7 +11,7 @@ import matplotlib.pyplot as plt
 from .bench import dtype_table
 from .bench.stats import fmt_ci
 from .bench.stream import COMPONENTS
-from .paths import data_dir
+from .paths import load_published  # re-exported: 05 reads the seeds through plots
 from .report import fmt
 
 __all__ = ["attention_sweep", "decode_step", "breakdown", "memory", "published_vs_ours", "exactness",
@@ -154,12 +152,6 @@ def memory(kv: dict, *, published: Optional[list] = None, ax=None):
                  f"{p['steps']} steps", fontsize=9)
     fig.tight_layout()
     return fig
-
-
-def load_published(name: str) -> list[dict]:
-    """Rows of one CSV under data/published/."""
-    with (Path(data_dir()) / "published" / name).open() as f:
-        return list(csv.DictReader(f))
 
 
 def published_vs_ours(published: Sequence[dict], ours: Optional[dict] = None, *, ax=None):

@@ -72,7 +72,7 @@ def _environment(summary: dict, run_dir: Path) -> dict:
     else from the CPU flags a dtype record of the run holds."""
     env = dict(summary.get("environment") or {})
     if str(env.get("device", "cpu")).startswith("cpu") and not env.get("cpu_features"):
-        flags = next((r["flags"] for r in load_run(run_dir).records if r.get("flags")), None)
+        flags = load_run(run_dir).cpu_flags()
         env["cpu_features"] = cpu_features(flags) if flags else None
     keys = ("device_name", "device", "cpu_features", "torch", "voxcpm", "fastattn", "git_commit", "threads",
             "cpu_capability")

@@ -138,3 +138,14 @@ def test_the_whole_decode_and_the_floor_are_judged_against_their_bounds():
         r.update(floor_ms=0.26, x_floor=r["median_ms"] / 0.26, floor_meaningful=True)
     f = next(t for t in check_targets({"attention_fp32_cold": cold}) if t["id"] == "fast_floor_4096")
     assert f["measured"] == pytest.approx(1.2, rel=0.02) and f["verdict"] == YES and "DRAM floor 0.26 ms" in f["note"]
+
+
+def test_the_end_to_end_claims_scale_is_the_seeds_own_record():
+    """3500 steps and 1.36x speed are read from data/published/pr199.csv's row, not typed apart from it."""
+    import re
+
+    from fastattn.claims import END_TO_END_STEPS
+    from fastattn.paths import load_published
+    row = next(r for r in load_published("pr199.csv") if r["metric"] == "end-to-end wall time")
+    assert int(re.search(r"min_len=(\d+)", row["note"])[1]) == END_TO_END_STEPS
+    assert round(float(row["before"]) / float(row["after"]), 2) == 1.36  # "~36% faster" read as speed

@@ -16,11 +16,10 @@ from pathlib import Path
 from typing import Optional
 
 from fastattn.bench.metrics import matrix_rows, newest, slice_evidence, whole_ratio
-from fastattn.bench.records import load_record, load_run
-from fastattn.devices import machine_label
+from fastattn.bench.records import load_record
 from fastattn.ingest import bench_table
 from fastattn.paths import data_dir
-from tools.readme import REFERENCE, records
+from tools.readme import REFERENCE, machine_name, records
 
 __all__ = ["machine_rows", "matrix_rows", "upstream_check", "slice_evidence", "import_cost", "math_versions", "fields",
            "documents", "main", "REPO"]
@@ -39,11 +38,6 @@ def _matrix() -> list:
 
 def _slice() -> tuple:
     return slice_evidence(_results() / "torch-matrix")
-
-
-def _machine(env: dict, folder: Optional[Path] = None) -> str:
-    """A machine in upstream's words, named by the CPU features that decide its kernels."""
-    return load_run(folder).machine(env) if folder else machine_label(env)
 
 
 #: targets.json rows written before targets had ids, by their target text (up to the colon)
@@ -72,7 +66,7 @@ def machine_rows() -> list:
         t = {x.get("id") or _OLD_IDS.get(x["target"].split(":")[0]): x for x in r["targets"]["rows"]}
         whole, kv = r["whole"], r["kv"]
         kv_mb = (kv["upstream_bytes"] / 1e6, kv["patched_bytes"] / 1e6)
-        rows.append({"machine": _machine(whole["env"], folder), "kv_mb": kv_mb,
+        rows.append({"machine": machine_name(whole["env"], folder), "kv_mb": kv_mb,
                      "step_bf16": t["decode_bf16"], "step_fp32": t["decode_fp32"], "whole": whole_ratio(whole),
                      "whole_runs": _paired(whole),
                      "identical": whole["identical"], "steps": whole["params"]["steps"],
@@ -207,7 +201,7 @@ def _stream_line() -> str:
     lead = {"does not hold": "It is not a fix for #293's slowdown, which did not reproduce here",
             "holds": "#293's slowdown reproduced here, and this change does not remove it"}.get(
         verdict, f"It is not offered as a fix for #293's slowdown, which this run cannot judge ({verdict})")
-    return (f"{lead}: a {p['chunks']}-chunk stream on {_machine(s['env'])} ({p['weights']} weights) takes "
+    return (f"{lead}: a {p['chunks']}-chunk stream on {machine_name(s['env'])} ({p['weights']} weights) takes "
             f"{six['upstream'][0] / 1e3:.2f} s per chunk upstream in its first sixth and "
             f"{six['upstream'][-1] / 1e3:.2f} s in its last ({s['verdict']['upstream']}); patched, "
             f"{six['exact'][0] / 1e3:.2f} s and {six['exact'][-1] / 1e3:.2f} s")
@@ -224,7 +218,7 @@ def _import_line() -> str:
         said = "undecided" if lo <= 1 <= hi else ("slower" if lo > 1 else "faster")
         return (f"{r['x_2.0.3']:.2f}x [{lo:.2f}, {hi:.2f}] ({said}), peak RSS {r['rss_mb']:.1f} MB, FlexAttention "
                 f"{'loaded' if r['flex_loaded'] else 'not loaded'}")
-    return (f"- `import voxcpm` in fresh processes after `import torch` ({_machine(rec['env'])}, "
+    return (f"- `import voxcpm` in fresh processes after `import torch` ({machine_name(rec['env'])}, "
             f"n={by['live diff']['n']} each, interleaved), against unpatched ({by['2.0.3']['median_s']:.2f} s, "
             f"{by['2.0.3']['rss_mb']:.1f} MB): this diff {vs('live diff')}; the diff with FlexAttention imported "
             f"at module level {vs('live diff, flex imported at module level')}.")
@@ -328,7 +322,7 @@ def fields() -> dict:
     """Every figure the PR templates (``data/upstream-prs/templates/``) print, by name."""
     from fastattn.upstream import LIVE_ERROR_BOUND
     from tools.readme import dtype_machines, forms_machines
-    label = lambda folder, env: _machine(env, folder)  # noqa: E731 - a machine in upstream's words, not a folder name
+    label = lambda folder, env: machine_name(env, folder)  # noqa: E731 - a machine in upstream's words, not a folder name
     tests = {k: _tests_line(f"test_{k}.py") for k in ("minicpm4_right_sized_cache", "cpu_dtype_override",
                                                        "minicpm4_decode_attention")}
     return {"machine_table": _machine_table(), "matrix_machine": _matrix()[0]["machine"].split(", torch")[0],

@@ -50,7 +50,7 @@ def records(ref: Path) -> dict:
             "forms": run.get("decode_forms", dtype="bfloat16")}
 
 
-def _machine(env: dict, folder: Optional[Path] = None) -> str:
+def machine_name(env: dict, folder: Optional[Path] = None) -> str:
     """The machine named by what decides its kernels (the CPU features a record of ``folder`` holds)."""
     return load_run(folder).machine(env) if folder else machine_label(env)
 
@@ -122,7 +122,7 @@ def findings_table(ref: Path) -> str:
         rows.append(("Compiled (fullgraph, inductor), bf16: the fastest decode form at VoxCPM2's geometry",
                      forms_answer(r["forms"])))
     rows.append(("Targets met", f"{met_count(t['rows'])} (`targets.json` says why each miss)"))
-    head = [f"Measured on a {_machine(t['env'], ref)}: the committed reference run `data/results/{Path(ref).name}/`. "
+    head = [f"Measured on a {machine_name(t['env'], ref)}: the committed reference run `data/results/{Path(ref).name}/`. "
             "Every figure, its interval and n: [docs/results.md](docs/results.md).", "",
             "| question | measured |", "|---|---|"]
     return "\n".join(head + [f"| {q} | {a} |" for q, a in rows]) + "\n"
@@ -189,7 +189,7 @@ def reference_findings(ref: Path, other: Optional[Path] = None) -> str:
                                  ("memory", r["rss"] and r["growth"] and _memory(r)),
                                  ("where a whole decode's time goes", r["whole"] and _amdahl(r)),
                                  ("the compiled step", _compiled(r))) if v]
-    lines = [f"Measured on a {_machine(r['targets']['env'], ref)}: `data/results/{Path(ref).name}/` at commit "
+    lines = [f"Measured on a {machine_name(r['targets']['env'], ref)}: `data/results/{Path(ref).name}/` at commit "
              f"{r['targets']['env'].get('git_commit', '?')[:7]}.", "", "| finding | measured |", "|---|---|"]
     lines += [f"| {k} | {v} |" for k, v in rows]
     ledger = [{k: x[k] for k in ("source", "claim", "scale", "verdict", "evidence")} for x in claims_ledger(ref)]
@@ -212,7 +212,7 @@ def attention_shares(results: Path, position: int = 256) -> str:
     for folder, rec in machines_with(results, "decode_step", dtype="bfloat16"):
         a = attention_share(rec, position)
         if a:
-            out.append(f"| {_machine(rec['env'], folder)} | {a['attention_ms']:.3g} / {a['layer_ms']:.3g} | "
+            out.append(f"| {machine_name(rec['env'], folder)} | {a['attention_ms']:.3g} / {a['layer_ms']:.3g} | "
                        f"{a['share']:.0%} | {a['ratio']:.2f}x |")
     return "\n".join(out) + "\n"
 

@@ -112,8 +112,11 @@ class Run:
         """``env``'s machine (default: the first record's) as :func:`fastattn.devices.machine_label` names it, with
         the CPU flags a dtype record of this run holds (records older than ``env.cpu_features`` carry none)."""
         env = env or next((r["env"] for r in self.records if r.get("env", {}).get("device_name")), None)
-        flags = next((r["flags"] for r in self.records if r.get("flags")), None)
-        return machine_label(env, flags)
+        return machine_label(env, self.cpu_flags())
+
+    def cpu_flags(self) -> Optional[dict]:
+        """The CPU flags a dtype record of this run holds, or None."""
+        return next((r["flags"] for r in self.records if r.get("flags")), None)
 
 
 
