@@ -122,7 +122,8 @@ def findings_table(ref: Path) -> str:
         rows.append(("Compiled (fullgraph, inductor), bf16: the fastest decode form at VoxCPM2's geometry",
                      forms_answer(r["forms"])))
     rows.append(("Targets met", f"{met_count(t['rows'])} (`targets.json` says why each miss)"))
-    head = [f"Measured on a {machine_name(t['env'], ref)}: the committed reference run `data/results/{Path(ref).name}/`. "
+    head = [f"Measured on a {machine_name(t['env'], ref)}: the committed reference run "
+            f"`data/results/{Path(ref).name}/`. "
             "Every figure, its interval and n: [docs/results.md](docs/results.md).", "",
             "| question | measured |", "|---|---|"]
     return "\n".join(head + [f"| {q} | {a} |" for q, a in rows]) + "\n"
