@@ -9,25 +9,20 @@ rest; ``--only``/``--skip`` name steps, ``--resume`` continues a folder. Each st
 from __future__ import annotations
 
 import argparse
-import contextlib
-import json
 import os
 import re
-import signal
 import statistics
 import sys
-import threading
 import time
-import traceback
 from pathlib import Path
-from typing import Callable, NamedTuple, Optional
+from typing import Callable, Optional
 
 import torch
 
-from . import bench
+from . import bench, runner
 from .backends import backend_matrix, explain_sdpa
 from .bench.forms import check_lines, form_lines, kit_lines, stack_sweep
-from .bench.records import env_record, load_record, record, save_record
+from .bench.records import env_record, load_record, record
 from .bench.stats import fmt_ci
 from .bench.stream import sixths, text_for, time_chunks
 from .bench.targets import quiet_ratio
@@ -42,6 +37,7 @@ from .graphs import cudagraph_recordings, graph_counts, optimize, reset_graph_co
 from .models import build_voxcpm2, silence_progress
 from .patch import patch_voxcpm
 from .paths import atomic_write_text
+from .runner import Step
 from .static import check_form, decode_data, flex_available, fresh_positions, upstream_masked
 from .upstream import run_in_patched_copy, upstream_decode
 
@@ -56,17 +52,6 @@ _LAUNCH = "import sys; from fastattn import gpucheck; gpucheck.{}(*sys.argv[1:])
 
 __all__ = ["gpu_check", "main", "select_device", "child_env", "stream_chunks", "upstream_optimized", "kit_decode",
            "counted_decode", "kit_child", "diff_child", "FIRST_CONTACT", "Step"]
-
-
-class Step(NamedTuple):
-    name: str
-    fn: Callable         # () -> [records]
-    estimate_s: float    # cold, at this device's sizes: a plan figure, not a measurement
-    skip: Optional[str]  # why it cannot run here
-
-
-class Overrun(BaseException):
-    """The run's budget ran out inside a step (a BaseException: a step's own ``except Exception`` must not eat it)."""
 
 
 def folder_name(device: torch.device) -> str:
@@ -411,77 +396,18 @@ def select_device(device) -> torch.device:
 
 def plan(device: torch.device, quick: bool, only=None, skip=None) -> list:
     """The steps to run: :data:`FIRST_CONTACT` with ``quick``, else every step; ``only`` and ``skip`` name steps."""
-    steps = _steps(device, _sizes(device, quick))
-    names = [s.name for s in steps]
-    bad = [n for n in [*(only or []), *(skip or [])] if n not in names]
-    if bad:
-        raise ValueError(f"unknown step(s) {bad}; the steps are {', '.join(names)}")
-    chosen = set(only) if only else set(FIRST_CONTACT if quick else names)
-    return [s for s in steps if s.name in chosen and s.name not in set(skip or [])]
-
-
-@contextlib.contextmanager
-def _deadline(seconds: Optional[float]):
-    """Raise :class:`Overrun` in this (main) thread once ``seconds`` have passed; a no-op without a budget."""
-    if seconds is None or threading.current_thread() is not threading.main_thread() \
-            or not hasattr(signal, "setitimer"):
-        yield
-        return
-
-    def fire(*_):
-        raise Overrun("the run's budget ran out during this step")
-    old = signal.signal(signal.SIGALRM, fire)
-    signal.setitimer(signal.ITIMER_REAL, max(seconds, 0.001))
-    try:
-        yield
-    finally:
-        signal.setitimer(signal.ITIMER_REAL, 0)
-        signal.signal(signal.SIGALRM, old)
-
-
-def _log_entries(folder: Path) -> dict:
-    """{step: its last entry} of the folder's ``steps.jsonl`` (one line appended as each step ends)."""
-    path = folder / "steps.jsonl"
-    entries = [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.exists() else []
-    return {e["step"]: e for e in entries}
-
-
-def _run_step(step: Step, folder: Path, left: Optional[float]) -> dict:
-    """Run one step under the deadline; save its records at once; return its log entry."""
-    if left is not None and step.estimate_s > left:
-        return {"step": step.name, "status": "stopped", "seconds": 0.0,
-                "why": f"its estimate of {step.estimate_s:.0f} s is over the {max(left, 0):.0f} s left of the budget"}
-    t0, entry = time.perf_counter(), {"step": step.name, "files": [], "why": None}
-    try:
-        with _deadline(left):
-            recs = step.fn()
-        kinds = [r["kind"] for r in recs]  # a kind written twice by one step is told apart by its dtype
-        stems = [k + (f"_{r['params']['dtype']}" if kinds.count(k) > 1 and isinstance(r["params"].get("dtype"), str)
-                      else "") for k, r in zip(kinds, recs)]
-        entry.update(files=[save_record(r, folder, stem).name for r, stem in zip(recs, stems)],
-                     status="failed" if any(_failures(r) for r in recs) else "ok")
-    except Overrun as exc:
-        entry.update(status="stopped", why=str(exc))
-    except Exception as exc:  # noqa: BLE001 - one failing step is reported, the kit goes on
-        entry.update(status="failed", why=f"{type(exc).__name__}: {str(exc).splitlines()[0][:200] if str(exc) else ''}",
-                     traceback=traceback.format_exc())
-    return dict(entry, seconds=time.perf_counter() - t0)
+    return runner.select(_steps(device, _sizes(device, quick)), only, skip, FIRST_CONTACT if quick else None)
 
 
 def gpu_check(device="cuda", *, quick: bool = False, out=None, log=print, only=None, skip=None,
               budget: Optional[float] = None, resume: bool = False) -> Path:
-    """Run :func:`plan`'s steps; return the folder of their records, ``steps.jsonl`` and ``summary.md``. ``budget``
-    (s; default :data:`QUICK_BUDGET_S` with ``quick``; 0: none) stops a step whose estimate is over what is left and
-    interrupts one that runs past it. ``resume`` skips the steps that ended ok in ``out``; nothing is overwritten."""
+    """Run :func:`plan`'s steps through :func:`runner.run_steps`; return the folder of their records,
+    ``steps.jsonl`` and ``summary.md``. ``budget`` (s) defaults to :data:`QUICK_BUDGET_S` with ``quick`` (0: none)."""
     asked, device = str(device), select_device(device)
     steps = plan(device, quick, only, skip)
     budget = (QUICK_BUDGET_S if quick else None) if budget is None else (budget or None)
-    folder = Path(out) if out else Path("reports") / folder_name(device)
-    if folder.exists() and any(folder.iterdir()) and not resume:
-        raise ValueError(f"--out {folder}: exists and is not empty (a run never overwrites an earlier one; --resume "
-                         "continues it)")
-    folder.mkdir(parents=True, exist_ok=True)
-    done = {n for n, e in _log_entries(folder).items() if e["status"] == "ok"}
+    folder = runner.open_folder(Path(out) if out else Path("reports") / folder_name(device), resume)
+    done = {n for n, e in runner.log_entries(folder).items() if e["status"] == "ok"}
     todo = [s for s in steps if not s.skip and s.name not in done]
     line = (f"plan: {', '.join(f'{s.name} ~{s.estimate_s:.0f} s' for s in todo) or 'nothing to run'}; estimate "
             f"{sum(s.estimate_s for s in todo):.0f} s cold; budget {'none' if budget is None else f'{budget:.0f} s'}")
@@ -491,17 +417,8 @@ def gpu_check(device="cuda", *, quick: bool = False, out=None, log=print, only=N
     log(f"[gpu-check] {line}")
     write = lambda: atomic_write_text(folder / "summary.md", "\n".join(summary_lines(folder, steps, head)) + "\n")  # noqa: E731
     write()
-    t_start = time.perf_counter()
-    for s in steps:
-        if s.skip or s.name in done:
-            log(f"[gpu-check] {s.name}: {'skipped (' + s.skip + ')' if s.skip else 'ended ok earlier'}")
-            continue
-        entry = _run_step(s, folder, None if budget is None else budget - (time.perf_counter() - t_start))
-        with open(folder / "steps.jsonl", "a") as f:
-            f.write(json.dumps(entry, default=str) + "\n")
-        write()
-        log(f"[gpu-check] {s.name}: {entry['status']} ({entry['seconds']:.1f} s){': ' * bool(entry['why'])}"
-            f"{entry['why'] or ''}")
+    runner.run_steps(steps, folder, budget=budget, resume=True, log=log, tag="gpu-check", after=write,
+                     failures=_failures)
     return folder
 
 
@@ -518,7 +435,7 @@ def _failures(rec: dict) -> list[str]:
 def summary_lines(folder: Path, steps: list, head: list) -> list:
     """``summary.md`` from the folder: each planned step's outcome (``steps.jsonl``, its records), what the first
     contact answers, the CUDA opt-in section."""
-    entries, kept = _log_entries(folder), {}
+    entries, kept = runner.log_entries(folder), {}
     lines = [*head, "", "| step | outcome | seconds |", "|---|---|---|"]
     planned = [(s.name, s.skip) for s in steps]
     earlier = [(n, None) for n in entries if n not in {name for name, _ in planned}]  # an earlier call's (--resume)
@@ -614,15 +531,10 @@ def opt_in_section(forms: Optional[list], kit: Optional[list]) -> list:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python -m fastattn gpu-check", description=__doc__.split("\n\n")[0])
-    names = lambda s: [n for n in s.split(",") if n]  # noqa: E731
     ap.add_argument("--device", default="cuda", help="cuda (default), cuda:N, or cpu (the kit's own test)")
     ap.add_argument("--quick", action="store_true", help=f"the first contact: {', '.join(FIRST_CONTACT)} (a budget of "
                     f"{QUICK_BUDGET_S} s; the plan line gives each step's cold estimate)")
-    ap.add_argument("--only", type=names, action="extend", help="run only these steps (names, comma-separated)")
-    ap.add_argument("--skip", type=names, action="extend", help="leave these steps out")
-    ap.add_argument("--budget", type=float, default=None, help="seconds for the whole run (0: none)")
-    ap.add_argument("--resume", action="store_true", help="continue --out, skipping the steps that ended ok there")
-    ap.add_argument("--out", default=None, help="output folder (default: reports/<device>-<name>-torch<version>)")
+    runner.add_arguments(ap, "output folder (default: reports/<device>-<name>-torch<version>)")
     args = ap.parse_args(argv)
     if args.device.startswith("cuda") and not torch.cuda.is_available():
         print("[gpu-check] error: CUDA is not available on this machine; this kit validates the CUDA path "

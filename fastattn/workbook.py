@@ -17,7 +17,8 @@ from typing import Optional, Sequence
 
 from . import budget
 from . import models as _models
-from .bench import compiled_step_sweep, form_sweep, save_record
+from .bench import cli as bench_cli
+from .bench import save_record
 from .budget import BUDGET_S, SCALABLE, notebook_budget, replan, unplannable
 from .devices import DTYPES
 from .devices import resolve_device as resolve
@@ -331,22 +332,11 @@ BENCH_EXTRAS = ("compiled", "forms")
 
 
 def _run_bench(what: list, out: Path, device: str, log) -> list:
-    """The profile's extra records: the compiled decode step and the static-shape forms (both dtypes). A failing
-    one is logged and listed (``failed: ...``), never lost with the notebooks' run."""
-    jobs = {"compiled": [("compiled_step_tiny", lambda: compiled_step_sweep([0, 16, 256, 512, 1024], preset="tiny",
-                                                                          device=device, progress=False))],
-            "forms": [(f"decode_forms_{dt}", lambda dt=dt: form_sweep([0, 256, 1024, 2048, 4096, 6144, 8000],
-                                                                      device=device, dtype=dt, progress=False))
-                      for dt in ("bfloat16", "float32")]}
-    done = []
-    for name, fn in (job for w in what for job in jobs[w]):
-        log(f"[fastattn] bench {name} ...")
-        try:
-            done.append(str(save_record(fn(), out, name).relative_to(out.parents[1])))
-        except Exception as exc:  # noqa: BLE001 - the notebooks' run stands; the summary says what failed
-            log(f"[fastattn] bench {name} failed: {type(exc).__name__}: {exc}")
-            done.append(f"failed: {name}: {type(exc).__name__}: {str(exc)[:300]}")
-    return done
+    """The profile's extra records (bench jobs, both dtypes), through the runner: a failing one is logged and listed
+    (``failed: ...``), never lost with the notebooks' run."""
+    entries = bench_cli.run(what, out, device, log=log, dtypes=("bfloat16", "float32"), progress=False)
+    return [f"failed: {n}: {e['why']}" if e["status"] != "ok" else str((out / f).relative_to(out.parents[1]))
+            for n, e in entries.items() for f in (e["files"] if e["status"] == "ok" else [None])]
 
 
 def _validate_run(params: dict, nbs: list) -> None:

@@ -1,12 +1,10 @@
-"""Measuring instruments. Every function returns a record (:func:`record`: ``{"kind", "env", "params", "rows", ...}``)
-that :func:`save_record` writes under a name never reused and :func:`load_run` reads back. Two timers:
-:func:`time_interleaved` (calls, interleaved, quiet-flagged) and ``stream.time_chunks`` (a stream's chunks).
-Headline figures come from :mod:`.metrics`. Plain imports: ``from fastattn import bench`` loads every instrument.
-Timing lives here, never in a test's assertion (tests marked ``timing`` are benchmarks, outside ``make test``)."""
+"""Measuring instruments: each returns a record (:func:`record`) that :func:`save_record` writes and :func:`load_run`
+reads back. Timers: :func:`time_interleaved` and ``stream.time_chunks``; headline figures: :mod:`.metrics`.
+Timing lives here, never in a test's assertion (``timing`` tests are benchmarks, outside ``make test``)."""
 
 from ..devices import DTYPES, cpu_flags, resolve_device
 from .attention import attention_sweep, dtype_costs, fast_choices
-from .cli import main, reference_run
+from .cli import main
 from .consumers import consumer_contention, consumer_matrix, consumer_table, stream_audio
 from .decode import dtype_decode, whole_decode
 from .floor import bandwidth, bandwidth_line, floor_ms, live_kv_bytes, llc_bytes
@@ -37,6 +35,6 @@ __all__ = [
     "cpu_flags", "decode_step_sweep", "dtype_costs", "dtype_decode", "dtype_recommendation", "dtype_table",
     "env_record", "fast_choices", "fill_cost", "floor_ms", "form_sweep", "headlines", "kv_memory", "live_kv_bytes",
     "llc_bytes", "load_record", "load_run", "main", "peak_rss", "prompt_growth", "prompt_table", "ratio_ci",
-    "record", "reference_run", "resolve_device", "save_record", "scaled_ci", "step_allocations", "stream_audio",
+    "record", "resolve_device", "save_record", "scaled_ci", "step_allocations", "stream_audio",
     "stream_profile", "stream_table", "target_goals", "time_interleaved", "time_shares", "whole_decode",
 ]
