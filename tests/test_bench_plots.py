@@ -320,28 +320,6 @@ def test_stream_profile_record_and_verdict():
         bench.stream_profile("tiny", 3)
 
 
-def test_compare_two_record_folders(tmp_path):
-    """A hardware matrix: one column per machine; a measure one machine lacks shows "not measured"."""
-    from fastattn import report
-    a, b = tmp_path / "a", tmp_path / "b"
-    att = bench.attention_sweep([256], capacity=8192, hq=2, hkv=1, head_dim=16, repeats=1, warmup=0, bw=BW,
-                                progress=False)
-    bench.save_record(att, a, "attention_float32")
-    bench.save_record(att, b, "attention_float32")
-    bench.save_record(bench.kv_memory("full"), b, "kv_memory_full")
-    m = report.compare([a, b])
-    assert len(m["machines"]) == 2
-    kv = next(r for r in m["rows"] if r["measure"].startswith("KV of a 300-token"))
-    assert kv[m["machines"][0]] == "not measured" and "MB" in kv[m["machines"][1]]
-    ex = next(r for r in m["rows"] if r["measure"] == "exact / reference, one call, p=256, fp32")
-    assert ex[m["machines"][0]].endswith("x")
-    md = report.compare_markdown(m)
-    assert md.startswith("| measure |") and "not measured" in md
-    assert "<table>" in report.compare_html(m)
-    with pytest.raises(ValueError, match="holds no fastattn records"):
-        report.compare([tmp_path / "a" / ".."])  # a folder of folders, no records at its top or in */records
-
-
 def test_fmt_rounds_and_names_units():
     from fastattn.report import fmt, short
     assert fmt(1.003278041605974) == "1" and fmt(0.07687639974275731) == "0.0769" and fmt(6.761084000004303) == "6.76"

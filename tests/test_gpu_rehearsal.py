@@ -90,8 +90,9 @@ def test_05s_readings_do_not_divide_by_a_saving_that_is_not_there(gpu):
 
 
 def test_index_summary_compare_and_readme_findings(gpu):
-    from fastattn.report import compare, write_report
+    from fastattn.report import write_report
     from tools import readme
+    from tools.compare import compare
     profile, _, ref, run = gpu
     index, summary = write_report(run, {"status": "ok", "notebooks": [], "environment": {"device": "cuda"}})
     md = summary.read_text()

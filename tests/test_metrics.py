@@ -6,8 +6,8 @@ import pytest
 from fastattn.bench import metrics
 from fastattn.bench.records import load_run
 from fastattn.paths import data_dir
-from fastattn.report import compare
 from tools import readme
+from tools.compare import compare
 
 pytestmark = pytest.mark.usefixtures("seeded_fast_choice")  # fast's probe, cheap (conftest)
 

@@ -171,7 +171,8 @@ def _compiled(r: dict) -> Optional[str]:
 def reference_findings(ref: Path, other: Optional[Path] = None) -> str:
     """docs/results.md's block: every finding of the reference run in one table (figure, interval, n), the
     claims ledger, and the machines side by side (``other``: a second machine's records)."""
-    from fastattn.report import compare, compare_markdown, md_table
+    from fastattn.report import md_table
+    from tools.compare import compare, compare_markdown
     r = records(ref)
     run, t = r["run"], {x["id"]: x for x in r["targets"]["rows"]}
     dt, masked, no_gqa = _kernel(r)
@@ -196,7 +197,7 @@ def reference_findings(ref: Path, other: Optional[Path] = None) -> str:
     ledger = [{k: x[k] for k in ("source", "claim", "scale", "verdict", "evidence")} for x in claims_ledger(ref)]
     lines += ["", "The seeds' claims, judged on this machine:", ""] + md_table(ledger)
     if other:
-        lines += ["", f"The machines side by side (`python -m fastattn compare data/results/{Path(ref).name} "
+        lines += ["", f"The machines side by side (`python -m tools.compare data/results/{Path(ref).name} "
                       f"data/results/{Path(other).name}`):", "", compare_markdown(compare([ref, other])).rstrip("\n")]
     lines += ["", "Why the bf16 step ratio differs between machines: the attention's share of upstream's step, from "
               "each machine's decode-step record.", "", attention_shares(ref.parent).rstrip("\n")]
