@@ -1,9 +1,7 @@
 """fastattn: VoxCPM2's full-cache decode attention, proved, fixed and measured.
 
-Runtime: :func:`attention_step`, :class:`MaskInfo` / :func:`attention`, :class:`RightSizedKVCache`; voxcpm side
-(imported on first use): :func:`patch_voxcpm`, :func:`patch_status`, :func:`build_voxcpm2`, :func:`optimize`.
-Measuring in :mod:`fastattn.bench`, reports above it (docs/design.md, "Layers"). Importing fastattn engages the
-:mod:`fastattn.compat` workarounds only where they are needed."""
+Runtime: :func:`attention_step`, :func:`attention`, :class:`RightSizedKVCache`; voxcpm side (lazy):
+:func:`patch_voxcpm`, :func:`optimize`; measuring: :mod:`fastattn.bench`."""
 
 from importlib import import_module
 

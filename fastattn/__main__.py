@@ -9,7 +9,7 @@ COMMANDS = {
     "doctor": ("doctor", "print the environment that decides which attention kernel runs"),
     "bench": ("bench", "run benchmark sweeps and write records"),
     "workbook": ("workbook", "run the notebooks headless into a new reports/ folder"),
-    "budget": ("budget", "probe this machine and print the workbook's plan (or --calibrate from runs)"),
+    "budget": ("budget", "probe this machine and print the workbook's plan"),
     "diff": ("upstream", "print (or --write) the upstream-ready diff against the installed voxcpm"),
     "ingest": ("ingest", "read a scripts/voxcpm_decode_bench.py JSON back as a machine row (--dry-run: print it)"),
     "gpu-check": ("gpucheck", "validate the CUDA path in one command (--device cpu --quick tests the kit)"),

@@ -14,10 +14,10 @@ from typing import Optional
 from .bench.stream import text_for, time_chunks
 from .devices import cpu_flags, resolve_device
 from .models import build_voxcpm2, silence_progress
-from .paths import atomic_write_text, data_dir, notebooks_dir
+from .paths import data_dir, notebooks_dir
 
 __all__ = ["BUDGET_S", "SCALABLE", "probe", "calibration", "plan", "replan", "profile_estimate", "notebook_budget",
-           "calibrate", "plan_lines", "stream_seconds", "whole_seconds"]
+           "plan_lines", "stream_seconds", "whole_seconds"]
 
 BUDGET_S = 600.0
 #: the share of the budget the plan fills: the estimates are estimates (05 then sizes its last part to the time left)
@@ -271,68 +271,14 @@ def notebook_budget(p: dict, elapsed_s: float, stem: str = "05_profiling") -> fl
     return max(fixed + p.get("whole_s", 0.0) / 3, FILL * p["budget_s"] - elapsed_s)
 
 
-def calibrate(run_dirs, probe_rec: dict, path: Optional[Path] = None) -> dict:
-    """Write the calibration from finished runs (one run of 01-05, or several that cover them, the later one
-    winning; budgeted or not) and this machine's probe: a notebook's fixed seconds are its duration less the sized
-    measurements' own measured time (05's sweeps scaled to the default repeats). Written to
-    ``data/budget/<the probe's kernel class>.json``."""
-    runs = [Path(r) for r in ([run_dirs] if isinstance(run_dirs, (str, Path)) else run_dirs)]
-    where, dur, used = {}, {}, {}
-    for run in runs:
-        for nb in json.loads((run / "summary.json").read_text())["notebooks"]:
-            if nb.get("status") == "ok":
-                stem = Path(nb["name"]).stem
-                where[stem], dur[stem], used[stem] = run, nb["duration_s"], nb.get("parameters", {})
-    missing = [s for s, _, _ in SCALABLE.values() if s not in where]
-    if missing:
-        raise ValueError(f"calibrate: no finished run of {', '.join(missing)} among {[str(r) for r in runs]}")
-    stream = _record(where["01_root_cause"] / "01_root_cause" / "records", "stream_profile")
-    whole = _record(where["05_profiling"] / "05_profiling" / "records", "dtype_decode")
-    chunk = probe_ms(probe_rec)
-    ran = used["05_profiling"].get("repeats", SCALABLE["repeats"][1])  # a budgeted run: scaled to the default
-    sweep_s = _sweep_seconds(where["05_profiling"] / "05_profiling.ipynb") * SCALABLE["repeats"][1] / ran
-    fixed = dict(dur)
-    fixed["01_root_cause"] -= sum(r["ms"] for r in stream["rows"]) / 1e3
-    fixed["05_profiling"] -= whole["spent_s"] + sweep_s * ran / SCALABLE["repeats"][1]
-    cal = {"kernel_class": probe_rec["kernel_class"], "source": sorted({where[s].name for s in dur}),
-           "probe": probe_rec, "fixed_s": fixed, "sweep_s": sweep_s,
-           "full_build_s": whole["build_s"],
-           "full_over_small": {d: whole["step_s"][d] / (chunk[d] / 1e3) for d in whole["step_s"] if d in chunk}}
-    path = Path(path or data_dir() / "budget" / f"{cal['kernel_class']}.json")
-    atomic_write_text(path, json.dumps(cal, indent=1) + "\n")
-    return cal
-
-
-def _sweep_seconds(executed: Path) -> float:
-    """Seconds of an executed 05's cells that take its ``repeats`` (papermill's per-cell durations): its sweeps."""
-    cells = json.loads(executed.read_text())["cells"]
-    return sum(c.get("metadata", {}).get("papermill", {}).get("duration") or 0.0 for c in cells
-               if c["cell_type"] == "code" and 'P["repeats"]' in "".join(c["source"]))
-
-
-def _record(folder: Path, kind: str) -> dict:
-    for f in sorted(folder.glob("*.json")):
-        rec = json.loads(f.read_text())
-        if rec.get("kind") == kind:
-            return rec
-    raise ValueError(f"{folder}: no {kind} record (calibrate from a default run of 01 and 05)")
-
-
 def main(argv=None) -> int:
     import argparse
-    ap = argparse.ArgumentParser(prog="python -m fastattn budget",
-                                 description="Probe this machine and print the workbook's plan, or calibrate.")
+    ap = argparse.ArgumentParser(prog="python -m fastattn budget", description="Probe this machine and print the "
+                                 "workbook's plan (scripts/calibrate_budget.py writes the calibration it reads).")
     ap.add_argument("--budget", type=float, default=BUDGET_S, help="seconds of notebooks (default %(default)s)")
     ap.add_argument("--device", default="cpu")
-    ap.add_argument("--calibrate", nargs="+", metavar="RUN",
-                    help="write data/budget/<this CPU's kernel class>.json from runs covering 01-05")
     args = ap.parse_args(argv)
     probe_rec = probe(args.device)
-    if args.calibrate:
-        cal = calibrate(args.calibrate, probe_rec)
-        print(json.dumps({k: cal[k] for k in ("source", "fixed_s", "sweep_s", "full_build_s", "full_over_small")},
-                         indent=1))
-        return 0
     stems = sorted(p.stem for p in notebooks_dir().glob("[0-9][0-9]_*.ipynb"))
     print("\n".join(plan_lines(plan(probe_rec, stems, budget_s=args.budget))))
     return 0

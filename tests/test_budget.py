@@ -9,6 +9,7 @@ from __future__ import annotations
 import ast
 import copy
 import random
+from pathlib import Path
 
 import pytest
 
@@ -20,6 +21,7 @@ from fastattn.workbook import _planned, check_params, notebooks
 pytestmark = pytest.mark.usefixtures("seeded_fast_choice")  # fast's probe, cheap (conftest)
 
 CAL = budget.calibration()
+ROOT = Path(__file__).resolve().parents[1]
 NOTEBOOKS = [p.stem for p in notebooks()]
 
 
@@ -357,3 +359,27 @@ def test_the_timing_loop_on_cuda_reads_one_reused_event_pair(monkeypatch):
     out = clock.interleaved({"a": lambda: None, "b": lambda: None}, repeats=3, warmup=1, device="cuda")
     assert out == {"a": [0.002] * 3, "b": [0.002] * 3} and len(made) == 2
     assert clock.elapsed_s(clock.stamp(False), clock.stamp(False)) >= 0
+
+
+def test_calibration_script_writes_a_calibration_the_planner_reads(tmp_path):
+    """scripts/calibrate_budget.py on the committed reference run (01-05): the fixed seconds per notebook, the sweeps'
+    seconds and the full model's cost over the probe's, in the form ``budget.calibration`` reads."""
+    import importlib.util
+    spec = importlib.util.spec_from_file_location("calibrate_budget", ROOT / "scripts" / "calibrate_budget.py")
+    cal_mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(cal_mod)
+    import json
+    import shutil
+    run = tmp_path / "run"  # the committed reference run, and an executed 05 whose sweep cells took 30 s
+    shutil.copytree(ROOT / "data" / "results" / "cpu-xeon-amx-2threads-torch2.13.0", run)
+    cells = [{"cell_type": "code", "source": ['x = sweep(P["repeats"])'], "metadata": {"papermill": {"duration": 30}}},
+             {"cell_type": "code", "source": ["y = 1"], "metadata": {"papermill": {"duration": 99}}}]
+    (run / "05_profiling.ipynb").write_text(json.dumps({"cells": cells}))
+    cal = cal_mod.calibrate([run], CAL["probe"], path=tmp_path / "x.json")
+    assert budget.calibration(path=tmp_path / "x.json")["fixed_s"] == cal["fixed_s"]
+    assert set(cal["fixed_s"]) == set(NOTEBOOKS) and cal["sweep_s"] == pytest.approx(30 * 9 / 21)
+    assert set(cal["full_over_small"]) == {"bfloat16", "float32"} and cal["source"] == [run.name]
+    with pytest.raises(ValueError, match="no finished run of"):
+        (tmp_path / "empty").mkdir()
+        (tmp_path / "empty" / "summary.json").write_text(json.dumps({"notebooks": []}))
+        cal_mod.calibrate([tmp_path / "empty"], CAL["probe"], path=tmp_path / "y.json")
