@@ -1,7 +1,5 @@
-"""Which SDPA kernel runs for a call, and why, from the running torch: :func:`explain_sdpa` reports the dispatcher's
-``backend``, the aten ``ops`` that ran (profiler), each backend's ``eligibility`` with torch's own reason, and what
-``forced`` each backend gives; :func:`backend_matrix` runs it over VoxCPM2's decode cases. Process state changes
-only inside ``sdpa_kernel`` blocks, which restore it."""
+"""Which SDPA kernel runs for a call, and why, from the running torch (:func:`explain_sdpa`, :func:`backend_matrix`).
+Process state changes only inside ``sdpa_kernel`` blocks, which restore it."""
 
 from __future__ import annotations
 
@@ -38,14 +36,14 @@ _HELPER_OPS = ("aten::where", "aten::repeat_interleave", "aten::masked_fill", "a
 
 
 def device_backends(device) -> list[str]:
-    """The SDPA backends a device type has: CUDA flash/efficient/cudnn/math, CPU flash/math."""
     return (["FLASH_ATTENTION", "EFFICIENT_ATTENTION", "CUDNN_ATTENTION", "MATH"]
             if torch.device(device).type == "cuda" else ["FLASH_ATTENTION", "MATH"])
 
 
 @dataclass
 class SDPAReport:
-    """What SDPA does with one call. ``to_dict``/``from_dict`` round-trip through JSON."""
+    """What SDPA does with one call: the dispatcher's ``backend``, the aten ``ops`` that ran (profiler), per backend
+    its ``eligibility`` with torch's reason and what ``forced`` to it gives. ``to_dict``/``from_dict``: JSON."""
 
     call: dict
     backend: str
@@ -56,7 +54,6 @@ class SDPAReport:
 
     @property
     def kernel(self) -> Optional[str]:
-        """The attention kernel op that ran (first one), or None."""
         return next((op for op in self.ops if op in KERNEL_OPS), None)
 
     def to_dict(self) -> dict:
@@ -156,8 +153,7 @@ def call_capturing_native_stderr(fn) -> tuple:
 
 
 def _eligibility_cuda(q, k, v, attn_mask, is_causal, enable_gqa) -> dict:
-    """torch's ``can_use_*(params, debug=True)`` per CUDA backend with its reasons; the bindings' debug warnings go
-    to C++ stderr, not Python's ``warnings``, so fd 2 is read back too."""
+    """torch's ``can_use_*(params, debug=True)`` per CUDA backend; its reasons go to C++ stderr, so fd 2 is read too."""
     cb = torch.backends.cuda
     params = _params(q, k, v, attn_mask, is_causal, enable_gqa)
     out = {}
@@ -177,7 +173,6 @@ def _eligibility_cuda(q, k, v, attn_mask, is_causal, enable_gqa) -> dict:
 
 
 def _run_profiled(fn) -> list[str]:
-    """Names of the interesting aten ops ``fn`` ran, in order of first appearance."""
     from torch.profiler import ProfilerActivity, profile
     with quiet_native_stderr(), profile(activities=[ProfilerActivity.CPU]) as prof:
         fn()
@@ -206,8 +201,7 @@ def _forced(backend: str, call) -> dict:
 
 # --------------------------------------------------------------------------- public
 def explain_sdpa(q, k, v, *, attn_mask=None, is_causal=False, enable_gqa=False, scale=None) -> SDPAReport:
-    """Prove which SDPA backend and aten ops run for exactly this call (SDPA's arguments) on its device: an
-    :class:`SDPAReport`. Non-tensor or non-4-D inputs, or mixed devices, raise TypeError/ValueError."""
+    """Which SDPA backend and aten ops run for this exact call; TypeError/ValueError for bad or mixed-device inputs."""
     _check(q, k, v, attn_mask)
 
     def call():
@@ -246,8 +240,7 @@ def explain_sdpa(q, k, v, *, attn_mask=None, is_causal=False, enable_gqa=False, 
 
 def decode_inputs(device, dtype, *, capacity: int = 8192, hq: int = 16, hkv: int = 2, head_dim: int = 128,
                   seed: int = 0) -> tuple:
-    """:func:`backend_matrix`'s random decode call: ``q`` (1, Hq, 1, D), ``k``, ``v`` (1, Hkv, capacity, D), from
-    their own seeded generator (a notebook showing one case shows the matrix row's data)."""
+    """:func:`backend_matrix`'s seeded decode call: ``q`` (1, Hq, 1, D), ``k``, ``v`` (1, Hkv, capacity, D)."""
     g = torch.Generator().manual_seed(seed)
     k, v, q = (torch.randn(*shape, generator=g).to(device=device, dtype=dtype)
                for shape in ((1, hkv, capacity, head_dim), (1, hkv, capacity, head_dim), (1, hq, 1, head_dim)))
@@ -257,10 +250,9 @@ def decode_inputs(device, dtype, *, capacity: int = 8192, hq: int = 16, hkv: int
 def backend_matrix(device="cpu", dtype=None, *, capacity: int = 8192, position: int = 256, hq: int = 16,
                    hkv: int = 2, head_dim: int = 128, unsupported_head_dim: int = 512, seed: int = 0,
                    progress=None) -> list[dict]:
-    """``explain_sdpa`` over VoxCPM2's decode cases at ``position``, one row per case and dtype (default: those of
-    fp32/bf16/fp16 that run): upstream's masked call, a float mask, no ``enable_gqa``, ``exact``'s window, ``fast``'s
-    slice, ``is_causal=True`` (wrong for Lq=1), upstream and fast at ``unsupported_head_dim``. Rows: backend, kernel,
-    helpers, eligible, forced, ``max_abs_err`` vs float64, ``correct``; ``progress(case, dtype)`` after each."""
+    """``explain_sdpa`` over VoxCPM2's decode cases at ``position`` (upstream's masked call, float mask, no GQA,
+    ``exact``'s window, ``fast``'s slice, ``is_causal``, ``unsupported_head_dim``) per dtype of fp32/bf16/fp16 that
+    runs; rows: backend, kernel, helpers, eligible, forced, ``max_abs_err`` vs float64, ``correct``."""
     device = resolve_device(device)
     if not 0 <= position < capacity:
         raise ValueError(f"position must be in [0, capacity={capacity}), got {position}")

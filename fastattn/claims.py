@@ -1,11 +1,7 @@
-"""Every checkable claim of the three seeds, with this device's verdict, from measurements (notebook 02, the
-run summary).
+"""Every checkable claim of the three seeds, with this device's verdict from a run's records (notebook 02, summary).
 
-A verdict is one of "holds", "does not hold", "not measurable here" (with why) or "not measured in this run"
-(naming the notebook that measures it). Verdicts are computed from the records and findings of a run folder
-plus a few direct measurements that cost milliseconds (a view's contiguity, ``sdpa_kernel``'s reach, the
-installed source); nothing is typed in. Tolerances are per dtype.
-"""
+Verdicts come from a run folder's records and findings plus a few millisecond measurements, never typed in. An
+interval across its bound reads UNDECIDED; a run below the claim's scale (device, weights, steps) NOT_SCALE."""
 
 from __future__ import annotations
 
@@ -36,9 +32,8 @@ MATH_OP = "aten::_scaled_dot_product_attention_math"
 
 
 def math_fallback_reason(up: dict, no_gqa: Optional[dict]) -> tuple:
-    """``(holds, why)`` for "a bool attn_mask makes SDPA fall back to the math kernel", from the matrix's
-    upstream row and its "bool mask, no enable_gqa" row (same mask, K/V repeated): where upstream's call runs
-    MATH but the same mask without GQA runs a fused kernel, GQA is the cause, not the mask."""
+    """``(holds, why)`` for "a bool attn_mask makes SDPA fall back to MATH", from the matrix's upstream row and its
+    "bool mask, no enable_gqa" row: where only the latter runs a fused kernel, GQA is the cause, not the mask."""
     if up["kernel"] != MATH_OP:
         return False, f"a fused kernel takes the bool mask, but still reads all {up['keys']} keys"
     if no_gqa is not None and no_gqa["kernel"] != MATH_OP:
@@ -55,7 +50,6 @@ def math_fallback_verdict(up: dict, no_gqa: Optional[dict]) -> tuple:
 
 
 def _gather(run_dir: Optional[Path]) -> tuple:
-    """``({kind: [records]}, findings)`` of a run folder (:func:`fastattn.bench.records.load_run`)."""
     if run_dir is None:
         return {}, {}
     run, recs = load_run(run_dir), {}
@@ -69,8 +63,7 @@ def _first(recs, kind, **params):
 
 
 def within(ci, lo: float, hi: float) -> str:
-    """A 95% interval against the range ``[lo, hi]``: HOLDS inside it, FAILS wholly outside, UNDECIDED across an
-    edge (and without an interval)."""
+    """A 95% interval ``ci`` in ``[lo, hi]``: HOLDS inside, FAILS wholly outside, else (or without one) UNDECIDED."""
     if not ci:
         return UNDECIDED
     if lo <= ci[0] and ci[1] <= hi:
@@ -89,8 +82,7 @@ END_TO_END_STEPS = 3500
 
 
 def _off_scale(rec: dict, *, real_weights: bool = False, min_steps: Optional[int] = None) -> Optional[str]:
-    """What keeps ``rec`` from a CUDA claim's scale, in words (None: at its scale): the device, random weights,
-    fewer steps."""
+    """Why ``rec`` is off a CUDA claim's scale (device, random weights, fewer steps), in words; None at its scale."""
     why = [] if _device(rec) == "cuda" else [f"measured on {_device(rec)}, the claim on a CUDA GPU"]
     if real_weights and rec["params"].get("weights", "random") != "checkpoint":
         why.append("random weights, the claim on the real checkpoint")
@@ -142,8 +134,7 @@ def _device(rec: dict) -> str:
 
 
 def _matrix_rows(recs) -> tuple:
-    """02's backend-matrix rows in voxcpm's runtime dtype on the run's device (bf16 on CPU and CUDA), read from
-    the record, not measured again: ``(rows, dtype)``; ``([], None)`` without a record."""
+    """``(rows, dtype)`` of 02's recorded matrix in voxcpm's runtime dtype on its device; ``([], None)`` without."""
     m = recs.get("backend_matrix")
     if not m:
         return [], None
@@ -173,8 +164,7 @@ def _slice_flash(recs, finds):
 
 
 def _o_position(recs, finds):
-    """The slice fix's own rows (``slice_fix``) against upstream's call: it grows more than 2x from the first to the
-    last position (O(position)), upstream's less than 1.5x (O(max_length)), each judged by its interval."""
+    """The slice fix grows > 2x from first to last position (O(position)), upstream's call < 1.5x (O(max_length))."""
     a = next((r for r in recs.get("attention", []) if len(r["params"]["positions"]) > 2
               and any(x["mode"] == "slice_fix" for x in r["rows"])), None)
     if not a:
@@ -193,8 +183,7 @@ ROUNDING_BOUND = 1e-5
 
 
 def _rounding(recs, finds):
-    """From 02's matrix (every dtype it ran, the head_dim 128 rows): holds where the sliced call's error against
-    float64 is ~1e-6 in every dtype, in part where only float32's is, and not where float32's is larger."""
+    """The sliced call vs float64 (head_dim 128) within ROUNDING_BOUND: in every dtype HOLDS, in float32 only PARTLY."""
     m = recs.get("backend_matrix")
     if not m:
         return NOT_RUN, "02_backend_selection measures it"
@@ -213,8 +202,7 @@ def _rounding(recs, finds):
 
 
 def _per_position(recs, finds):
-    """The slice fix's own decode-step rows; where a record has none, fastattn's ``exact`` step only where it
-    really windows (a CPU record), never where it is upstream's own call."""
+    """The slice fix's step rows, else fastattn's ``exact`` step where it windows (CPU), never upstream's own call."""
     d = _first(recs, "decode_step", dtype="bfloat16")
     if not d:
         return NOT_RUN, "05_profiling measures it"
@@ -300,9 +288,8 @@ def _default_exact(recs, finds):
 
 
 def position_cost(att: dict, mode: str = "reference") -> dict:
-    """How one mode's call cost moves from the sweep's first to its last position: ``{first_ms, last_ms, growth,
-    ci, verdict, line}``; ``verdict`` is ``flat`` (the interval of last / first within 1.5x), ``grows`` (wholly
-    above) or ``undecided``. 01's conclusion under its figure and the ledger's seed-003 row both read it."""
+    """One mode's call cost, a sweep's first to last position: ``{first_ms, last_ms, growth, ci, verdict, line}``;
+    ``verdict`` is "flat" (the interval of last / first within 1.5x), "grows" (wholly above) or "undecided"."""
     ps = sorted(a for a in att["params"]["positions"])
     first, last = (find_row(att["rows"], mode=mode, position=p) for p in (ps[0], ps[-1]))
     growth, ci = _unpaired(last, first)
@@ -316,8 +303,7 @@ def position_cost(att: dict, mode: str = "reference") -> dict:
 
 
 def _o_max_length(recs, finds):
-    """Two parts: a floor set by max_length (upstream's call at the first position against the slice fix there),
-    and growth with the position (:func:`position_cost`), each judged by its interval."""
+    """A floor set by max_length (slice fix vs upstream at the first position) and growth (:func:`position_cost`)."""
     a = next((r for r in recs.get("attention", []) if any(x["mode"] == "slice_fix" for x in r["rows"])), None) or \
         next((r for r in recs.get("attention", []) if r["params"]["modes"][:1] == ["reference"]), None)
     if not a:
@@ -385,7 +371,6 @@ def _zero_fill_cost(recs, finds):
 
 
 def _published(name: str, metric: str) -> str:
-    """The ``before`` figure of ``metric`` in ``data/published/<name>``."""
     return next(r["before"] for r in load_published(name) if r["metric"] == metric)
 
 
@@ -446,9 +431,7 @@ def matrix_claims(matrix: dict) -> list:
 
 
 def claims_ledger(run_dir=None) -> list:
-    """``[{source, claim, scale, verdict, evidence}]`` from the records and findings under ``run_dir``: ``scale`` is
-    what the claim speaks of; a verdict whose interval reaches its bound is UNDECIDED, a run smaller than the
-    claim's scale NOT_SCALE."""
+    """``[{source, claim, scale, verdict, evidence}]`` of ``run_dir``'s records; ``scale``: what the claim is about."""
     recs, finds = _gather(Path(run_dir) if run_dir else None)
     out = []
     for source, claim, scale, judge in CLAIMS:

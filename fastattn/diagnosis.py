@@ -1,10 +1,6 @@
-"""Notebook 01's readings: #293 diagnosed from a stream record (per-component trends where it has them) and the
-consumer matrix, and the reply to #293 (English and Chinese) built from them.
+"""Notebook 01's readings: #293 diagnosed from a stream record and the consumer matrix, and the reply to #293.
 
-Pure functions of records; they measure nothing. Each hypothesis for "streaming slows from ~0.3 s to 1-2 s per chunk
-after 400+ chunks" gets its measured effect on this device and one reading: it ``RULES_OUT``, ``REPRODUCES`` the
-shape, ``NEEDS`` the reporter's machine (or a GPU), or was ``NOT_MEASURED``.
-"""
+Pure functions of records; each hypothesis gets one reading: RULES_OUT, REPRODUCES, NEEDS or NOT_MEASURED."""
 
 from __future__ import annotations
 
@@ -94,7 +90,6 @@ def _compile_line(c: Optional[dict]) -> str:
 
 
 def _none_grew(up: dict, comps: list) -> str:
-    """One sentence for a reply: how many parts were trended, and the steepest upper bound among them."""
     ci = {c: up[c]["ci"][1] for c in comps if up[c].get("ci")}
     if not ci or any(up[c]["verdict"] != "flat" for c in comps):
         return "; ".join(f"{c}: {_trend_line(up[c])}" for c in comps)
@@ -104,8 +99,7 @@ def _none_grew(up: dict, comps: list) -> str:
 
 
 def _attention_row(stream: dict, up: dict, comps: list) -> dict:
-    """The full-cache attention lives in the LM steps: where they were timed apart, their trends decide (a chunk
-    that grows because its DiT grows says nothing about attention); else the whole chunk's trend."""
+    """The LM steps' trends where timed apart (attention runs there; a growing DiT says nothing), else the chunk's."""
     hyp = "The full-cache attention (every step reads 8192 slots)"
     lms = [up[c] for c in ("base_lm", "residual_lm") if c in up]
     if comps and lms:
@@ -122,8 +116,7 @@ def _attention_row(stream: dict, up: dict, comps: list) -> dict:
 
 
 def _prompt_row(prompts: Optional[dict]) -> dict:
-    """Calls whose prompt grows: the time to each call's first step grows with the prefix (prefill, re-encoding);
-    it reproduces the shape where some way's last call waits 3x its first call or more."""
+    """A growing prompt delays each call's first step (prefill); it reproduces where a last call waits 3x its first."""
     hyp = "A prompt that grows from call to call (merge_prompt_cache, output fed back as the prompt wav)"
     if not prompts:
         return {"hypothesis": hyp, "measured here": "calls with a growing prompt were not measured in this run",
@@ -205,10 +198,8 @@ def measured_where(stream: dict) -> tuple:
 
 
 def reply_293(rows: list, stream: Optional[dict] = None, fix: Optional[tuple] = None) -> str:
-    """The reply to OpenBMB/VoxCPM#293 (markdown, English then Chinese): thanks and what happens to the proposed
-    fix (``fix``: (English, Chinese) evidence on the slice under ``optimize()``), what was measured and where
-    (``stream``), the leads that fit a GPU user ranked (whether or not they reproduced here), a timing snippet,
-    and only the questions the post leaves open."""
+    """The reply to OpenBMB/VoxCPM#293 (markdown, English then Chinese): the fix's fate (``fix``: (en, zh) evidence
+    under ``optimize()``), where it was measured, the leads ranked, a timing snippet, the questions left open."""
     where = measured_where(stream) if stream else ("this run's stream", "本次运行的流式生成")
     fix = fix or ("", "")
     leads = sorted(rows, key=lambda r: (RANK[r["reading"]], not _gpu(r)))  # what reproduced here first
@@ -221,7 +212,6 @@ def _gpu(row: dict) -> Optional[str]:
 
 
 def _why(row: dict, lang: int) -> str:
-    """A lead's line: a GPU lead's reason (not testable here); else its reading and what was measured."""
     if _gpu(row):
         return GPU_LEADS[_gpu(row)][lang]
     said = {REPRODUCES: "reproduced here", RULES_OUT: "ruled out here", NOT_MEASURED: "not measured in this run",
@@ -231,7 +221,6 @@ def _why(row: dict, lang: int) -> str:
 
 
 def _reply(lang: str, **parts) -> str:
-    """``data/upstream-prs/reply-templates/<lang>.md`` filled with ``parts``."""
     from .paths import data_dir
     return (data_dir() / "upstream-prs" / "reply-templates" / f"{lang}.md").read_text().format(**parts)
 

@@ -82,8 +82,7 @@ def doctor(calibrate: bool = True) -> dict:
 
 
 def fastest_dtype_measured(reports=None) -> Optional[str]:
-    """The dtype the newest 05 run under ``reports`` measured fastest on this machine, with its ratio and run name;
-    None where no run compared whole-decode dtypes."""
+    """The newest 05 run's fastest dtype on this machine, with its ratio and run name; None where none compared."""
     found = sorted(Path(reports or reports_dir()).glob("*/05_profiling/records/dtype_decode*.json"))
     for path in reversed(found):
         rec = load_record(path)
@@ -104,8 +103,7 @@ def priority_names(order) -> list:
 
 
 def sdp_priority_order(device) -> Optional[list]:
-    """SDPA's CUDA backend order, read after one selection on ``device`` (torch installs its cuDNN-first order,
-    sm90/sm100 with cuDNN > 9.15, at the first); None where this torch cannot tell."""
+    """SDPA's CUDA backend order after one selection on ``device`` (which installs it); None where torch cannot tell."""
     getter = getattr(torch._C, "_get_sdp_priority_order", None)
     if getter is None:
         return None

@@ -1,6 +1,4 @@
-"""Figures from records. Pure functions: they take records (dicts, lists of rows) and return
-matplotlib figures; they never run a benchmark or a model.
-"""
+"""Figures from records: pure functions returning matplotlib figures; they never run a benchmark or a model."""
 
 from __future__ import annotations
 
@@ -40,7 +38,6 @@ def _finish(fig, ax, title: str):
 
 
 def _samples(rec) -> str:
-    """How many timed samples each plotted point rests on: n per point, or repeats per variant."""
     ns = {r["n"] for r in rec.get("rows", []) if isinstance(r.get("n"), int)}
     if ns:
         return f"n={min(ns)}" if len(ns) == 1 else f"n={min(ns)}-{max(ns)}"
@@ -219,7 +216,6 @@ def backend_table(rows: Sequence[dict]):
 
 
 def _choice_table(rows: list, cols: list, chosen) -> str:
-    """HTML table of ``rows`` in ``cols`` (floats 3 digits, bools yes/no); ``candidate`` bold where ``chosen(row)``."""
     from html import escape
     head = "".join(f"<th>{c}</th>" for c in cols)
     body = ""
@@ -317,7 +313,6 @@ def consumers(rec: dict, *, ax=None):
 
 
 def targets_table(targets: list) -> str:
-    """HTML table of judged targets: measured, 95% interval, n, goal, verdict (yes / no / undecided / n/a), note."""
     from html import escape
 
 

@@ -1,11 +1,6 @@
 """The fix as patches upstream could merge: three kits, each a set of patched voxcpm files under ``data/kits/``.
 
-A kit's files mirror voxcpm's package tree (``data/kits/<kit>/voxcpm/...``) and are the patched 2.0.3 sources,
-linted and imported by the tests. :func:`upstream_diff` makes each kit's unified diff from them against the
-installed 2.0.3 (``layout="wheel"``) or upstream's ``src/`` tree (``"src"``; ``base=`` a checkout of upstream's
-main, where a file differs from 2.0.3). :func:`apply_diff` applies a diff in Python (no ``patch`` binary):
-every hunk's context must match exactly, at most ``max_offset`` lines from where the diff says, else it raises.
-"""
+A kit's files mirror voxcpm's tree (``data/kits/<kit>/voxcpm/...``): the patched 2.0.3 sources, linted and tested."""
 
 from __future__ import annotations
 
@@ -65,7 +60,7 @@ def _base_text(rel: str) -> str:
 
 
 def kit_sources(kit: str) -> dict:
-    """``{"voxcpm/<rel>": (2.0.3 text, patched text)}`` for every file of ``kit`` (:data:`KITS`)."""
+    """``{"voxcpm/<rel>": (2.0.3 text, patched text)}`` of ``kit``'s files; DiffError where the base is not 2.0.3."""
     if kit not in KITS:
         raise ValueError(f"kit must be one of {sorted(KITS)}, got {kit!r}")
     root = KIT_DIR / kit / "voxcpm"
@@ -98,8 +93,7 @@ def _defs(text: str) -> dict:
 
 
 def _transplant(base: str, old: str, new: str) -> str:
-    """``base`` (another version of ``old``) with the top-level definitions that ``new`` changes or adds over
-    ``old`` put in: a changed one replaces ``base``'s, an added one goes right before the next one ``new`` has."""
+    """``base`` with the top-level definitions ``new`` changes or adds over ``old`` (an added one before its next)."""
     lines, nlines, olines = base.splitlines(True), new.splitlines(True), old.splitlines(True)
     nd, od = _defs(new), _defs(old)
     src = lambda d, ls, k: "".join(ls[d[k][0]:d[k][1]])  # noqa: E731
@@ -117,10 +111,8 @@ def _transplant(base: str, old: str, new: str) -> str:
 
 
 def upstream_diff(layout: str = "wheel", kit: str = "right-sized", base: Path | None = None) -> str:
-    """``kit``'s unified diff (``a/`` and ``b/`` prefixes, ``-p1``): ``layout="wheel"`` inside site-packages
-    (voxcpm 2.0.3), ``"src"`` at the root of upstream's repository. ``base``: an upstream checkout whose
-    ``src/voxcpm`` files are diffed against instead of 2.0.3's (a file that differs gets the kit's changed
-    top-level definitions transplanted, :func:`_transplant`)."""
+    """``kit``'s ``-p1`` diff for site-packages 2.0.3 (``layout="wheel"``) or upstream's repository (``"src"``, with
+    the PR's test); ``base``: an upstream checkout to diff against instead (the kit's changes transplanted)."""
     if layout not in LAYOUTS:
         raise ValueError(f"layout must be one of {sorted(LAYOUTS)}, got {layout!r}")
     prefix, parts = LAYOUTS[layout][1], []
@@ -139,7 +131,6 @@ def upstream_diff(layout: str = "wheel", kit: str = "right-sized", base: Path | 
 
 def write_upstream_diff(path: Path | None = None, layout: str = "wheel", kit: str = "right-sized",
                         base: Path | None = None) -> Path:
-    """Write :func:`upstream_diff` for ``layout`` and ``kit`` to ``data/`` (or ``path``) and return the path."""
     path = Path(path) if path else data_dir() / KITS[kit][1][layout]
     path.write_text(upstream_diff(layout, kit, base))
     return path
@@ -171,9 +162,8 @@ def _file_patches(diff: str) -> list:
 
 
 def apply_diff(root, diff: str, max_offset: int = 200) -> list:
-    """Apply the unified ``diff`` under ``root`` (``-p1``) in Python; returns each hunk's offset. A hunk whose
-    lines (context and removed) are not found exactly within ``max_offset`` lines raises :class:`DiffError`,
-    and then nothing is written."""
+    """Apply unified ``diff`` (``-p1``) under ``root``; returns ``(path, hunk, offset)`` per hunk. A hunk not found
+    exactly within ``max_offset`` lines raises :class:`DiffError` before anything is written."""
     out, texts = [], {}
     for path, hunks, new_file in _file_patches(diff):
         target = Path(root) / path
@@ -205,9 +195,7 @@ def pristine_copy(dest, layout: str = "wheel") -> Path:
 
 
 def patched_copy(dest, kit="right-sized", layout: str = "wheel") -> Path:
-    """A copy of the installed voxcpm under ``dest`` (:func:`pristine_copy`; ``layout="src"``: as upstream's
-    ``src/`` tree) with ``kit``'s diff applied (a kit name, or several in order: stacked). Returns ``dest``: put
-    it first on ``PYTHONPATH`` (in a fresh process) to import the patched package."""
+    """:func:`pristine_copy` with ``kit``'s diffs applied in order; returns ``dest``, for a new process's PYTHONPATH."""
     kits = (kit,) if isinstance(kit, str) else tuple(kit)
     for k in kits:
         if k not in KITS:
@@ -223,10 +211,8 @@ def patched_copy(dest, kit="right-sized", layout: str = "wheel") -> Path:
 
 
 def run_in_patched_copy(kit: str, script, *args, timeout: int = 1800, env: dict | None = None) -> dict:
-    """Run ``script`` (code for ``python -c``, or a :class:`~pathlib.Path` to a file) in a fresh process that
-    imports a copy of voxcpm with ``kit``'s diff applied (:func:`patched_copy`), with ``argv = [root, *args, out]``
-    and ``env`` added to this environment; return what it ``torch.save``-d to ``out``. A failing script raises
-    RuntimeError with the end of its stderr."""
+    """Run ``script`` (``python -c`` code, or a file's Path) in a fresh process over :func:`patched_copy`, ``argv =
+    [root, *args, out]``; returns what it ``torch.save``-d to ``out``. A failure raises RuntimeError with its stderr."""
     import subprocess
     import sys
     import tempfile
@@ -244,8 +230,7 @@ def run_in_patched_copy(kit: str, script, *args, timeout: int = 1800, env: dict 
 
 
 def upstream_decode(preset: str, *, text: str, steps: int, dtype: str, seed: int, device: str, prepare=None):
-    """Upstream's decode here (unpatched), from ``seed``: the waveform every kit's decode is compared with.
-    ``prepare(model)`` runs before it (e.g. voxcpm's own ``optimize()``). Returns (model, waveform on CPU)."""
+    """Upstream's unpatched decode from ``seed``, after ``prepare(model)``: ``(model, waveform on CPU)``."""
     import torch
 
     model = build_voxcpm2(preset, seed=seed, dtype=dtype, device=device)
@@ -257,9 +242,8 @@ def upstream_decode(preset: str, *, text: str, steps: int, dtype: str, seed: int
 
 def decode_with_diff(preset: str, *, text: str, steps: int, dtype: str = "bfloat16", seed: int = 0,
                      device="cpu", granularity: int | None = None) -> dict:
-    """Decode with the right-sized diff applied (a patched copy in a fresh process,
-    ``data/kits/scripts/decode.py``; ``granularity`` forces the cache's), then unpatched here from the same seed:
-    ``{"identical", "max_abs_diff", "diff_capacity", "upstream_capacity", "length", "device"}``."""
+    """Decode through the right-sized diff (fresh process, ``data/kits/scripts/decode.py``), then unpatched here:
+    ``{identical, max_abs_diff, diff_capacity, upstream_capacity, length, device}``."""
     import torch
 
     device = str(resolve_device(device))
@@ -280,14 +264,9 @@ LIVE_ERROR_BOUND = 2
 
 def live_decode_check(preset: str, *, text: str, steps: int, dtype: str = "float32", seed: int = 0, device="cpu",
                       lengths=(1, 127, 128, 129, 255, 256, 257, 511, 512, 513, 1000)) -> dict:
-    """The ``decode-attention`` kit in a fresh process (``data/kits/scripts/live_check.py``): whole decodes
-    "masked", "live" (twice) and "live" under a ``fullgraph`` compile (eager backend), and one attention step of
-    the base LM's first layer per mode against float64 at ``lengths`` keys.
-
-    Returns ``identical_off`` ("masked" ``torch.equal`` to upstream here), ``max_abs_diff_on`` (live vs masked),
-    ``deterministic_on``, ``step_errors`` ({mode: [max abs error per length]}), ``error_ratio`` (live's worst over
-    masked's), ``error_bound`` (:data:`LIVE_ERROR_BOUND`), ``rows`` (the compiled decode's graphs) and
-    ``max_abs_diff_compiled`` (compiled live vs eager live)."""
+    """The ``decode-attention`` kit in a fresh process: "masked" and "live" decodes (live twice, and compiled), a step
+    per mode vs float64 at ``lengths``: ``identical_off`` (masked == upstream), ``max_abs_diff_on``/``_compiled``,
+    ``deterministic_on``, ``step_errors`` ({mode: [by length]}), ``error_ratio`` (live/masked worst), ``rows``."""
     import json
 
     import torch

@@ -1,5 +1,4 @@
-"""Measuring instruments: each returns a record (:func:`record`) that :func:`save_record` writes and :func:`load_run`
-reads back. Timers: :func:`time_interleaved` and ``stream.time_chunks``; headline figures: :mod:`.metrics`.
+"""Measuring instruments: each returns a record (:func:`record`); headline figures come from :mod:`.metrics`.
 Timing lives here, never in a test's assertion (``timing`` tests are benchmarks, outside ``make test``)."""
 
 from ..devices import DTYPES, cpu_flags, resolve_device

@@ -26,14 +26,10 @@ def attention_sweep(positions: Sequence[int], *, capacity: int = 8192, dtype="fl
                     bucket: Optional[int] = None, repeats: int = 7, warmup: int = 2, seed: int = 0,
                     bw: Optional[dict] = None, slice_fix: bool = True, gemm_floor: bool = True, caches: int = 1,
                     progress: bool = True) -> dict:
-    """One ``attention_step`` call per mode at each position (length = position + 1), interleaved.
-
-    Rows ``{mode, position, length, window, median_ms, ..., samples_ms, max_err_f64, live_bytes, floor_ms,
-    floor_meaningful, x_floor}``. ``caches`` > 1 rotates the calls over that many K/V caches (36: one per layer of
-    both LMs) so each reads its K/V cold, as a model step does; ``floor_meaningful`` says whether they exceed the
-    last-level cache (None where its size is unknown). ``slice_fix`` adds the public slice fix's rows;
-    ``gemm_floor`` (fp32) the two bare GEMMs of the grouped form, the best torch's BLAS does with these bytes.
-    ``slice_fix`` and ``fast`` are timed at a fresh key count per call, walking from each position (:data:`FRESH`)."""
+    """One ``attention_step`` call per mode at each position (length = position + 1), interleaved. Rows: a timed
+    row plus ``mode, position, length, window, max_err_f64, live_bytes, floor_ms, floor_meaningful, x_floor``.
+    ``caches`` > 1 rotates over that many K/V caches (36: every layer of both LMs) so each read is cold;
+    ``gemm_floor`` (fp32): the grouped form's two bare GEMMs, the best torch's BLAS does with these bytes."""
 
     device, dt = resolve_device(device), _dtype(dtype)
     _check_sweep_args(positions, capacity, modes, caches)
@@ -115,8 +111,7 @@ def _position_rows(fns, q, kvs, p, device, repeats, warmup, capacity, gran, bw, 
 
 def fast_choices(device="cpu", *, dtypes=("float32", "bfloat16"), hq: int = 16, hkv: int = 2, head_dim: int = 128,
                  seed: int = 0) -> dict:
-    """What ``fast`` picks on this device for each dtype and key-count class, and why: every candidate's
-    error vs float64, ``reference``'s error on the same data, whether it was accepted, its median time."""
+    """What ``fast`` picks per dtype and key-count class: each candidate's error vs float64, ``reference``'s, time."""
     device = resolve_device(device)
     rows = []
     for name in dtypes:
@@ -132,17 +127,15 @@ def fast_choices(device="cpu", *, dtypes=("float32", "bfloat16"), hq: int = 16, 
 
 
 def _granularity_of(q, k, bucket):
-    """The window granularity ``exact`` used: the int bucket, the calibrated one, or None (whole cache)."""
+    """``bucket``, else the calibrated granularity, or None (whole cache)."""
     return bucket if bucket is not None else exact_granularity(
         q.device, q.dtype, hq=q.shape[1], hkv=k.shape[1], head_dim=q.shape[3], capacity=k.shape[2], lq=q.shape[2])
 
 
 def dtype_costs(device="cpu", *, length: int = 4096, capacity: int = 8192, hq: int = 16, hkv: int = 2,
                 head_dim: int = 128, repeats: int = 9, warmup: int = 2, seed: int = 0) -> dict:
-    """Why bf16 attention costs what it does here: the same operations timed in float32 and bfloat16,
-    interleaved. Rows: ``{op, dtype, median_ms, n, ...}`` for upstream's masked SDPA over the whole
-    capacity, SDPA over the slice, one bare GEMM ``q @ k^T`` over ``length`` keys, and the bf16 -> fp32
-    conversion of that K; ``ratios``: bf16 / fp32 per op; ``flags``: the CPU's bf16-relevant features."""
+    """Why bf16 attention costs what it does: masked SDPA, sliced SDPA, a bare ``q @ k^T`` and the bf16 -> fp32
+    cast of K, in fp32 and bf16, interleaved. Rows ``{op, dtype, median_ms, ...}``; ``ratios``: bf16 / fp32 per op."""
     device = resolve_device(device)
     g = torch.Generator().manual_seed(seed)
     base = [torch.randn(1, h, n, head_dim, generator=g) for h, n in ((hq, 1), (hkv, capacity), (hkv, capacity))]

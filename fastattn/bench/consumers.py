@@ -1,5 +1,4 @@
-"""The caller's side of a stream (#293): what a consumer that reprocesses the whole clip every chunk costs as it
-grows (:func:`consumer_matrix`), and a consumer thread beside the generator (:func:`consumer_contention`)."""
+"""The caller's side of a stream (#293): consumers that reprocess the whole clip every chunk, alone and beside it."""
 
 from __future__ import annotations
 
@@ -100,10 +99,8 @@ def _time(fn, repeats: int) -> float:
 
 def consumer_matrix(chunks: Optional[Sequence] = None, *, at: Sequence[int] = AT, sr: int = SAMPLE_RATE,
                     chunk_samples: int = CHUNK_SAMPLES, repeats: int = 3, seed: int = 0) -> dict:
-    """Each consumer pattern's ms for the chunk that makes the clip ``k`` chunks long, for ``k`` in ``at``.
-    ``chunks``: a stream's real chunks, repeated cyclically to length ``k`` (None: noise chunks of ``chunk_samples``).
-    Rows ``{pattern, chunk, samples, ms}``; ``summary[pattern]``: ``us_per_ksample`` (resistant slope), ``ms_first``,
-    ``ms_at_400``, ``chunk_at_1s`` (None past 100,000 chunks), ``reproduces_293`` (under 0.1 s first, +0.7 s by 400)."""
+    """Each pattern's ms for the chunk that makes the clip ``k`` chunks long, ``k`` in ``at`` (``chunks`` cycled;
+    None: noise). Rows ``{pattern, chunk, samples, ms}``; ``summary[pattern]``: :func:`_fit` of them."""
     rng = np.random.default_rng(seed)
     base = [np.asarray(c, dtype=np.float32).reshape(-1) for c in chunks] if chunks is not None else \
         [(0.1 * rng.standard_normal(chunk_samples)).astype(np.float32)]
@@ -144,7 +141,7 @@ def _fit(rows: list, chunk_samples: int) -> dict:
 
 
 def consumer_table(rec: dict) -> list:
-    """One row per pattern (and skipped one): cost per 1k samples, ms first and at 400, chunk at 1 s, #293's shape."""
+    """A ``consumer_matrix`` record's summary, one row per pattern (and skipped one)."""
     return [{"pattern": p, "us per 1k samples so far": s["us_per_ksample"], "ms, first chunk": s["ms_first"],
              "ms at chunk 400": s["ms_at_400"], "1 s per chunk at chunk": s["chunk_at_1s"] or "never (<1e5)",
              "reproduces 0.3 -> 1-2 s at 400": s["reproduces_293"]} for p, s in rec["summary"].items()] + \
@@ -158,10 +155,9 @@ MP3 = codec_pattern("MP3")
 
 def consumer_contention(preset: str = "small", chunks: int = 60, *, pattern: str = MP3, repeats: int = 2,
                         device="cpu", dtype="bfloat16", seed: int = 0) -> dict:
-    """The generator's ms per chunk alone and with a thread running ``pattern`` (a :func:`patterns` name; unknown:
-    ValueError) on the growing clip, alternated ``repeats`` times after an untimed warm-up; a codec missing here runs
-    the first whole-clip pattern (``params.pattern`` / ``params.asked``). Rows ``{repeat, beside, chunk, ms}``;
-    ``consumer_ms``; ``ratio`` beside / alone (medians, chunk 0 left out) with its 95% ``ci``."""
+    """The generator's ms per chunk alone and beside a thread running ``pattern`` (unknown: ValueError; a missing
+    codec runs a whole-clip pattern, ``params.asked`` keeps the name), alternated. Rows ``{repeat, beside, chunk,
+    ms}``; ``ratio`` beside / alone (medians, chunk 0 dropped), its 95% ``ci``."""
     import torch
 
     fns, _ = patterns()

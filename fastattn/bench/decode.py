@@ -23,9 +23,7 @@ from .timing import progress_bar, sync_device, time_interleaved
 
 
 class Timers:
-    """Per-component times within a decode, without extra syncs (:func:`fastattn.clock.stamp`: CUDA events, else
-    perf_counter). What a wrapped
-    call costs the timer on CPU (two ``perf_counter`` reads) is measured by :func:`timer_overhead_us`."""
+    """Per-component seconds within a decode, without extra syncs (CUDA events, else perf_counter)."""
 
     def __init__(self, device):
         self.cuda = torch.device(device).type == "cuda"
@@ -41,14 +39,14 @@ class Timers:
         return marked
 
     def step_disturbed(self) -> list:
-        """Per step of :meth:`step_s`: whether other processes or preemption disturbed it (:mod:`.noise`)."""
+        """Per step of :meth:`step_s`: whether other processes or preemption took it (:mod:`.noise`)."""
         wall = self.step_s()
         d = [delta(a, b) for a, b in zip(self.hosts, self.hosts[1:])]
         cpu, machine = [x["cpu_s"] for x in d], [x["machine_s"] for x in d]
         return disturbed(wall, cpu, [x["switches"] for x in d], others=others_busy(wall, cpu, machine))
 
     def step_s(self) -> list:
-        """Seconds of each whole decode step but the last (from one base-LM step's start to the next)."""
+        """Seconds of each decode step but the last (one base-LM step's start to the next)."""
         sync_device("cuda" if self.cuda else "cpu")
         return [elapsed_s(a, b) for a, b in zip(self.marks, self.marks[1:])]
 
@@ -61,7 +59,7 @@ class Timers:
         return timed
 
     def totals_s(self) -> dict:
-        """Seconds per component since the last call (the samples are then cleared: per chunk, call it per chunk)."""
+        """Seconds per component since the last call (which cleared the samples)."""
         sync_device("cuda" if self.cuda else "cpu")
         out = {n: sum(elapsed_s(a, b) for a, b in v) for n, v in self.samples.items()}
         self.samples = {}
@@ -69,8 +67,7 @@ class Timers:
 
 
 def timer_overhead_us(n: int = 2000) -> float:
-    """Microseconds :meth:`Timers.wrap` adds to one call on CPU: ``n`` timed no-ops against ``n`` bare ones,
-    interleaved (:func:`.timing.time_interleaved`, 5 rounds), the difference of the medians over ``n``."""
+    """Microseconds :meth:`Timers.wrap` adds to one call on CPU (``n`` timed vs bare no-ops, interleaved)."""
     noop = lambda: None  # noqa: E731
     timed = Timers("cpu").wrap("x", noop)
     t = time_interleaved({"timed": lambda: [timed() for _ in range(n)], "bare": lambda: [noop() for _ in range(n)]},
@@ -80,9 +77,8 @@ def timer_overhead_us(n: int = 2000) -> float:
 
 @contextmanager
 def instrumented(model, timers: Timers, *, attention: bool = True, vae: bool = False):
-    """Time the base LM step, residual LM step, local DiT (``local_dit``), local encoder (``local_encoder``), and
-    with ``attention`` the LMs' decode-step attention, with ``vae`` the streaming VAE decode of each chunk (``vae``).
-    Everything is restored on exit."""
+    """Time ``base_lm``, ``residual_lm``, ``local_dit``, ``local_encoder``, optionally ``lm_attention`` (decode-step
+    SDPA in the LMs) and ``vae`` (streaming decode per chunk) into ``timers``; restored on exit."""
     import torch.nn.functional as F
     saved = []
 
@@ -123,7 +119,7 @@ def instrumented(model, timers: Timers, *, attention: bool = True, vae: bool = F
 
 
 def _timed_streaming_decode(streaming_decode, timers: Timers):
-    """voxcpm's ``audio_vae.streaming_decode()`` context, its decoder's ``decode_chunk`` timed as ``vae``."""
+    """``streaming_decode()`` with its decoder's ``decode_chunk`` timed as ``vae``."""
     @contextmanager
     def timed(*a, **k):
         with streaming_decode(*a, **k) as dec:
@@ -135,16 +131,10 @@ def _timed_streaming_decode(streaming_decode, timers: Timers):
 def whole_decode(preset: str = "tiny", *, steps: int = 12, dtype="bfloat16", device="cpu", seed: int = 0,
                  text: str = "The quick brown fox jumps over the lazy dog.", inference_timesteps: int = 10,
                  repeats: int = 2, mode: str = "exact", model=None, progress: bool = True) -> dict:
-    """A VoxCPM2 ``generate()`` of ``steps`` decode steps, upstream vs patched, alternating, ``repeats`` each.
-
-    Each run is split into base LM, residual LM, local DiT, local encoder, the
-    decode-step attention inside the LMs (``lm_attention``, part of the two LM
-    figures) and the rest (prefill, projections, stop head, VAE decode); ``step_seconds`` holds each decode step's
-    wall time (one base-LM step's start to the next) and ``step_disturbed`` whether other processes took it.
-    ``identical`` says whether the patched waveform is ``torch.equal`` to upstream's;
-    ``patched_granularity`` is the patched base-LM cache's window granularity, None where it holds all
-    ``max_length`` slots (no exact window on the device: the patched decode is upstream's computation).
-    """
+    """A ``generate()`` of ``steps`` decode steps, upstream vs patched, alternating. Rows per run: ``wall_s``, per
+    component ``*_s`` (``lm_attention_s`` is inside the LM figures; ``rest_s``: prefill, stop head, VAE...),
+    ``step_seconds``, ``step_disturbed``. ``identical``: waveforms ``torch.equal``; ``patched_granularity``: None
+    where the patched cache holds all slots (no exact window: the patched decode is upstream's computation)."""
     device = resolve_device(device)
     model = model or build_voxcpm2(preset, seed=seed, device=str(device), dtype=dtype)
     silence_progress()
@@ -188,8 +178,7 @@ def whole_decode(preset: str = "tiny", *, steps: int = 12, dtype="bfloat16", dev
 
 
 def _peak_reset(device) -> bool:
-    """Start a peak-memory window: CUDA's allocator peak, or the process's peak RSS (``/proc/self/clear_refs``,
-    Linux). False where the CPU peak cannot be reset (then the peak read covers the process's whole life)."""
+    """Reset CUDA's allocator peak, or the process's peak RSS (Linux); False where the CPU peak cannot be reset."""
     if torch.device(device).type == "cuda":
         torch.cuda.reset_peak_memory_stats()
         return True
@@ -202,8 +191,7 @@ def _peak_reset(device) -> bool:
 
 
 def _release_memory() -> None:
-    """Give a deleted model's memory back (garbage collection, glibc's ``malloc_trim``, CUDA's cache), so the next
-    dtype's peak does not start from the last one's retention."""
+    """Return a deleted model's memory, so the next dtype's peak does not start from this one's retention."""
     gc.collect()
     if torch.cuda.is_available():
         torch.cuda.empty_cache()
@@ -215,7 +203,7 @@ def _release_memory() -> None:
 
 
 def _peak_read(device) -> Optional[int]:
-    """Bytes: CUDA's allocator peak since the reset, or the process's peak RSS (VmHWM) where Linux reports it."""
+    """Bytes: CUDA's allocator peak, or the process's peak RSS (VmHWM) where Linux reports it."""
     if torch.device(device).type == "cuda":
         return int(torch.cuda.max_memory_allocated())
     try:
@@ -228,8 +216,7 @@ def _peak_read(device) -> Optional[int]:
 
 
 def steps_for(step_s: float, budget_s: float, *, steps: int, minimum: int = 3, repeats: int = 2) -> int:
-    """Decode steps per ``generate`` that fit ``budget_s`` for two variants x ``repeats`` (each run also pays about a
-    step of prefill): ``steps`` where it fits, never below ``minimum``."""
+    """Decode steps per ``generate`` that fit ``budget_s`` (2 x ``repeats`` runs), in ``[minimum, steps]``."""
     fit = int(budget_s / (2 * repeats * step_s)) - 1
     return max(minimum, min(steps, fit))
 
@@ -237,15 +224,9 @@ def steps_for(step_s: float, budget_s: float, *, steps: int, minimum: int = 3, r
 def dtype_decode(preset: str = "full", *, dtypes=("bfloat16", "float32"), steps: int = 12, device="cpu",
                  seed: int = 0, inference_timesteps: int = 10, repeats: int = 2, budget_s: Optional[float] = None,
                  min_steps: int = 3, progress: bool = False) -> dict:
-    """The whole decode (:func:`whole_decode`, upstream vs patched) once per dtype, each model built in turn.
-
-    ``budget_s`` (None: no limit) is shared by the dtypes left: each dtype's steps come from a 1-step warm-up
-    ``generate`` of its own model (:func:`steps_for`; never below ``min_steps``), so a machine that is slow in one
-    dtype gets fewer steps there and the record says so (``sizing``). Per dtype: ``build_s``, ``weights_bytes``, the
-    peak memory over its decodes, the model resident (``peak_bytes``; CUDA's allocator, else the process's peak RSS:
-    the build's own fp32 transient is left out) and the
-    :func:`whole_decode` record. ``step_s`` is each dtype's median upstream step; :func:`dtype_table` compares them.
-    """
+    """:func:`whole_decode` once per dtype, each model built in turn; ``budget_s`` is split over the dtypes left.
+    ``dtypes[d]``: ``build_s``, ``weights_bytes``, ``peak_bytes`` (over its decodes, the fp32 build transient left
+    out), the ``decode`` record; ``step_s``: each dtype's median upstream step."""
     device = resolve_device(device)
     out, sizing, spent, measured = {}, {}, 0.0, 0.0
     for i, dtype in enumerate(dtypes):
@@ -282,7 +263,7 @@ def dtype_decode(preset: str = "full", *, dtypes=("bfloat16", "float32"), steps:
 
 
 def whole_dtypes(device, dtype: str) -> tuple:
-    """05's whole-decode dtypes: voxcpm's own first (every ratio's base), float32, ``dtype``, and float16 on CUDA."""
+    """05's dtypes: voxcpm's own first (every ratio's base), float32, ``dtype``, and float16 on CUDA."""
     import torch
 
     extra = ("float32", dtype) + (("float16",) if torch.device(device).type == "cuda" else ())

@@ -1,6 +1,4 @@
-"""The static-shape decode forms (:mod:`fastattn.static`) timed as a decode runs them: a stack of ``layers`` calls per
-replay, static inputs, a fresh position per call. :func:`form_sweep` writes the ``decode_forms`` record that
-:func:`form_verdict` reads; :func:`stack_sweep` times any set of variants."""
+"""The static-shape decode forms (:mod:`fastattn.static`) timed as a decode runs them, and the verdict on them."""
 
 from __future__ import annotations
 
@@ -32,11 +30,8 @@ __all__ = ["form_sweep", "stack_sweep", "form_verdict", "form_lines", "check_lin
 @torch.no_grad()
 def stack_sweep(variants: dict, positions, *, device, dtype, capacity: int, hq: int, hkv: int, head_dim: int,
                 bucket: int, repeats: int, warmup: int, seed: int, mode, progress: bool = False) -> list:
-    """Rows per variant and position. ``variants`` is {name: (form, compiled, static, layers)}: a stack of ``layers``
-    calls of the form (:func:`fastattn.static.layer_stack`), one call per sample (on CUDA one replay), all variants
-    interleaved at fresh positions; ``static`` marks q/K/V static (variants with and without marks get their own
-    tensors). Each row: bench's stats (ms per stack), ``per_layer_ms`` and ``host_ms_per_call`` (the call's host
-    time until it returns, no sync: a replay's harness overhead on CUDA)."""
+    """Timed rows (ms per stack of ``layers`` calls; on CUDA one replay) per variant {name: (form, compiled, static,
+    layers)} and position, plus ``per_layer_ms`` and ``host_ms_per_call`` (no sync: harness overhead on CUDA)."""
     data = {s: stack_data(device, dtype, hq, hkv, head_dim, capacity, seed, max(v[3] for v in variants.values()))
             for s in {v[2] for v in variants.values()}}
     hosts = {n: [] for n in variants}
@@ -63,10 +58,8 @@ def stack_sweep(variants: dict, positions, *, device, dtype, capacity: int, hq: 
 def form_sweep(positions, *, device="cpu", dtype="bfloat16", capacity: int = 8192, hq: int = 16, hkv: int = 2,
                head_dim: int = 128, bucket: int = 256, repeats: int = 7, warmup: int = 2, steps: int = 600,
                compiled=(False, True), forms=None, seed: int = 0, progress: bool = True, layers: int = 28) -> dict:
-    """Every form at each position (``0 <= p < capacity``), eager and compiled, as stacks of ``layers`` (VoxCPM2's
-    base LM has 28) with static inputs (:func:`stack_sweep`). ``checks``: :func:`fastattn.static.check_form` of
-    each form (on CUDA under ``reduce-overhead``, as upstream's ``optimize()``); a form that fails it is timed
-    eagerly only."""
+    """The ``decode_forms`` record: every form eager and compiled as stacks of ``layers`` (:func:`stack_sweep`);
+    ``checks``: each form's :func:`fastattn.static.check_form` (a form failing it is timed eager only)."""
     device, dt = resolve_device(device), dtype_of(dtype)
     names = list(forms or FORMS)
     bad = [n for n in names if n not in FORMS]
@@ -114,7 +107,7 @@ def _row(rec: dict, form: str, p: int, compiled: bool) -> Optional[dict]:
 
 
 def _median(row: Optional[dict]) -> float:
-    """A row's median over its quiet samples (all of them where fewer than 3 are quiet); inf for no row."""
+    """Median of a row's quiet samples (all where fewer than 3 are quiet); inf for no row."""
     if row is None:
         return math.inf
     flags = row.get("disturbed_flags") or [False] * len(row["samples_ms"])
@@ -123,11 +116,8 @@ def _median(row: Optional[dict]) -> float:
 
 
 def form_verdict(rec: dict) -> dict:
-    """The winner among eligible forms (:func:`fastattn.static.form_winner` on the quiet medians), timed compiled
-    where any compiled row exists (else eager). Returns ``winner``, ``runner_up``, ``compiled``, ``excluded``
-    ({form: why}), ``per_position`` ({p: {"winner", "ratio", "ci"}}: runner-up over winner), ``margin`` (their
-    geometric mean), ``decided`` (every position's interval above 1 with the winner fastest there), ``decided_at``,
-    ``other_winners`` ({p: form} fastest elsewhere) and ``line``, a sentence."""
+    """The winner among eligible forms on quiet medians (compiled rows where any): ``winner``, ``runner_up``,
+    ``excluded``, ``per_position`` (runner-up / winner), ``margin`` (geomean), ``decided`` (all above 1), ``line``."""
     ok, excluded = _eligible(rec)
     compiled = any(r["compiled"] for r in rec["rows"])
     positions = rec["params"]["positions"]
@@ -160,14 +150,13 @@ def form_verdict(rec: dict) -> dict:
 
 
 def form_lines(rec: dict) -> list:
-    """Markdown lines for a report: the verdict, then each form's check (:func:`check_lines`)."""
+    """Markdown lines: the verdict, then each form's check."""
     v = form_verdict(rec)
     return [f"- **{'Decided' if v['decided'] else 'Not decided'}**: {v['line']}"] + check_lines(rec.get("checks", []))
 
 
 def check_lines(checks: list) -> list:
-    """A line per :func:`fastattn.static.check_form` row: why it is out, or its error, graphs, CUDA graphs (and, for
-    a graph-class candidate, its ms per layer at each position)."""
+    """A line per :func:`fastattn.static.check_form` row: why it is out, or its error and graph counts."""
     excluded, lines = _eligible({"checks": checks})[1], []
     for c in checks:
         if not c["available"]:
@@ -184,9 +173,7 @@ def check_lines(checks: list) -> list:
 
 
 def kit_lines(rec: dict) -> list:
-    """Markdown lines from a ``kit_decode`` record: each mode's whole decode (median of the alternated repeats;
-    live over masked with its 95% interval), its graphs and cudagraph skips from compile to the stream's end (with
-    the reasons), and whether the mode off stayed bit-identical."""
+    """Markdown lines from a ``kit_decode`` record: each mode's decode time and graphs, live / masked, bit-identity."""
     rows = {r["mode"]: r for r in rec["rows"]}
     lines = []
     for mode, r in rows.items():
@@ -207,8 +194,7 @@ def kit_lines(rec: dict) -> list:
 
 
 def choice_lines(choice: dict) -> list:
-    """Lines of a graph-class choice (:func:`fastattn.fast.graph_choice`): each form (:func:`check_lines`), then the
-    winner and whether the forms ran under CUDA graphs."""
+    """Lines of a :func:`fastattn.fast.graph_choice`: each form's check, then the winner."""
     graphs = "CUDA graphs" if choice.get("compile_mode") == "reduce-overhead" and choice["device"].startswith(
         "cuda") else "no CUDA graphs"
     return check_lines(choice["candidates"]) + [

@@ -28,8 +28,7 @@ def lm_config(preset: str, layers: Optional[int]):
 
 
 def lm_and_caches(preset: str, layers: Optional[int], dt, device, max_length: int, bucket, seed: int):
-    """A MiniCPMModel with the preset's LM geometry (random weights, built with voxcpm's own classes) and
-    the two caches to compare: upstream's StaticKVCache and a RightSizedKVCache of the same geometry."""
+    """A random-weight MiniCPMModel of the preset's LM geometry, and upstream's and the patched cache for it."""
     from voxcpm.modules.minicpm4 import MiniCPMModel
     from voxcpm.modules.minicpm4.cache import StaticKVCache
 
@@ -63,8 +62,7 @@ def random_prefill(cfg, D: int, p: int, g, device, dt) -> list:
 
 
 def _attention_in_step(run, layers: int, steps: int = 3) -> float:
-    """ms per layer the SDPA kernel takes inside a real step (profiler, self time of the kernel op): the
-    attention call as the step runs it, its K/V as cold as the layer's weight traffic leaves them."""
+    """ms per layer of the SDPA kernel inside a real step (CPU profiler), K/V as cold as the step leaves them."""
     from torch.profiler import ProfilerActivity, profile
     with quiet_native_stderr(), profile(activities=[ProfilerActivity.CPU]) as prof:
         for _ in range(steps):
@@ -77,13 +75,8 @@ def decode_step_sweep(positions: Sequence[int], *, preset: str = "small", layers
                       dtype="bfloat16", device="cpu", max_length: int = 8192, bucket: Optional[int] = None,
                       repeats: int = 7, warmup: int = 2, seed: int = 0, progress: bool = True,
                       slice_fix: bool = False) -> dict:
-    """One MiniCPM decode step (``MiniCPMModel.forward_step``, the preset's LM geometry), upstream (voxcpm's
-    classes, an 8192-slot ``StaticKVCache``) against patched (``exact`` with a :class:`RightSizedKVCache`), and with
-    ``slice_fix`` the published slice fix on upstream's cache. Same weights and prefill, calls interleaved.
-
-    Rows per variant and position: per-token and per-layer medians, ``bit_identical``, and ``attention_in_step_ms``
-    (the SDPA kernel's time per layer inside the step, profiled; None on CUDA). ``params["granularity"]``: the
-    patched cache's bucket (None: all ``max_length`` slots). The slice fix is timed at a fresh key count per call."""
+    """One decode step, upstream vs patched (``exact``) and optionally the slice fix, interleaved. Rows per variant
+    and position: a timed row, ``per_layer_ms``, ``bit_identical``, ``attention_in_step_ms`` (None on CUDA)."""
 
     device, dt = resolve_device(device), _dtype(dtype)
     for p in positions:
@@ -139,12 +132,8 @@ def compiled_step_sweep(positions: Sequence[int], *, preset: str = "tiny", layer
                         dtype="float32", device="cpu", backend: str = "inductor", mode: Optional[str] = None,
                         max_length: int = 8192, bucket: Optional[int] = None, repeats: int = 7, warmup: int = 3,
                         seed: int = 0, progress: bool = True) -> dict:
-    """Per-token decode step: eager upstream, eager patched, compiled upstream, compiled patched.
-
-    Compiled the way voxcpm's ``optimize()`` does (``fullgraph=True``; ``mode``
-    defaults to ``reduce-overhead`` on CUDA). Calls interleaved; the record also
-    carries dynamo's graph counts (one per variant expected, never one per position).
-    """
+    """Decode step, upstream and patched, eager and compiled as ``optimize()`` does (``reduce-overhead`` on CUDA).
+    ``graphs``: dynamo's counts (one per variant expected, never one per position)."""
 
     device, dt = resolve_device(device), _dtype(dtype)
     mode = mode if mode is not None else ("reduce-overhead" if device.type == "cuda" else None)
@@ -189,8 +178,7 @@ def compiled_step_sweep(positions: Sequence[int], *, preset: str = "tiny", layer
 
 
 def _sliced_step(length):
-    """``MiniCPMModel.forward_step`` attending over each layer's cache sliced to ``length(self, position_id)`` keys
-    (upstream's layers, their mask all true over the slice): the published fix's structure."""
+    """The published fix's ``forward_step``: each layer's cache sliced to ``length(self, position_id)`` keys."""
     def forward_step(self, inputs_embeds, position_id):
         position_emb = self.rope_emb(position_id)
         h, n = inputs_embeds, length(self, position_id)
@@ -203,13 +191,9 @@ def _sliced_step(length):
 
 def compile_counts(steps: int = 500, *, preset: str = "tiny", start: int = 16, device="cpu", dtype="float32",
                    seed: int = 0, backend: str = "inductor") -> dict:
-    """Dynamo's counters over ``steps`` consecutive decode steps of a compiled ``MiniCPMModel.forward_step`` (a
-    user's ``torch.compile``, without ``fullgraph``) on upstream's cache: upstream's step; the slice fix with the
-    length a tensor (``position_id + 1``: data-dependent, a graph break); the slice fix with the length a Python
-    int (the cache's host-side length: dynamo specialises on it). Rows ``{variant, unique_graphs, graph_breaks,
-    break_reasons, steps}``: graphs that grow with the steps are recompiles, the CPU counterpart of one CUDA graph
-    recorded per chunk. ``backend="eager"`` counts the same graphs (dynamo decides the recompiles) without
-    inductor's code generation."""
+    """Dynamo's counters over ``steps`` steps of a plainly compiled step: upstream's, and the slice fix with its length
+    a tensor (graph break) or a Python int (specialised on). Rows ``{variant, unique_graphs, graph_breaks,
+    break_reasons, steps}``: graphs growing with steps are recompiles (``backend="eager"``: same counts, faster)."""
     from torch._dynamo.utils import counters
 
 

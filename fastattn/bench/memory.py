@@ -22,20 +22,14 @@ from .timing import stats_ms, time_interleaved
 
 
 def _granularity(preset: str, device, dt, max_length: int, bucket) -> int:
-    """The patched cache's granularity for the preset's base LM on ``device``: what ``setup_cache`` would pick
-    (the caller's int, the calibrated window, or ``max_length`` rounded up where no window is exact)."""
+    """The granularity ``setup_cache`` would pick for the preset's base LM (``max_length`` where no window is exact)."""
     return cache_granularity(lm_config(preset, None), torch.device(device), dt, max_length, bucket)
 
 
 def kv_memory(preset: str = "full", *, prefill: int = 100, steps: int = 200, dtype="bfloat16",
               max_length: int = 8192, bucket: Optional[int] = None, device="cpu") -> dict:
-    """KV bytes of one request, both LMs, measured from the caches: upstream's ``StaticKVCache`` (built at
-    ``max_length`` slots, as ``setup_cache`` does) beside fastattn's ``RightSizedKVCache`` in the granularity
-    the patch picks on ``device`` (``bucket``, else the calibrated one: the CPU flash kernel's 512-key block;
-    ``max_length`` where no window is exact, as on CUDA) taken through the request a decode makes:
-    ``fill_caches`` with a ``prefill``-token prompt, then one ``step()`` per generated token. Rows: per LM
-    and variant, the slots and storage bytes the cache object holds at the end. ``right_sized`` is False
-    where the patched cache holds all ``max_length`` slots (its bytes then equal upstream's)."""
+    """KV bytes of one request, both LMs, read from upstream's and the patched caches; rows per LM and variant.
+    ``right_sized`` is False where the patched cache holds all ``max_length`` slots (no exact window, as on CUDA)."""
     from voxcpm.modules.minicpm4.cache import StaticKVCache
 
     device, dt = resolve_device(device), _dtype(dtype)
@@ -102,8 +96,7 @@ def step_allocations(*, preset: str = "small", layers: int = 1, dtype="float32",
 
 
 def _cuda_allocations(fn, device) -> dict:
-    """Bytes and count of CUDA allocations ``fn`` made (the caching allocator's counters; the profiler's CPU
-    activity sees none of them): allocated bytes over what was live before, at their peak."""
+    """Peak bytes and count of CUDA allocations ``fn`` made (allocator counters: the CPU profiler sees none)."""
     torch.cuda.synchronize(device)
     torch.cuda.reset_peak_memory_stats(device)
     before = torch.cuda.memory_stats(device)
@@ -117,8 +110,7 @@ def _cuda_allocations(fn, device) -> dict:
 
 def fill_cost(preset: str = "full", *, prefill: int = 100, dtype="bfloat16", device="cpu", max_length: int = 8192,
               repeats: int = 5, warmup: int = 1) -> dict:
-    """Per-request cost of starting a request's cache (``fill_caches``) for the preset's base LM geometry:
-    upstream zeroes all ``max_length`` slots, the right-sized cache only what the request uses. Interleaved."""
+    """ms of ``fill_caches``, interleaved: upstream zeroes all ``max_length`` slots, patched only what it uses."""
     from voxcpm.modules.minicpm4.cache import StaticKVCache
 
     device, dt = resolve_device(device), _dtype(dtype)
@@ -141,12 +133,9 @@ def fill_cost(preset: str = "full", *, prefill: int = 100, dtype="bfloat16", dev
 
 def cache_growth(preset: str = "full", *, prefill: int = 100, steps: int = 8000, dtype="bfloat16", device="cpu",
                  max_length: int = 8192, bucket: Optional[int] = None) -> dict:
-    """Cost of a long request's cache growth at the preset's base-LM geometry: every ``step()`` of a
-    :class:`RightSizedKVCache` timed (prefill ``prefill``, ``steps`` steps), beside upstream's per-request
-    zero-fill of its ``max_length`` slots. The cache has the granularity the patch picks on ``device`` (``bucket``,
-    else calibrated; ``max_length`` where no window is exact, so it never grows: ``summary["right_sized"]`` is
-    False). Rows: the steps that moved the storage (position, ms, capacity); summary: total seconds in
-    ``step()``, moves, the largest step, and the capacity bound checked at every step."""
+    """Every ``step()`` of a long request's :class:`RightSizedKVCache` timed, beside upstream's zero-fill.
+    Rows: the steps that moved the storage ``{position, ms, capacity}``; ``summary``: ``step_total_s``, ``moves``,
+    ``max_step_ms``, the capacity bound at every step, ``right_sized`` (False: no exact window, it never grows)."""
 
     device, dt = resolve_device(device), _dtype(dtype)
     lm = voxcpm2_config(preset)["lm_config"]
@@ -178,15 +167,9 @@ def cache_growth(preset: str = "full", *, prefill: int = 100, steps: int = 8000,
 
 
 def peak_rss(preset: str = "small", *, dtype="bfloat16", steps: int = 20, runs: int = 3) -> dict:
-    """Peak RSS of one short request, upstream vs patched, each run in a fresh process (``runs`` per variant, a
-    run's two side by side; Linux: the high-water mark is reset after building and a warm-up request).
-
-    Rows: one per process ``{variant, run, built_bytes, resting_bytes, allocator_retained_bytes, trimmed_bytes,
-    peak_bytes, request_bytes, cache_bytes}`` (see :mod:`.rss_probe`; ``request_bytes`` = peak - trimmed).
-    ``summary`` separates the caches' share from the noise: the KV bytes the variants' caches hold
-    (read from them), the difference of the median peaks, and the process-to-process spread of the peaks
-    (max - min within a variant); ``resolved`` says whether the peak difference exceeds that spread.
-    """
+    """Peak RSS of one short request, upstream vs patched, each in a fresh process (Linux). Rows: the :mod:`.rss_probe`
+    bytes per process; ``summary``: ``cache_bytes_saved``, ``peak_difference_bytes`` (medians), ``peak_spread_bytes``
+    (max - min within a variant), ``resolved`` (the difference exceeds the spread)."""
     rows = []
     for run in range(runs):  # a run's two processes side by side: a peak RSS is the process's own
         procs = {v: subprocess.Popen([sys.executable, "-m", "fastattn.bench.rss_probe", preset, dtype, v, str(steps)],

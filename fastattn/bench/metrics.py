@@ -1,10 +1,4 @@
-"""The headline numbers, each computed once from records by one function here; every report prints what these
-return (targets, the ledger, findings, index, ``summary.md``, README, ``docs/results.md``).
-
-A timing ratio is :class:`Figure` ``(value, ci, n, dropped)`` by :func:`.stats.quiet_ratio` (paired rounds, the
-disturbed ones left out). :data:`HEADLINES` names the figures a run's reports quote, each a function of a
-:class:`.records.Run`.
-"""
+"""The headline numbers, each computed once from records here; every report prints what these return."""
 
 from __future__ import annotations
 
@@ -50,9 +44,7 @@ def step_ratio(dec: dict, position: int = 256, num: str = "patched", den: str = 
 
 
 def attention_share(dec: dict, position: int = 256) -> Optional[dict]:
-    """Why a decode step's patched / upstream ratio is what it is: upstream's attention call, timed inside the
-    step, over its layer time at ``position`` (``share``), beside the step ratio; None where the record did not
-    time the attention in the step. The patch can remove at most about that share."""
+    """Upstream's in-step attention / layer time (``share``: the most the patch can remove) beside the step ratio."""
     up = find_row(dec["rows"], variant="upstream", position=position)
     fig = step_ratio(dec, position)
     if not up or up.get("attention_in_step_ms") is None or fig is None:
@@ -62,7 +54,7 @@ def attention_share(dec: dict, position: int = 256) -> Optional[dict]:
 
 
 def attention_share_line(dec: dict, position: Optional[int] = None) -> str:
-    """:func:`attention_share` in a sentence, at ``position`` (default: 256 where swept, else the last position)."""
+    """:func:`attention_share` in a sentence (default position: 256 where swept, else the last)."""
     ps = dec["params"]["positions"]
     position = position if position is not None else 256 if 256 in ps else ps[-1]
     a = attention_share(dec, position)
@@ -89,8 +81,7 @@ def floor_x(att: dict, position: int, mode: str = "fast") -> Optional[Figure]:
 
 
 def time_shares(whole: dict, variant: str = "upstream") -> dict:
-    """Median share of ``variant``'s wall time per component of a ``whole_decode`` record (``lm_attention``,
-    ``local_dit``, ...): Amdahl's inputs."""
+    """Median share of ``variant``'s wall time per component of a ``whole_decode`` record: Amdahl's inputs."""
     rows = [r for r in whole["rows"] if r["variant"] == variant]
     wall = statistics.median(r["wall_s"] for r in rows)
     keys = [k[:-2] for k in rows[0] if k.endswith("_s") and k != "wall_s"]
@@ -108,8 +99,7 @@ def kv_mb(kv: dict) -> tuple:
 
 
 def patched_is_upstream(whole: dict) -> bool:
-    """Whether a ``whole_decode`` record's patched decode was upstream's computation (its cache held every slot:
-    no exact window on the device). Records from before the field say nothing: False."""
+    """Whether a ``whole_decode`` record's patched decode was upstream's computation (False if it does not say)."""
     return "patched_granularity" in whole and whole["patched_granularity"] is None
 
 
@@ -150,8 +140,7 @@ def headlines(run: Run) -> dict:
 
 
 def quiet_steps(whole: dict, variant: str) -> tuple:
-    """(quiet step seconds, disturbed count) of one variant of a :func:`whole_decode` record; every step where none
-    was quiet."""
+    """(quiet step seconds, disturbed count) of a ``whole_decode`` variant; all steps where none was quiet."""
     pairs = [(s, f) for r in whole["rows"] if r["variant"] == variant
              for s, f in zip(r["step_seconds"], r["step_disturbed"])]
     quiet = [s for s, f in pairs if not f]
@@ -159,10 +148,7 @@ def quiet_steps(whole: dict, variant: str) -> tuple:
 
 
 def dtype_table(rec: dict) -> list:
-    """One row per dtype and variant of a :func:`dtype_decode` record: median step s with its bootstrap 95%
-    interval (n quiet steps over both repeats; ``disturbed`` steps left out), the ratio to voxcpm's default
-    (the first dtype, upstream) with its interval, steps per generate, peak memory, and whether the patched
-    output equals upstream's in that dtype."""
+    """One row per dtype and variant of a ``dtype_decode`` record; ratios are to the first dtype's upstream step."""
     base_dtype = rec["params"]["dtypes"][0]
     base = quiet_steps(rec["dtypes"][base_dtype]["decode"], "upstream")[0]
     out = []
@@ -182,13 +168,8 @@ def dtype_table(rec: dict) -> list:
 
 
 def dtype_recommendation(rec: dict, flags: Optional[dict] = None) -> dict:
-    """Which dtype (and patch) this machine should run, from a ``dtype_decode`` record, with its price.
-
-    The default is voxcpm's own (the record's first dtype, upstream). Another configuration is recommended only
-    where its step is faster with the whole 95% interval below 1; a change of dtype changes the output's
-    rounding, so it is an opt-in, never a default, and ``line`` says so. ``flags``: the CPU's features
-    (:func:`fastattn.devices.cpu_flags`), named where they explain the result.
-    """
+    """Which dtype (and patch) to run, from a ``dtype_decode`` record: voxcpm's default (the first dtype) unless
+    another's whole 95% interval is below 1. A dtype change alters the output, so ``line`` calls it an opt-in."""
     from ..devices import native_bf16
     rows = dtype_table(rec)
     default = rows[0]
@@ -243,8 +224,7 @@ def _cpu(env: dict) -> str:
 
 
 def newest(folder: Path, pattern: str) -> list:
-    """The newest record per stem in ``folder``: ``save_record`` names a later run ``name-2.json``, ``name-3.json``
-    (file times are not kept by a checkout, so the suffix decides)."""
+    """The newest record per stem in ``folder``, by ``save_record``'s ``-N`` suffix (a checkout keeps no file times)."""
     def key(p):
         base, _, n = p.stem.rpartition("-")
         return (base, int(n)) if n.isdigit() and base else (p.stem, 1)

@@ -1,7 +1,4 @@
-"""Whether the machine was busy while a sample ran, from host counters that need no privilege: the process's CPU time
-over wall time, its involuntary context switches, and the machine's busy CPU less this process's (``/proc/stat``).
-:func:`disturbed` judges each sample against its own series' quiet level (docs/design.md, "Measuring on a busy
-machine")."""
+"""Whether the machine was busy while a sample ran, from unprivileged host counters (see docs/design.md)."""
 
 from __future__ import annotations
 
@@ -53,8 +50,8 @@ def delta(before: tuple, after: tuple) -> dict:
 
 def others_busy(wall: Sequence[float], cpu: Sequence[float], machine: Sequence[Optional[float]], *,
                 min_window: float = MIN_WINDOW_S, max_cores: float = OTHERS_MAX) -> list:
-    """One bool per sample (time order): did others (machine busy CPU less ours) use over ``max_cores`` cores in
-    its window of consecutive samples pooled to >= ``min_window`` s? All False without machine counters."""
+    """Per sample: did other processes use over ``max_cores`` cores in its window (consecutive samples pooled to
+    >= ``min_window`` s)? All False without machine counters."""
     flags = [False] * len(wall)
     if any(m is None for m in machine):
         return flags

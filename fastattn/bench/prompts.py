@@ -1,6 +1,4 @@
-"""Calls whose prompt grows from call to call, a #293 hypothesis outside one ``generate_streaming`` call:
-:func:`prompt_growth` loops short calls three ways (:data:`WAYS`) per mode and records each call's prefix and step
-times, and where the cache fills."""
+"""Calls whose prompt grows from call to call (a #293 hypothesis outside one ``generate_streaming`` call)."""
 
 from __future__ import annotations
 
@@ -58,9 +56,8 @@ def _one_call(model, way: str, state: dict, steps: int, its: int) -> dict:
 def prompt_growth(preset: str = "tiny", *, calls: int = 24, steps: int = 6, modes: Sequence[str] = ("upstream",
                   "exact"), ways: Sequence[str] = WAYS, max_length: int = 512, device="cpu", seed: int = 0,
                   inference_timesteps: int = 2, prompt_patches: int = 40) -> dict:
-    """A record with a row per mode, way and call, ``{mode, way, call, prefix, wall_ms, first_ms, later_ms, error}``
-    (``error``: what stopped the loop, e.g. ``KV cache is full``), and ``full_at[mode][way]``: that call, or None.
-    The first prompt is ``prompt_patches`` patches of noise; the small ``max_length`` fills within the loop."""
+    """Short calls looped each way of :data:`WAYS` per mode. Rows ``{mode, way, call, prefix, wall_ms, first_ms,
+    later_ms, error}`` (what stopped the loop, e.g. a full cache); ``full_at[mode][way]``: that call, or None."""
     from ..models import build_voxcpm2, silence_progress
     from ..patch import patch_voxcpm
     device = resolve_device(device)

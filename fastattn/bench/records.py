@@ -1,5 +1,4 @@
-"""Records: ``{kind, env, params, rows, ...}``, built by :func:`record`, written under names never reused, read
-back by :func:`load_run` (the one reader of a folder of records)."""
+"""Records ``{kind, env, params, rows, ...}``: built by :func:`record`, never overwritten, read by :func:`load_run`."""
 
 from __future__ import annotations
 
@@ -52,8 +51,7 @@ def save_record(record: dict, out_dir, name: Optional[str] = None) -> Path:
 
 
 def record_texts(record: dict) -> tuple:
-    """``(JSON, CSV of its rows or None)`` as :func:`save_record` writes them, machine paths scrubbed (records
-    get shared)."""
+    """``(JSON, CSV of its rows or None)`` as :func:`save_record` writes them, machine paths scrubbed."""
     rows, table = record.get("rows"), None
     if rows and isinstance(rows, list) and isinstance(rows[0], dict):
         keys = list(dict.fromkeys(k for r in rows for k in r if not isinstance(r[k], (dict, list))))
@@ -83,8 +81,7 @@ def _read(path: Path) -> Optional[dict]:
 
 
 class Run:
-    """The records of one folder: a run (``<notebook>/records/*.json``, ``<notebook>/findings.json``) or a
-    committed record folder (``<name>.json``). Records are matched by kind and params, never by file name."""
+    """The records of a run folder (``<notebook>/records/*.json``) or a committed one, matched by kind and params."""
 
     def __init__(self, folder):
         self.folder = Path(folder)
@@ -105,12 +102,10 @@ class Run:
                 and all(r.get("params", {}).get(k) == v for k, v in params.items())]
 
     def get(self, kind: str, notebook: Optional[str] = None, **params) -> Optional[dict]:
-        """The first record :meth:`all` finds, or None."""
         return next(iter(self.all(kind, notebook, **params)), None)
 
     def machine(self, env: Optional[dict] = None) -> str:
-        """``env``'s machine (default: the first record's) as :func:`fastattn.devices.machine_label` names it, with
-        the CPU flags a dtype record of this run holds (records older than ``env.cpu_features`` carry none)."""
+        """``env``'s machine label (default: the first record's), with this run's CPU flags."""
         env = env or next((r["env"] for r in self.records if r.get("env", {}).get("device_name")), None)
         return machine_label(env, self.cpu_flags())
 

@@ -1,9 +1,6 @@
-"""Peak RSS of one request above a built model's resting RSS (run in a fresh process by ``peak_rss``).
-
-``python -m fastattn.bench.rss_probe PRESET DTYPE VARIANT STEPS`` prints ``built_bytes resting_bytes trimmed_bytes
-peak_bytes cache_bytes``: RSS after building (before any patch), after patching and a warm-up request, after ``gc``
-and ``malloc_trim(0)`` hand the allocator's free memory back (retention, not live data), the request's high-water
-mark (VmHWM, reset after the trim), and the KV storage both LMs hold at its end. Linux only."""
+"""Peak RSS of one request above a built model's resting RSS (run in a fresh process by ``peak_rss``). Linux only.
+``python -m fastattn.bench.rss_probe PRESET DTYPE VARIANT STEPS`` prints ``built resting trimmed peak cache`` bytes:
+RSS after building, after patch and warm-up, after ``malloc_trim`` (retention gone), the request's VmHWM, KV bytes."""
 
 import ctypes
 import gc

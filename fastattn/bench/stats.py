@@ -1,10 +1,6 @@
 """The statistics every figure uses: one quiet-sample rule, one paired-ratio rule, one "decided" rule.
 
-Samples of two variants timed by :func:`.timing.time_interleaved` are paired: sample ``i`` of each comes from
-the same round. A ratio is the ratio of medians over the rounds neither variant was disturbed in, with a 95%
-bootstrap interval that resamples rounds. A verdict against a bound is "undecided" when its interval reaches
-the bound.
-"""
+Interleaved samples pair by round; a ratio is of medians over the quiet rounds, with a 95% bootstrap interval."""
 
 from __future__ import annotations
 
@@ -39,8 +35,7 @@ def _bootstrap(data: tuple, statistic, *, paired: bool, seed: int) -> Optional[t
 
 def ratio_ci(num: Sequence[float], den: Sequence[float], *, seed: int = 0,
              paired: Optional[bool] = None) -> Optional[tuple]:
-    """95% bootstrap interval of ``median(num) / median(den)``; ``paired`` (default: when both have the same
-    length, as interleaved rounds do) resamples rounds, else each side apart. ``None`` below 3 samples."""
+    """95% bootstrap interval of ``median(num) / median(den)``, paired (default: equal lengths); None below 3."""
     paired = len(num) == len(den) if paired is None else paired
     return _bootstrap((num, den), lambda a, b: statistics.median(a) / statistics.median(b), paired=paired, seed=seed)
 
@@ -51,8 +46,7 @@ def scaled_ci(samples: Sequence[float], scale: float, *, seed: int = 0) -> Optio
 
 
 def quiet_pairs(num: dict, den: dict) -> tuple:
-    """The paired samples of two timed rows (``samples_ms``, ``disturbed_flags``), less every round either was
-    disturbed in; unpaired rows (other lengths) lose their own disturbed samples."""
+    """Two timed rows' samples less every round either was disturbed in (unpaired rows: their own disturbed ones)."""
     a, b = num["samples_ms"], den["samples_ms"]
     fa, fb = num.get("disturbed_flags") or [False] * len(a), den.get("disturbed_flags") or [False] * len(b)
     if len(a) != len(b):
@@ -79,18 +73,15 @@ def decided(ci: Optional[tuple], bound: float) -> Optional[bool]:
 
 
 def judge(measured: float, ci: Optional[tuple], bound: float, n: Optional[int] = None) -> str:
-    """A figure against the goal ``<= bound``: :data:`YES` or :data:`NO` where its interval decides it (or where
-    there is no interval: a count, a deterministic figure), :data:`UNDECIDED` where the interval reaches the
-    bound, or where a timed figure has too few samples for one (``0 < n < 3``; a record without samples, n 0 or
-    None, is judged by its median)."""
+    """A figure against the goal ``<= bound``: :data:`UNDECIDED` where its interval reaches the bound or a timed
+    figure has too few samples (``0 < n < 3``), else :data:`YES` / :data:`NO` (no interval: by the value)."""
     if (ci and not decided(ci, bound)) or (not ci and n is not None and 0 < n < 3):
         return UNDECIDED
     return YES if measured <= bound else NO
 
 
 def judge_all(figures: list, bound: float) -> str:
-    """A goal over several points (``(measured, ci, n)`` each), judged at every one: :data:`NO` where any point
-    misses, :data:`UNDECIDED` where any interval reaches the bound, :data:`YES` only where every point is met."""
+    """:func:`judge` at every ``(measured, ci, n)``: :data:`NO` if any misses, else :data:`UNDECIDED` if any is."""
     verdicts = {judge(m, ci, bound, n) for m, ci, n in figures}
     return NO if NO in verdicts else UNDECIDED if UNDECIDED in verdicts else YES
 

@@ -1,6 +1,4 @@
-"""The symptom users report (#293), measured: every chunk of a ``generate_streaming`` run timed
-(:func:`time_chunks`, the stream timer) per variant, alternated and repeated, disturbed chunks flagged, and a
-trend verdict over the repeats (:func:`stream_profile`)."""
+"""The symptom users report (#293): every chunk of a ``generate_streaming`` run timed, with a trend verdict."""
 
 from __future__ import annotations
 
@@ -34,8 +32,7 @@ def text_for(chunks: int) -> str:
 
 def _one_stream(model, variant: str, text: str, chunks: int, seed: int, inference_timesteps: int, device,
                 components: bool = False):
-    """One stream: its chunks, and per chunk the wall ms, position, process CPU s and involuntary switches (and with
-    ``components`` the ms of each of :data:`COMPONENTS`)."""
+    """One stream: ``(chunks, rows)`` of :func:`time_chunks`, plus ``position`` and optionally ``components``."""
     from ..patch import patch_voxcpm
 
     handle = patch_voxcpm(model, mode=variant) if variant != "upstream" else None
@@ -62,9 +59,8 @@ def _one_stream(model, variant: str, text: str, chunks: int, seed: int, inferenc
 
 
 def time_chunks(gen, device, after=None, on_chunk=None) -> tuple:
-    """``(chunks, rows)``: every chunk a generator yields, and per chunk its wall ms (the device synchronised),
-    the host counters (:func:`.noise.delta`), what ``after()`` reads once it is out (position, graph counts, ...)
-    and whether it was ``disturbed``. Counters, ``after`` and ``on_chunk(chunk)`` run outside the timed stretch."""
+    """``(chunks, rows)``: per chunk its wall ``ms`` (device synchronised), :func:`.noise.delta`'s counters, what
+    ``after()`` returns, and ``disturbed``. Counters, ``after`` and ``on_chunk(chunk)`` run outside the timing."""
     device = torch.device(device)
     out, rows = [], []
     sync_device(device)
@@ -85,7 +81,7 @@ def time_chunks(gen, device, after=None, on_chunk=None) -> tuple:
 
 
 def mark_disturbed(rows: list) -> None:
-    """Set ``disturbed`` on a stream's chunk rows (time order; ``ms`` and :func:`.noise.delta`'s counters)."""
+    """Set ``disturbed`` on a stream's chunk rows (time order)."""
     wall = [r["ms"] / 1e3 for r in rows]
     cpu = [r["cpu_s"] for r in rows]
     others = others_busy(wall, cpu, [r["machine_s"] for r in rows])
@@ -101,8 +97,7 @@ def sixths(values: Sequence[float]) -> list:
 
 
 def variant_trend(rows: list, variant: str, component: str = "") -> dict:
-    """The trend (:func:`.trend.trend`) of one variant's per-chunk ms over its repeats, disturbed chunks out: of the
-    whole chunk, or of one of :data:`COMPONENTS`."""
+    """:func:`.trend.trend` of one variant's per-chunk ms (or one of :data:`COMPONENTS`) over its repeats."""
     reps = sorted({r["repeat"] for r in rows if r["variant"] == variant})
     ms = (lambda r: r["components"][component]) if component else (lambda r: r["ms"])  # noqa: E731
     return trend([[(r["chunk"], ms(r), r["disturbed"]) for r in rows if r["variant"] == variant and r["repeat"] == k]
@@ -110,7 +105,6 @@ def variant_trend(rows: list, variant: str, component: str = "") -> dict:
 
 
 def _component_trends(rows: list, variant: str) -> dict:
-    """``{component: {"slope_ms_per_100", "ci", "verdict", "why", "change", "change_ci", "level_ms"}}``."""
     keep = ("slope_ms_per_100", "ci", "verdict", "why", "change", "change_ci", "level_ms")
     return {c: {k: v for k, v in variant_trend(rows, variant, c).items() if k in keep} for c in COMPONENTS}
 
@@ -119,14 +113,9 @@ def stream_profile(preset: str, chunks: int, *, dtype="bfloat16", device="cpu",
                    modes: Sequence[str] = VARIANTS, seed: int = 0, inference_timesteps: int = 2,
                    progress: bool = True, repeats: int = 2, model=None, retries: int = 1,
                    components: bool = False) -> dict:
-    """Every chunk of a ``generate_streaming`` run timed per variant: the same text, seed and length, variants
-    alternated (order rotated each repeat), ``repeats`` each, and up to ``retries`` more for a variant the busy
-    machine left inconclusive.
-
-    Rows ``{variant, repeat, chunk, position, ms, cpu_s, switches, machine_s, disturbed}`` (with ``components``
-    also ``components``: ms per :data:`COMPONENTS`, ``other`` the remainder). ``identical[variant]``: the stream
-    equals upstream's. ``trend[variant]`` (and per component) from :func:`variant_trend` over the repeats, quiet
-    chunks only, the first chunk (with the prefill) left out; ``verdict`` its one line; ``sixths`` for figures."""
+    """Every chunk of a ``generate_streaming`` run timed per variant, order rotated each repeat, ``retries`` more for
+    a variant a busy machine left inconclusive. Rows: :func:`time_chunks` rows plus ``variant, repeat, chunk``
+    (``components``: ms per :data:`COMPONENTS`); ``identical``, ``trend``, ``verdict``, ``sixths`` per variant."""
     from ..models import build_voxcpm2, silence_progress
 
     bad = [m for m in modes if m not in VARIANTS]
@@ -178,15 +167,13 @@ def stream_profile(preset: str, chunks: int, *, dtype="bfloat16", device="cpu",
 
 
 def _chunk_median(samples: list) -> float:
-    """A chunk's median ms over its quiet samples (over all of them where every one was disturbed: the figure is
-    then shown, but the trend verdict, which never uses it, says the machine was busy)."""
+    """Median ms of a chunk's quiet samples (all of them where none is quiet; the trend never uses this)."""
     quiet = [x["ms"] for x in samples if not x["disturbed"]]
     return statistics.median(quiet or [x["ms"] for x in samples])
 
 
 def stream_table(rec: dict) -> list:
-    """One row per variant of a ``stream_profile`` record: repeats, quiet first and last sixth, the trend with its
-    interval, the disturbed chunks left out, and whether the stream equals upstream's."""
+    """One row per variant of a ``stream_profile`` record."""
     out = []
     for v, t in rec["trend"].items():
         six = rec["sixths"][v]
@@ -198,8 +185,7 @@ def stream_table(rec: dict) -> list:
 
 
 def component_table(rec: dict) -> list:
-    """One row per variant and component of a ``stream_profile(components=True)`` record: its median ms per chunk,
-    its slope in ms per 100 chunks with the 95% interval, and its verdict."""
+    """One row per variant and component of a ``stream_profile(components=True)`` record."""
     out = []
     for v, t in rec["trend"].items():
         for c in COMPONENTS:

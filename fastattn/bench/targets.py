@@ -1,11 +1,4 @@
-"""The workbook's targets (:data:`GOALS`, with :data:`HISTORY`: which were restated after a result, and why),
-judged from records.
-
-Rows ``{id, target, measured, goal, verdict, passed, ci_low, ci_high, n, decided, note}``: every timing ratio
-carries its paired 95% interval and n (:mod:`.stats`); ``verdict`` is yes / no / undecided (the interval
-reaches the goal: :func:`.stats.judge`). A target that does not apply to the device's configuration (KV and
-growth where no window is exact, as on CUDA) has ``verdict: None`` and a note: shown, never counted.
-"""
+"""The workbook's targets (:data:`GOALS`; :data:`HISTORY`: which were restated, and why), judged from records."""
 
 from __future__ import annotations
 
@@ -60,8 +53,7 @@ def target_goals() -> list[dict]:
 
 
 def run_targets(run) -> list[dict]:
-    """:func:`check_targets` over a run's records (a :class:`.records.Run`), found by kind and params as notebook
-    05 passes them: a committed run's targets judged again by today's rules."""
+    """:func:`check_targets` over a :class:`.records.Run`'s records, found as notebook 05 passes them."""
     att = lambda dt, cold: next((r for r in run.all("attention", dtype=dt) if "fast" in r["params"]["modes"]  # noqa
                                  and (r["params"].get("caches", 1) > 1) == cold), None)
     growth = sorted(run.all("cache_growth"), key=lambda r: r["params"]["steps"])
@@ -74,21 +66,14 @@ def run_targets(run) -> list[dict]:
 
 
 def check_targets(records: dict) -> list[dict]:
-    """The workbook's targets (:data:`GOALS`), judged from records.
-
-    ``records`` maps names to records: ``attention_fp32`` / ``attention_bf16`` (attention sweeps, capacity
-    8192), ``attention_fp32_cold`` (the same sweep with K/V rotated over caches larger than the last-level
-    cache: where the DRAM floor binds), ``decode_bf16`` / ``decode_fp32`` (decode-step sweeps), ``kv``
-    (kv_memory), ``growth`` (cache_growth), ``whole`` (whole_decode), ``dtypes`` (dtype_decode). Missing records
-    are skipped.
-    """
+    """The targets judged from ``records`` (named as :func:`run_targets` does). Rows ``{id, target, measured, goal,
+    verdict, passed, ci_low, ci_high, n, decided, note}``; ``verdict``: yes / no / undecided (:func:`.stats.judge`),
+    None for a target that does not apply here (shown, never counted)."""
     out = []
     add_goal = lambda gid: f"<= {GOALS[gid][1]:g}" if gid in GOALS else "True"  # noqa: E731
 
     def add(gid, target, measured, note="", ci=None, n=None, at=None, points=None):
-        """One judged row; ``verdict`` by :func:`.stats.judge` against GOALS' bound (for MUST_HOLD, the bool
-        itself), or over every one of ``points`` (:func:`.stats.judge_all`); ``passed`` True only for a met
-        verdict (None where undecided), ``id`` = gid[@at]."""
+        """One judged row: a MUST_HOLD bool, or :func:`.stats.judge` (over all ``points``: ``judge_all``)."""
         bound = GOALS[gid][1] if gid in GOALS else None
         verdict = ("yes" if measured else "no") if bound is None else \
             judge_all(points, bound) if points else judge(measured, ci, bound, n)
@@ -98,13 +83,12 @@ def check_targets(records: dict) -> list[dict]:
                     "ci_high": ci[1] if ci else None, "n": n, "decided": verdict != "undecided", "note": note})
 
     def not_applicable(gid, target, why):
-        """A target this device's configuration cannot be judged on: shown, never counted as met or missed."""
         out.append({"id": gid, "target": target, "measured": None, "goal": add_goal(gid), "verdict": None,
                     "passed": None, "ci_low": None, "ci_high": None, "n": None, "decided": None,
                     "note": "not applicable here: " + why})
 
     def add_ratio(gid, target, fig, note="", at=None):
-        """A timing ratio (:class:`.metrics.Figure`), or nothing where its rows were not measured."""
+        """A :class:`.metrics.Figure`'s row; nothing for None."""
         if fig is not None:
             busy = f"{fig.dropped} disturbed rounds left out" if fig.dropped else ""
             add(gid, target, fig.value, "; ".join(x for x in (note, busy) if x), fig.ci, fig.n, at)
@@ -123,8 +107,7 @@ def check_targets(records: dict) -> list[dict]:
 
 
 def _dtype_target(rec, add, not_applicable):
-    """fp32 with the fix against voxcpm's default, judged only on a CPU without native bf16 (elsewhere bf16 is the
-    fast one and the bound does not apply)."""
+    """fp32 with the fix vs voxcpm's default, judged only on a CPU without native bf16."""
     if not rec:
         return
     from ..devices import native_bf16
@@ -166,8 +149,7 @@ def _attention_targets(records, add, add_ratio):
 
 
 def _floor_targets(records, add):
-    """fast against its own bound, the two bare GEMMs over the same bytes (paired rounds), the DRAM floor beside
-    it: the cache-cold sweep when there is one."""
+    """fast over its bare GEMMs (the same bytes), from the cache-cold sweep where there is one."""
     cold = records.get("attention_fp32_cold")
     att = cold or records.get("attention_fp32")
     if not att:
@@ -188,7 +170,7 @@ def _floor_targets(records, add):
 
 
 def _floor_note(att: dict, position: int) -> str:
-    """The DRAM floor beside the bound: fast's and the GEMMs' time over it, and whether it binds there."""
+    """fast's and the GEMMs' time over the DRAM floor, and whether it binds there."""
     fa, gm = (find_row(att["rows"], mode=m, position=position) for m in ("fast", "gemm_floor"))
     binds = {True: "", False: " (live K/V fit in the last-level cache: it does not bind)",
              None: " (the last-level cache size is unknown)"}[fa["floor_meaningful"]]
@@ -220,16 +202,14 @@ def _cache_targets(records, add, not_applicable):
 
 
 def met_count(targets: list) -> str:
-    """``"met/judged"`` over the targets that apply here, and how many are undecided (their interval reaches the
-    goal); a not-applicable row counts in none."""
+    """``"met/judged"`` over the targets that apply here, and how many are undecided."""
     v = [t.get("verdict", {True: "yes", False: "no"}.get(t["passed"])) for t in targets]
     judged, undecided = sum(x in ("yes", "no") for x in v), v.count("undecided")
     return f"{v.count('yes')}/{judged}" + (f", {undecided} undecided" if undecided else "")
 
 
 def _whole_targets(whole, add):
-    """The whole decode against Amdahl's bound from upstream's measured attention share (what the ratio would be if
-    that attention cost nothing), the bound shown beside it."""
+    """The whole decode's ratio over Amdahl's bound (:func:`.metrics.amdahl_bound`)."""
     if not whole:
         return
     share, bound = time_shares(whole), amdahl_bound(whole)

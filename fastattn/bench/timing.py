@@ -1,5 +1,4 @@
-"""Timing that is honest on a shared, noisy box: variants interleaved call by call (in a fresh seeded
-random order each repeat), after warm-up; medians with p10/p90; CUDA events on CUDA."""
+"""Timing that is honest on a shared, noisy box: variants interleaved call by call, disturbed samples flagged."""
 
 from __future__ import annotations
 
@@ -23,14 +22,8 @@ sync_device = sync
 
 def time_interleaved(fns: dict, *, repeats: int = 7, warmup: int = 2, device="cpu", seed: int = 0,
                      host: Optional[dict] = None) -> dict:
-    """:func:`fastattn.clock.interleaved` (``{name: [seconds, ...]}``, paired rounds, shuffled order) with the
-    host counters read around every call and round.
-
-    ``host``, a dict, receives ``{name: {"cpu_s": [...], "switches": [...], "machine_s": [...],
-    "others_busy": [...]}}``: the process's CPU time, involuntary context switches and the machine's busy CPU
-    during each sample, and whether other processes took the cores during that sample's round (:mod:`.noise`),
-    from which :func:`stats_ms` flags the samples another process disturbed.
-    """
+    """:func:`fastattn.clock.interleaved` (``{name: [seconds, ...]}``, paired rounds, shuffled order). ``host``
+    receives ``{name: {"cpu_s", "switches", "machine_s", "others_busy"}}``, a list each, for :func:`stats_ms`."""
     counters = {n: {"cpu_s": [], "switches": [], "machine_s": []} for n in fns}
     rounds = []  # (wall, own CPU, machine busy) of each round: the rounds follow each other in time
 
@@ -57,12 +50,9 @@ def time_interleaved(fns: dict, *, repeats: int = 7, warmup: int = 2, device="cp
 
 
 def stats_ms(samples: Sequence[float], host: Optional[dict] = None) -> dict:
-    """Median, p10/p90, min and n in ms, and the samples themselves (bootstrap intervals need them).
-
-    With ``host`` (one variant's counters from :func:`time_interleaved`), each sample is judged disturbed or
-    not (:func:`.noise.disturbed`): the statistics then rest on the quiet samples only (while at least 3 are
-    quiet), ``n`` counts those, ``disturbed`` counts the others and ``disturbed_flags`` marks them in timing
-    order, so that paired intervals drop a round either variant lost."""
+    """A timed row: ``median_ms``, ``p10_ms``, ``p90_ms``, ``min_ms``, ``n``, ``samples_ms``, ``disturbed``,
+    ``disturbed_flags``. With ``host`` (from :func:`time_interleaved`) the statistics rest on the quiet samples
+    (while at least 3 are), and the flags let paired intervals drop a round either variant lost."""
     flags = [False] * len(samples)
     if host is not None:
         flags = disturbed(list(samples), host["cpu_s"], host["switches"], others=host.get("others_busy"))

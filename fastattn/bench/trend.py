@@ -1,6 +1,4 @@
-"""Does a per-chunk cost grow along a stream? :func:`trend`: a resistant slope within each repeat, a moving-block
-bootstrap interval, disturbed chunks left out; verdict ``grows`` / ``shrinks`` / ``flat`` / ``inconclusive``
-against :data:`TOLERANCE` (docs/design.md, "Measuring on a busy machine")."""
+"""Does a per-chunk cost grow along a stream? Resistant slopes, a block bootstrap, a verdict vs :data:`TOLERANCE`."""
 
 from __future__ import annotations
 
@@ -68,10 +66,9 @@ def _bootstrap(series: list, block: int, seed: int) -> list:
 
 def trend(repeats: Sequence[Sequence[tuple]], *, tolerance: float = TOLERANCE, min_quiet: float = 0.5,
           seed: int = 0) -> dict:
-    """The trend of one variant's per-chunk cost over ``repeats``, each a sequence of ``(chunk, ms, disturbed)``.
-    Returns ``{"slope_ms_per_100", "ci", "change", "change_ci", "level_ms", "per_repeat_change", "verdict", "why",
-    "disturbed", "disturbed_chunks", "quiet_share", "repeats"}``; ``change`` is relative to the level. Chunk 0
-    (the prefill) is left out."""
+    """The trend over ``repeats`` of ``(chunk, ms, disturbed)`` (chunk 0 and disturbed ones out): ``slope_ms_per_100``,
+    ``ci``, ``change`` (relative to ``level_ms``), ``change_ci``, ``per_repeat_change``, ``verdict`` (grows, shrinks,
+    flat, inconclusive), ``why``, ``disturbed``, ``disturbed_chunks``, ``quiet_share``, ``repeats``."""
     series = [[(c, ms) for c, ms, bad in r if c > 0 and not bad] for r in repeats]
     flagged = sorted({c for r in repeats for c, _, bad in r if bad})
     total = sum(1 for r in repeats for c, _, _ in r if c > 0)

@@ -1,2 +1,1 @@
-"""What exactly one notebook needs and no library user calls: :mod:`.backend_selection` (02), :mod:`.causality`
-(03), :mod:`.patch_application` (04), :mod:`.profiling` (05)."""
+"""What exactly one notebook (02 to 05) needs and no library user calls."""

@@ -18,12 +18,8 @@ def _rows_of(rows: list, device) -> tuple:
 
 
 def check_claims(rows: list, device="cpu") -> list[dict]:
-    """Seed 000's kernel claims against ``backend_matrix`` rows from this device: the ledger's own rows
-    (:func:`fastattn.claims.matrix_claims`, one rule, so 02 and the ledger agree), then fastattn's window and the
-    ``is_causal`` trap, in the dtype voxcpm runs there (:func:`fastattn.devices.runtime_dtype`).
-
-    Returns ``[{claim, shows, verdict}]``.
-    """
+    """``[{claim, shows, verdict}]``: the ledger's kernel claims on this device's matrix rows (one rule for 02 and the
+    ledger), then fastattn's window and the ``is_causal`` trap, in voxcpm's dtype on ``device``."""
     mine, dt = _rows_of(rows, device)
     by = lambda case: next((r for r in mine if r["case"].startswith(case)), None)  # noqa: E731
     up, exact, causal = by("upstream"), by("exact"), by("is_causal")
@@ -41,9 +37,7 @@ def check_claims(rows: list, device="cpu") -> list[dict]:
 
 
 def findings(rows: list, device, upstream_report, sliced_report, causal_equals_row0: bool, fast_rec: dict) -> dict:
-    """02's findings, read from its reports and matrix in one dtype (voxcpm's on ``device``): the kernel
-    upstream's masked call and the sliced call ran, whether a bool mask forces MATH and why, the
-    ``is_causal`` trap, and ``fast``'s implementation per dtype and key-count class."""
+    """02's findings from its reports and matrix, in voxcpm's dtype on ``device``."""
     mine, dt = _rows_of(rows, device)
     up = next(r for r in mine if r["case"].startswith("upstream") and r["head_dim"] == upstream_report.call["q"][3])
     no_gqa = next((r for r in mine if r["case"].startswith("bool mask, no enable_gqa")), None)
@@ -65,7 +59,6 @@ def findings(rows: list, device, upstream_report, sliced_report, causal_equals_r
 
 
 def key_findings(items: dict) -> list:
-    """The findings 02 leads with: the two kernels, the bool-mask verdict, fast's float32 choices."""
     return ["kernel op that ran for upstream's masked call", "kernel op that ran for the sliced call",
             "bool mask forces the math kernel here"] + [k for k in items if k.startswith("fast's implementation "
                                                                                       "here, float32")]

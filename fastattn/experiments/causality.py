@@ -1,5 +1,4 @@
-"""Notebook 03's experiments: exact vs reference bit for bit, fast and both vs float64, the calibration
-ladder, a padded batch through MaskInfo, stale NaN past the length. Plain data out, no plotting."""
+"""Notebook 03's experiments: exact vs reference bit for bit, all vs float64, padded batches, stale NaN; data only."""
 
 from __future__ import annotations
 
@@ -62,8 +61,7 @@ def sweep_summary(sweep: list) -> dict:
 
 @torch.no_grad()
 def gqa_check(device="cpu", *, seed: int = 0, capacity: int = 1024, batch: int = 3) -> dict:
-    """Per GQA grouping (16/2, 8/8, 8/1 heads), batched: ``exact`` == ``reference`` at every 37th length, and
-    every mode returns v[0] exactly at one key."""
+    """Per GQA grouping, batched: ``exact`` == ``reference`` at every 37th length; every mode gives v[0] at one key."""
     device = resolve_device(device)
     g = torch.Generator().manual_seed(seed)
     out = {}
@@ -83,8 +81,7 @@ def gqa_check(device="cpu", *, seed: int = 0, capacity: int = 1024, batch: int =
 
 def padded_batch_check(*, lengths=(37, 200, 5), Lq: int = 3, Lk: int = 256, hq: int = 8, hkv: int = 2,
                        head_dim: int = 64, seed: int = 0, device="cpu") -> dict:
-    """A left-padded batch (Lq > 1) through :func:`fastattn.attention` with ``MaskInfo(keys, causal=True,
-    padding="left")`` and ``check=True``: equal to dense-mask SDPA?, max distance to a per-row float64 reference."""
+    """A left-padded batch (Lq > 1) through :func:`fastattn.attention` with MaskInfo: equal to dense SDPA? vs f64?"""
     device = resolve_device(device)
     g = torch.Generator().manual_seed(seed)
     B = len(lengths)

@@ -36,8 +36,7 @@ def compare_with_upstream(model, *, text: str, steps: int, mode: str = "exact", 
 
 
 def naive_slice_forward_step(self, hidden_states, position_emb, position_id, kv_cache):
-    """Seed 000's (and PR #199's) fix, for demonstration: slice the cache by the tensor position. Correct eagerly,
-    but a data-dependent shape: ``torch.compile(fullgraph=True)`` fails on it."""
+    """Seed 000's (PR #199's) fix, for show: a slice by the tensor position, right eagerly, fails fullgraph compile."""
     from voxcpm.modules.minicpm4.model import apply_rotary_pos_emb
     bsz, _ = hidden_states.size()
     q = self.q_proj(hidden_states).view(bsz, 1, self.num_heads, self.head_dim).transpose(1, 2)
@@ -55,9 +54,8 @@ def naive_slice_forward_step(self, hidden_states, position_emb, position_id, kv_
 
 def compile_demo(variant: str, *, steps: int = 160, bucket: int = 16, text: str = "hello world " * 4,
                  seed: int = 0) -> dict:
-    """Compile a fresh tiny model's base LM step like upstream's optimize() (fullgraph, eager backend) and decode.
-    ``variant``: ``"upstream"``, ``"naive_slice"`` (seed 000's fix) or ``"patched"`` (exact, ``bucket``-slot cache).
-    Returns graph counts, ``error`` (compile failure or None) and ``equal_to_eager``."""
+    """A fresh tiny model's base LM step compiled like optimize() (fullgraph, eager backend), decoded: graph counts,
+    ``error`` (or None), ``equal_to_eager``. ``variant``: upstream, naive_slice or patched (``bucket``-slot cache)."""
     from ..models import build_voxcpm2, silence_progress
     from ..patch import original_functions, patch_voxcpm, swapped
     if variant not in ("upstream", "naive_slice", "patched"):
@@ -106,8 +104,7 @@ KEY_FINDINGS = (
 
 def findings(results: dict, fast: dict, trap: dict, through_diff: dict, restored: bool, live: dict,
              choice: dict) -> dict:
-    """04's findings, keyed by claim, from its results (``compare_with_upstream``, ``compile_demo``, the diff's
-    decode, revert, ``live_decode_check``, ``fast.graph_choice``)."""
+    """04's findings, keyed by claim, from its results."""
     gen, stream = results["generate, exact, cache=True"], results["generate_streaming, exact, cache=True"]
     return {
         "decode through the upstream diff: torch.equal to upstream": through_diff["identical"],

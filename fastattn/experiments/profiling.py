@@ -1,5 +1,4 @@
-"""Notebook 05's readings of its records: the headline, warm vs cold calls, a decode step vs its
-attention calls, and bf16 vs fp32. Pure functions of records; they measure nothing."""
+"""Notebook 05's readings of its records (headline, warm vs cold, step vs call, bf16 vs fp32); they measure nothing."""
 
 from __future__ import annotations
 
@@ -92,14 +91,12 @@ def floor_reading(cold: dict, position: int = 4096) -> dict:
 
 
 def headline_key(items: dict) -> list[str]:
-    """The headline's key findings: exact's call saving, the bf16 step, the whole decode, targets met."""
     want = ("attention fp32 at p=", "decode step bf16", "whole decode (", "targets met")
     return [next(k for k in items if k.startswith(w) and "fast" not in k) for w in want]
 
 
 def headline(att: dict, dec: dict, whole: dict, targets: list, position: int = 256) -> dict:
-    """05's findings from its records (:mod:`fastattn.bench.metrics`): ratios at ``position``, the whole decode's
-    ratio and identity, the LMs' decode-attention share, targets met."""
+    """05's headline: call and step ratios at ``position``, the whole decode, the LM attention share, targets met."""
     val = lambda fig: fig.value if fig else float("nan")  # noqa: E731
     a, d16, d32 = att["float32"], dec["bfloat16"], dec["float32"]
     share = {v: time_shares(whole, v)["lm_attention"] for v in ("upstream", "patched")}
@@ -134,12 +131,10 @@ def fast_table(att: dict, positions) -> list[dict]:
 
 
 def fast_chose(att: dict) -> dict:
-    """What ``fast`` chose per dtype, as the sweeps recorded it."""
     return {dt: [c["winner"] for c in rec.get("fast_choice", [])] for dt, rec in att.items()}
 
 
 def patched_steps_identical(dec: dict) -> bool:
-    """Whether the patched step was bit-identical to upstream at every position of every sweep (slice fix aside)."""
     return all(r["bit_identical"] for rec in dec.values() for r in rec["rows"] if r["variant"] == "patched")
 
 
