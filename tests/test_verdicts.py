@@ -149,3 +149,30 @@ def test_the_end_to_end_claims_scale_is_the_seeds_own_record():
     row = next(r for r in load_published("pr199.csv") if r["metric"] == "end-to-end wall time")
     assert int(re.search(r"min_len=(\d+)", row["note"])[1]) == END_TO_END_STEPS
     assert round(float(row["before"]) / float(row["after"]), 2) == 1.36  # "~36% faster" read as speed
+
+
+# The audit's labels, each from the record it describes: plant the record both ways, the words follow.
+def _whole(up_s, pa_s, attention_share=0.5):
+    rows = [{"variant": v, "repeat": i, "wall_s": w, "lm_attention_s": w * attention_share if v == "upstream" else
+             0.0, "other_s": w * (1 - attention_share)} for v, w in (("upstream", up_s), ("patched", pa_s))
+            for i in range(3)]
+    return {"kind": "whole_decode", "rows": rows, "identical": True, "patched_granularity": 256,
+            "median_wall_s": {"upstream": up_s, "patched": pa_s}}
+
+
+@pytest.mark.parametrize("patched_s, below", [(4.0, True), (6.0, False)])  # Amdahl's estimate: 5.0 s of 10 s
+def test_the_amdahl_line_says_below_its_estimate_only_when_patched_is(patched_s, below):
+    from fastattn.experiments.profiling import amdahl_line
+    line = amdahl_line(_whole(10.0, patched_s))
+    assert "if that attention cost nothing: 5.0 s (0.50x)" in line
+    assert ("below that estimate" in line) is below
+
+
+@pytest.mark.parametrize("flags, verdict, count", [((True,) * 6, HOLDS, "6 of 6"), ((True,) * 5 + (False,), FAILS,
+                                                                                      "5 of 6")])
+def test_the_exactness_row_counts_calls_as_positions_by_dtypes(flags, verdict, count):
+    from fastattn.claims import _default_exact
+    rows = [{"dtype": dt, "position": p, "exact_identical": f}
+            for (dt, p), f in zip([(dt, p) for dt in ("bfloat16", "float32") for p in (0, 256, 511)], flags)]
+    got, evidence = _default_exact({"exactness_sweep": [{"rows": rows}]}, {})
+    assert got == verdict and f"exact == reference in {count} calls (3 positions x bfloat16, float32)" in evidence

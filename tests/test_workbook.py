@@ -77,10 +77,18 @@ def test_runner_executes_all_notebooks(tmp_path):
             assert list((run_dir / stem / "figures").glob("*.png"))
             assert "image/png" in text
         _check_report(run_dir, stem)
+        _no_gpu_claim_judged_here(run_dir)
         if stem == "04_patch_application":
             assert "'weights': 'checkpoint'" in text
             assert nb["findings"]["exact patch, generate(): waveform torch.equal to upstream"] is True
     assert len({p.name for p in tmp_path.iterdir()}) == len(SMOKE), "a run folder was reused"  # 4 runs + ckpt
+
+
+def _no_gpu_claim_judged_here(run_dir):
+    """A claim made on a CUDA GPU reads "not measured at its scale" (or not run) on this CPU, never holds or fails."""
+    from fastattn.claims import NOT_RUN, NOT_SCALE, claims_ledger
+    rows = [r for r in claims_ledger(run_dir) if "CUDA" in r["scale"]]
+    assert len(rows) == 3 and all(r["verdict"] in (NOT_SCALE, NOT_RUN) for r in rows), rows
 
 
 NUMBER = re.compile(r"(?<![\w.])\d+\.\d+(?![\w.])")
