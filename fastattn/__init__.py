@@ -1,7 +1,6 @@
 """fastattn: VoxCPM2's full-cache decode attention, proved, fixed and measured.
 
-Runtime: :func:`attention_step`, :func:`attention`, :class:`RightSizedKVCache`; voxcpm side (lazy):
-:func:`patch_voxcpm`, :func:`optimize`; measuring: :mod:`fastattn.bench`."""
+Runtime: :func:`attention_step`, :func:`attention`, :class:`RightSizedKVCache`; voxcpm side: :func:`patch_voxcpm`."""
 
 from importlib import import_module
 
@@ -33,7 +32,7 @@ __all__ = ["MODES", "attention_step", "calibrate_exact", "check_exactness", "exa
 _SUBMODULES = {"core", "clock", "step", "modes", "masks", "cache", "exactness", "fast", "static", "backends", "devices",
                "doctor", "claims", "diagnosis", "budget",
                "patch", "forward", "inflight", "models", "graphs", "upstream", "compat", "bench", "plots", "report",
-               "workbook", "nbexec", "gpucheck", "ingest", "experiments", "paths"}
+               "workbook", "nbexec", "gpucheck", "runner", "ingest", "experiments", "paths"}
 
 
 def __getattr__(name):

@@ -1,10 +1,7 @@
-"""A KV cache sized to the request: a drop-in for voxcpm's ``StaticKVCache`` (docs/design.md, "The right-sized
-cache").
+"""A KV cache sized to the request: a drop-in for voxcpm's ``StaticKVCache`` (docs/design.md).
 
-Storage ``(2, layers, B, Hkv, capacity, D)``, ``capacity`` a multiple of ``bucket`` (or ``max_length``), sized by
-three pure functions the upstream diff shares. Invariants after every ``fill_caches`` and ``step()``:
-``capacity <= min(max(2 * current_length, bucket), max_length)``; slots past ``current_length`` are zero; a view
-fetched before a growth reads NaN (fetch views after ``step()``, as voxcpm's loop does)."""
+Storage ``(2, layers, B, Hkv, capacity, D)``. After every ``fill_caches`` and ``step()``: ``capacity`` at most
+``max(2 * current_length, bucket)``, zeros past ``current_length``; views fetched before a growth read NaN."""
 
 from __future__ import annotations
 
@@ -51,16 +48,14 @@ def _pos_int(value, name: str) -> int:
 
 
 def _mark_dynamic(t: torch.Tensor, dim: int) -> None:
-    """``torch._dynamo.maybe_mark_dynamic(t, dim)`` where dynamo is already loaded; never imports it."""
     dynamo = sys.modules.get("torch._dynamo")
     if dynamo is not None:
         dynamo.maybe_mark_dynamic(t, dim)
 
 
 class RightSizedKVCache:
-    """voxcpm's ``StaticKVCache`` (same constructor and methods, plus ``bucket``) holding ``capacity`` slots.
-    Adds ``bucket``, ``capacity``, ``window``, ``nbytes``, ``reserve()``, ``generation``. ``kv_cache`` is the window
-    view ``(2, layers, B, Hkv, window, D)`` of the storage. Bad sizes raise ValueError, a bad dtype TypeError."""
+    """voxcpm's ``StaticKVCache`` interface holding ``capacity`` slots; ``kv_cache`` is the window view
+    ``(2, layers, B, Hkv, window, D)``. Bad sizes raise ValueError, a bad dtype TypeError."""
 
     def __init__(self, num_layers: int, num_kv_heads: int, dim_kv_head: int, batch_size: int,
                  device, dtype: torch.dtype, max_length: int = 8192, *, bucket: int = 512):
@@ -95,8 +90,7 @@ class RightSizedKVCache:
         return t
 
     def _set_window(self) -> None:
-        """Point ``kv_cache`` at the storage's first ``window`` slots (slot dim dynamic where windows vary); with
-        ``static_address`` the view is marked too (a view of a marked storage is not, and CUDA graph trees skip it)."""
+        """Point ``kv_cache`` at the first ``window`` slots, marked static too (a view of a marked storage is not)."""
         w = window_slots(self.current_length, self.capacity, self.bucket)
         view = getattr(self, "kv_cache", None)
         if w != getattr(self, "window", None) or view is None or view.data_ptr() != self._storage.data_ptr():
@@ -109,7 +103,6 @@ class RightSizedKVCache:
 
     @property
     def windowed(self) -> bool:
-        """``bucket < max_length``; False where the cache holds all ``max_length`` slots, as upstream's."""
         return self.bucket < self.max_length
 
     @property
@@ -119,7 +112,6 @@ class RightSizedKVCache:
 
     @property
     def capacity(self) -> int:
-        """Slots currently allocated per layer (a multiple of bucket, or max_length)."""
         return self._storage.shape[4]
 
     @property
@@ -149,8 +141,7 @@ class RightSizedKVCache:
             torch._dynamo.mark_static_address(self.kv_cache)
 
     def reserve(self, n_tokens: int) -> None:
-        """Hold >= ``n_tokens`` slots (bucket-rounded) through the next ``fill_caches``; never shrinks. ValueError for
-        a negative count or one past ``max_length``."""
+        """Hold ``n_tokens`` slots or more through the next ``fill_caches``; ValueError past ``max_length``."""
         if isinstance(n_tokens, bool) or not isinstance(n_tokens, int) or n_tokens < 0:
             raise ValueError(f"n_tokens must be a non-negative int, got {n_tokens!r}")
         if n_tokens > self.max_length:
@@ -181,9 +172,8 @@ class RightSizedKVCache:
         return ret
 
     def fill_caches(self, kv_caches: List[Tuple[torch.Tensor, torch.Tensor]]) -> None:
-        """Start a request from prefill K/V, per layer (B, Hkv, P, D) each, in the cache's dtype and device.
-        All are checked before any write (a ValueError leaves the cache as it was); clears only slots earlier
-        requests wrote: O(request), never O(max_length)."""
+        """Start a request from per-layer prefill K/V (B, Hkv, P, D), all checked before any write (ValueError leaves
+        the cache as it was); clears only the slots earlier requests wrote."""
         n = self._check_prefill(kv_caches)
         target = fill_capacity(n, self.capacity, self.bucket, self.max_length)
         if self._reserved:

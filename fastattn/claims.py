@@ -15,7 +15,7 @@ import torch
 
 from .bench.metrics import patched_is_upstream, step_ratio, whole_ratio
 from .bench.records import find_row, load_run
-from .bench.stats import fmt_ci, quiet, ratio_ci, scaled_ci
+from .bench.stats import NO, YES, fmt_ci, quiet, ratio_ci, scaled_ci, verdict
 from .devices import runtime_dtype
 from .paths import load_published
 
@@ -63,12 +63,8 @@ def _first(recs, kind, **params):
 
 
 def within(ci, lo: float, hi: float) -> str:
-    """A 95% interval ``ci`` in ``[lo, hi]``: HOLDS inside, FAILS wholly outside, else (or without one) UNDECIDED."""
-    if not ci:
-        return UNDECIDED
-    if lo <= ci[0] and ci[1] <= hi:
-        return HOLDS
-    return FAILS if ci[1] < lo or ci[0] > hi else UNDECIDED
+    """:func:`stats.verdict` in the ledger's words: HOLDS inside ``[lo, hi]``, FAILS wholly outside, else UNDECIDED."""
+    return {YES: HOLDS, NO: FAILS}.get(verdict(ci, lo, hi), UNDECIDED)
 
 
 def _unpaired(a: dict, b: dict) -> tuple:

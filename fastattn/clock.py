@@ -1,7 +1,4 @@
-"""The one loop that times calls: variants interleaved in a fresh seeded order each round, after warm-up; CUDA
-events on CUDA. The runtime's choices (``fast``'s probe, the graph form) call it bare; the measuring layer
-(:func:`fastattn.bench.timing.time_interleaved`) adds the host counters through the hooks. Imports nothing from
-fastattn."""
+"""The one timing loop: variants interleaved in a fresh seeded order each round, CUDA events on CUDA."""
 
 from __future__ import annotations
 
@@ -35,7 +32,6 @@ def elapsed_s(a, b) -> float:
 
 
 def _timed(fn: Callable, events: Optional[tuple]) -> float:
-    """Seconds of one call: between two CUDA events (one pair, made before the loop, reused), else the host clock."""
     if events:
         a, b = events
         a.record()
@@ -50,12 +46,9 @@ def _timed(fn: Callable, events: Optional[tuple]) -> float:
 
 def interleaved(fns: dict, *, repeats: int = 7, warmup: int = 2, device="cpu", seed: int = 0,
                 on_call: Optional[Callable] = None, on_round: Optional[Callable] = None) -> dict:
-    """``{name: [seconds per repeat]}``: each callable once per round, ``repeats`` rounds after ``warmup``.
-
-    The order is shuffled afresh each round (seeded): a call pays for what the call before it left in the
-    caches, so each variant should follow each other one about equally often. Sample ``i`` of every variant
-    comes from round ``i`` (paired). ``on_call(name)`` returns a function called after that call;
-    ``on_round()`` likewise around each round (the measuring layer's host counters)."""
+    """``{name: [seconds per repeat]}``: each callable once per round after ``warmup``, in a fresh seeded order (a call
+    pays for what the one before left in caches); sample ``i`` is round ``i``. ``on_call(name)`` and ``on_round()``
+    return a callback run after that call or round."""
     if repeats < 1 or warmup < 0:
         raise ValueError(f"repeats must be >= 1 and warmup >= 0, got {repeats}, {warmup}")
     device, names = torch.device(device), list(fns)
@@ -78,5 +71,4 @@ def interleaved(fns: dict, *, repeats: int = 7, warmup: int = 2, device="cpu", s
 
 
 def medians(fns: dict, **kw) -> dict:
-    """``{name: median seconds}`` of :func:`interleaved`."""
     return {n: statistics.median(t) for n, t in interleaved(fns, **kw).items()}

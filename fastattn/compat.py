@@ -1,6 +1,6 @@
-"""Two environment workarounds, each engaged only where it is needed: an inductor cache per forced
-``ATEN_CPU_CAPABILITY`` build (torch's on-disk key leaves it out), and a torchaudio placeholder where the real one
-cannot be imported (``import voxcpm`` imports it; VoxCPM2 never calls it). See docs/design.md."""
+"""Two environment workarounds, each engaged only where needed (docs/design.md).
+
+An inductor cache per forced ``ATEN_CPU_CAPABILITY`` (torch's key omits it); a torchaudio stub VoxCPM2 never calls."""
 
 from __future__ import annotations
 
@@ -21,8 +21,7 @@ _MARK = "__fastattn_placeholder__"
 
 
 class TorchaudioUnavailable(AttributeError):
-    """Raised when code touches the torchaudio placeholder. An AttributeError, so ``hasattr``, ``getattr(m, n, d)``
-    and pickle's module scan (inductor's cache pickles graphs) see "no such attribute" and move on."""
+    """Raised on touching the torchaudio placeholder; an AttributeError so ``hasattr`` and pickle's scan move on."""
 
 
 class _Placeholder(types.ModuleType):
@@ -50,7 +49,6 @@ class _Placeholder(types.ModuleType):
 
 
 def _broken_reason() -> str | None:
-    """None if the real torchaudio imports, else why it does not."""
     existing = sys.modules.get("torchaudio")
     if existing is not None:
         return getattr(existing, "__fastattn_reason__", None)
@@ -82,13 +80,11 @@ def ensure_torchaudio() -> bool:
 
 
 def shim_engaged() -> bool:
-    """True if ``sys.modules["torchaudio"]`` is fastattn's placeholder."""
     mod = sys.modules.get("torchaudio")
     return bool(mod is not None and mod.__dict__.get(_MARK, False))
 
 
 def shim_reason() -> str | None:
-    """Why the placeholder is engaged, or None when it is not."""
     mod = sys.modules.get("torchaudio")
     return mod.__dict__.get("__fastattn_reason__") if shim_engaged() else None
 
@@ -101,8 +97,7 @@ def disengage() -> None:
 
 
 def separate_inductor_cache() -> str | None:
-    """Point ``TORCHINDUCTOR_CACHE_DIR`` at ``<tmp>/torchinductor_<user>_aten-<build>`` for a forced build; return
-    it, or None (nothing changed) where none is forced or a folder was chosen. Must run before the first compile."""
+    """Give a forced build its own ``TORCHINDUCTOR_CACHE_DIR`` (returned; None: unchanged). Run before compiling."""
     build = os.environ.get("ATEN_CPU_CAPABILITY", "").strip().lower()
     if not build or os.environ.get("TORCHINDUCTOR_CACHE_DIR"):
         return None

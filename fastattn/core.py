@@ -1,8 +1,6 @@
-"""The decode primitives every other attention module builds on: one SDPA call, the causal mask, the window rule, the
-float64 reference, the random decode data and the argument checks. Imports nothing from fastattn.
+"""Decode primitives the attention modules build on: SDPA, the causal mask, the window rule, float64, checks.
 
-Shapes (SDPA's layout): q ``(B, Hq, Lq, D)``, k and v ``(B, Hkv, capacity, D)``, ``Hq % Hkv == 0``. ``length``
-valid keys; query row ``i`` sees keys ``j <= length - Lq + i`` (bottom-right causal)."""
+SDPA's layout: q ``(B, Hq, Lq, D)``, k, v ``(B, Hkv, capacity, D)``; row ``i`` sees keys ``j <= length - Lq + i``."""
 
 from __future__ import annotations
 
@@ -59,7 +57,7 @@ def check_length_int(length: int, lq: int, capacity: int, name: str = "length") 
 
 
 def length_kind(length, device) -> str:
-    """'int' or 'tensor'; raises on anything else."""
+    """'int' or 'tensor'; TypeError or ValueError for anything else."""
     if isinstance(length, bool):
         raise TypeError("length must be an int or an integer tensor, got bool")
     if isinstance(length, int):
@@ -76,7 +74,7 @@ def length_kind(length, device) -> str:
 
 
 def check_length_tensor(length: torch.Tensor, lq: int, capacity: int, upper: int) -> None:
-    """Range-check a length tensor: on the host on CPU, by ``_assert_async`` elsewhere (no sync; fails poison CUDA)."""
+    """Range-check a length tensor: on the host on CPU, else by ``_assert_async`` (no sync; failing poisons CUDA)."""
     if length.device.type == "cpu":
         n = int(length.reshape(()))
         check_length_int(n, lq, capacity)
@@ -104,8 +102,10 @@ def f64_attention(q, k, v, length: int) -> torch.Tensor:
     """Float64 decode attention over keys [0, length), bottom-right causal; GQA by repetition."""
     lq = q.shape[2]
     g = q.shape[1] // k.shape[1]
+    # (B, Hkv, length, D) -> (B, Hq, length, D)
     kk = k[:, :, :length].double().repeat_interleave(g, 1)
     vv = v[:, :, :length].double().repeat_interleave(g, 1)
+    # (B, Hq, Lq, length)
     s = q.double() @ kk.transpose(-1, -2) / math.sqrt(q.shape[-1])
     rows = torch.arange(lq, device=q.device).view(-1, 1) + (length - lq)
     s = s.masked_fill(torch.arange(length, device=q.device).view(1, -1) > rows, float("-inf"))
@@ -114,17 +114,16 @@ def f64_attention(q, k, v, length: int) -> torch.Tensor:
 
 def random_decode(device, dtype, *, hq: int, hkv: int, head_dim: int, capacity: int, lq: int = 1, batch: int = 1,
                   seed: int = 0) -> tuple:
-    """Seeded q (B, Hq, Lq, D) and K, V (B, Hkv, capacity, D), views of one (2, B, Hkv, capacity, D) tensor as
-    voxcpm's caches hold them; drawn on CPU, so every device gets the same numbers."""
+    """Seeded q (B, Hq, Lq, D) and K, V (B, Hkv, capacity, D), drawn on CPU: every device gets the same numbers."""
     g = torch.Generator().manual_seed(seed)
     q = torch.randn(batch, hq, lq, head_dim, generator=g).to(device=device, dtype=dtype)
+    # (2, B, Hkv, capacity, D): K and V are views of one tensor, as in voxcpm's cache
     kv = torch.randn(2, batch, hkv, capacity, head_dim, generator=g).to(device=device, dtype=dtype)
     return q, kv[0], kv[1]
 
 
 def causal_mask(n_keys: int, lq: int, length: Length, device) -> torch.Tensor:
-    """Bool mask (1, 1, Lq, n_keys), True where row i sees key j <= length - Lq + i; upstream's for Lq == 1. A
-    tensor ``length`` keeps the comparison on its device."""
+    """Bool (1, 1, Lq, n_keys), True where row i sees key j <= length - Lq + i; upstream's for Lq == 1."""
     cols = torch.arange(n_keys, device=device)
     if isinstance(length, torch.Tensor):
         length = length.reshape(())

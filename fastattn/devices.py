@@ -1,6 +1,4 @@
-"""Devices, dtypes and the environment facts every record carries: :func:`resolve_device` (``auto``, ``cpu``,
-``cuda[:N]``, ``mps``; anything else is a ValueError naming the argument), :func:`dtype_of` / :func:`dtype_name`,
-:func:`env_facts`."""
+"""Devices, dtypes and the environment facts every record carries."""
 
 from __future__ import annotations
 
@@ -27,7 +25,7 @@ _DEVICE_TYPES = ("auto", "cpu", "cuda", "mps")
 
 
 def resolve_device(device, *, name: str = "device") -> torch.device:
-    """A usable ``torch.device``: ``auto`` resolved; a malformed or absent device is a ValueError."""
+    """A usable ``torch.device`` from ``auto``, ``cpu``, ``cuda[:N]``, ``mps``; ValueError for others or absent ones."""
     if isinstance(device, torch.device):
         text = str(device)
     elif isinstance(device, str):
@@ -75,7 +73,7 @@ def runtime_dtype(device) -> str:
 
 
 def dtype_of(dtype, *, name: str = "dtype") -> torch.dtype:
-    """``torch.dtype`` from a name (``"bfloat16"``) or a dtype among :data:`DTYPES`."""
+    """``torch.dtype`` from a name (``"bfloat16"``) or a dtype among :data:`DTYPES`; else ValueError."""
     if isinstance(dtype, torch.dtype) and dtype in DTYPES.values():
         return dtype
     if isinstance(dtype, str) and dtype in DTYPES:
@@ -84,7 +82,6 @@ def dtype_of(dtype, *, name: str = "dtype") -> torch.dtype:
 
 
 def dtype_name(dtype) -> str:
-    """``"bfloat16"`` for ``torch.bfloat16`` (any torch dtype)."""
     return str(dtype).replace("torch.", "")
 
 
@@ -104,7 +101,6 @@ def package_version(dist: str) -> str:
 
 
 def cpu_name() -> str:
-    """The CPU's model name (from /proc/cpuinfo where there is one)."""
     try:
         with open("/proc/cpuinfo") as f:
             for line in f:
@@ -131,8 +127,7 @@ def cpu_flags(names=("avx512f", "avx512_bf16", "amx_bf16", "avx2", "bf16")) -> d
 
 
 def cpu_features(flags: Optional[dict] = None, capability: str = "?") -> str:
-    """The CPU features that pick this project's kernels, in a few words: AMX (bf16 matrix tiles), AVX512-BF16
-    without AMX, AVX512 or AVX2 without native bf16. ``capability`` (ATen's) stands in where flags are unknown."""
+    """The CPU features that pick this project's kernels, in words; ``capability`` (ATen's) if flags are unknown."""
     flags = cpu_flags() if flags is None else flags
     if not flags:
         return capability
@@ -146,8 +141,7 @@ def cpu_features(flags: Optional[dict] = None, capability: str = "?") -> str:
 
 
 def machine_label(env: dict, flags: Optional[dict] = None) -> str:
-    """A record's machine as the tables name it: threads, CPU, the features that decide the kernels, torch; or the
-    GPU. ``flags``: the run's CPU flags where ``env`` has no ``cpu_features`` (records written before it)."""
+    """A record's machine as the tables name it; ``flags`` stand in for records without ``cpu_features``."""
     torch_v = env["torch"].split("+")[0]
     if str(env.get("device", "cpu")).startswith("cuda"):
         return f"{env['device_name']} (CUDA), torch {torch_v}"
@@ -162,7 +156,6 @@ def native_bf16(flags: Optional[dict] = None) -> Optional[bool]:
 
 
 def git_commit() -> str:
-    """The checkout's commit (with ``-dirty`` if it has changes), or ``unknown``."""
     from .paths import repo_root
     try:
         root = repo_root()
@@ -181,9 +174,7 @@ def device_name(device) -> str:
 
 
 def compile_toolchain(device="cpu") -> Optional[str]:
-    """Why ``torch.compile`` cannot build kernels here, or None. On CUDA, triton builds its launcher stub with a C
-    compiler (``$CC``, else gcc, else clang) against ``Python.h``; on CPU, inductor builds C++ (``$CXX``, else g++,
-    else clang++) against the same header. Images without build tools fail at the first compile, not at import."""
+    """Why ``torch.compile`` cannot build kernels here (no C/C++ compiler or ``Python.h``), or None."""
     cuda = torch.device(device).type == "cuda"
     var, names = ("CC", ("gcc", "clang")) if cuda else ("CXX", ("g++", "clang++"))
     chosen = os.environ.get(var)

@@ -1,9 +1,6 @@
-"""Which key windows give upstream's bits: by construction (the CPU flash kernel's 512-key block), confirmed by
-measurement (:func:`calibrate_exact`).
+"""Which key windows keep upstream's bits: by construction, confirmed by measurement (docs/design.md, "Exactness").
 
-A window that is a multiple of the kernel's key block hands it the same blocks as the full call; any other changes
-the reduction order (docs/design.md, "Exactness"). Calibrations are cached per process, keyed by device, dtype,
-geometry, capacity, query length, threads and the identity of SDPA; :func:`exactness_report` lists them."""
+A window that is a multiple of the kernel's key block hands it the same blocks as the full call; others reorder sums."""
 
 from __future__ import annotations
 
@@ -43,8 +40,7 @@ def _check_geometry(hq, hkv, head_dim, capacity, lq) -> None:
 
 # --------------------------------------------------------------------------- which kernel, which block
 def kernel_key_block(device, dtype, *, hq: int, hkv: int, head_dim: int, lq: int = 1) -> tuple:
-    """``(key_block, kernel)``: the kernel SDPA picks for upstream's masked call on this device, and
-    the key block that makes a window provably exact there (``None``: no such argument)."""
+    """``(key_block, kernel)``: SDPA's kernel for upstream's call, and the key block making windows exact (or None)."""
     device = torch.device(device)
     if device.type == "meta":
         return None, "meta (no kernel runs)"
@@ -75,7 +71,6 @@ def _candidates(block: Optional[int], capacity: int, exhaustive: bool) -> list:
 
 
 def _lengths(step: int, capacity: int, lq: int) -> list:
-    """Every length around each multiple of ``step`` (edge-1, edge, edge+1), plus the ends."""
     edges = range(step, capacity + 1, step)
     picks = {lq, lq + 1, capacity} | {e + d for e in edges for d in (-1, 0, 1)}
     return sorted(n for n in picks if lq <= n <= capacity)
@@ -85,12 +80,9 @@ def _lengths(step: int, capacity: int, lq: int) -> list:
 @torch.no_grad()
 def calibrate_exact(device, dtype, *, hq: int, hkv: int, head_dim: int, capacity: int, lq: int = 1,
                     draws: int = 3, seed: int = 0, exhaustive: bool = True) -> dict:
-    """Measure which window bucket keeps ``exact`` bit-identical (``torch.equal``) to the full-capacity call.
-    ``hq, hkv, head_dim, capacity, lq``: the real call's geometry; ``draws`` random batches. ``exhaustive`` measures
-    every candidate at every length; False (``exact``'s first use) stops at the first eligible identical one.
-    Returns ``{"bucket", "ladder", "kernel", "key_block", ...}``, ``bucket`` None where no window is exact; ladder
-    rows ``candidate, eligible, reason, measured, bit_identical, max_abs_diff, lengths_checked, draws,
-    first_diff_length``."""
+    """Measure which window bucket keeps ``exact`` bit-identical (``torch.equal``) to the full-capacity call for this
+    geometry, over ``draws`` random batches; ``exhaustive=False`` (first use) stops at the first eligible identical one.
+    ``bucket`` is None where no window is exact. Bad geometry or ``draws``: ValueError."""
     _check_geometry(hq, hkv, head_dim, capacity, lq)
     if isinstance(draws, bool) or not isinstance(draws, int) or draws <= 0:
         raise ValueError(f"draws must be a positive int, got {draws!r}")
@@ -150,15 +142,13 @@ def _measure(ladder, lengths, device, dtype, hq, hkv, head_dim, capacity, lq, dr
 
 # --------------------------------------------------------------------------- an explicit int bucket
 def self_check_once(q: torch.Tensor, k_cache: torch.Tensor, bucket: int) -> None:
-    """An explicit int bucket in a direct call: :func:`check_bucket_once` for the call's geometry."""
     if bucket < k_cache.shape[2]:  # a bucket at or above capacity always windows the whole cache: upstream's call
         check_bucket_once(q.device, q.dtype, hq=q.shape[1], hkv=k_cache.shape[1], head_dim=q.shape[3], bucket=bucket)
 
 
 def check_bucket_once(device, dtype, *, hq: int, hkv: int, head_dim: int, bucket: int,
                       capacity: Optional[int] = None) -> None:
-    """An explicit int bucket: checked once per device, dtype, geometry, bucket and capacity (the patch
-    checks at the cache's ``max_length``, since its layers only ever see the window); warns where it differs."""
+    """Check an int bucket once per geometry and capacity (the patch's: ``max_length``); warns if not bit-identical."""
     device = torch.device(device)
     if capturing_or_compiling() or device.type == "meta" or (capacity is not None and bucket >= capacity):
         return
@@ -185,9 +175,7 @@ def check_bucket_once(device, dtype, *, hq: int, hkv: int, head_dim: int, bucket
 @torch.no_grad()
 def check_exactness(device, dtype, *, hq: int = 16, hkv: int = 2, head_dim: int = 128, bucket: int = 256,
                     capacity: Optional[int] = None, positions=None, seed: int = 0) -> dict:
-    """Compare an int-``bucket`` ``exact`` with ``reference`` on one random draw, Lq=1, at positions around the
-    bucket edges of a ``capacity`` cache (default 4 buckets): weaker than :func:`calibrate_exact`. Returns
-    ``{"bit_identical", "max_abs_diff", "positions_checked", "first_diff_position", ...}``."""
+    """Int-``bucket`` ``exact`` vs ``reference`` on one draw at bucket edges: weaker than :func:`calibrate_exact`."""
     check_bucket(bucket)
     device = torch.device(device)
     capacity = capacity or 4 * bucket
@@ -226,8 +214,7 @@ def _key(device, dtype, hq, hkv, head_dim, capacity, lq) -> tuple:
 
 
 def exact_granularity(device, dtype, *, hq: int, hkv: int, head_dim: int, capacity: int, lq: int = 1) -> Optional[int]:
-    """The calibrated bucket for this geometry (calibrated on first use), or None: attend over the whole capacity
-    (warned once). Inside a compile or CUDA-graph capture an uncalibrated geometry gets None."""
+    """The calibrated bucket (calibrated at first use, not under compile or capture), or None: the whole capacity."""
     key = _key(device, dtype, hq, hkv, head_dim, capacity, lq)
     hit = _CALIBRATIONS.get(key)
     if hit is not None:
@@ -250,8 +237,8 @@ def exact_granularity(device, dtype, *, hq: int, hkv: int, head_dim: int, capaci
 
 
 def exact_window(q, k_cache, length, bucket) -> int:
-    """``exact``'s key count for this call: the length rounded up to ``bucket`` (or the calibrated granularity),
-    or the whole capacity where no window is exact. A tensor length is read back (a host sync on CUDA)."""
+    """``exact``'s key count: the length rounded up to ``bucket`` (None: calibrated), or the capacity where no window is
+    exact. A tensor length is read back (a sync on CUDA)."""
     capacity = k_cache.shape[2]
     g = bucket if bucket is not None else exact_granularity(
         q.device, q.dtype, hq=q.shape[1], hkv=k_cache.shape[1], head_dim=q.shape[3], capacity=capacity,
@@ -293,8 +280,7 @@ def reset_exactness_cache() -> None:
 
 def calibration_ladders(device="cpu", *, capacity: int = 8192, dtypes=("float32", "bfloat16"), lqs=(1, 5),
                         hq: int = 16, hkv: int = 2, head_dim: int = 128, draws: int = 3) -> list[dict]:
-    """The exhaustive calibration ladder: one row per (dtype, lq, candidate) with its ladder fields and ``chosen``,
-    the bucket the default ``exact`` uses for that geometry."""
+    """The exhaustive ladder, one row per (dtype, lq, candidate); ``chosen``: the bucket default ``exact`` uses."""
     rows = []
     for name in dtypes:
         for lq in lqs:

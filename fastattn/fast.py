@@ -1,9 +1,6 @@
-"""``fast`` mode: the fastest decode attention on the device that is within twice ``reference``'s error against
-float64, chosen by measurement at first use (docs/design.md, "fast").
+"""``fast`` mode: the fastest decode attention within twice ``reference``'s error vs float64 (docs/design.md).
 
-:data:`CANDIDATES` run over exactly the live keys; the choice is cached per (device, dtype, heads, head dim, Lq
-class, key-count class) and listed by :func:`fast_report`. A candidate that raises is marked broken and the next
-takes over. :func:`graph_choice` is the chain's class for compiled decodes (:mod:`fastattn.static`)."""
+Chosen by measurement at first use, cached per (device, dtype, heads, head dim, Lq class, key-count class)."""
 
 from __future__ import annotations
 
@@ -41,8 +38,7 @@ def _causal_rows(lq: int, group: int, n: int, device) -> Optional[torch.Tensor]:
 
 
 def _grouped(q, k, v, length=None):
-    """The grouped form in float32. ``length`` (a tensor: no host sync) masks keys at or past it (Lq = 1);
-    without it every key of ``k``, ``v`` is live and Lq > 1 is bottom-right causal."""
+    """The grouped form in float32; a tensor ``length`` masks keys at or past it (Lq = 1), else Lq > 1 is causal."""
     B, hq, lq, D = q.shape
     hkv, n = k.shape[1], k.shape[2]
     g = hq // hkv
@@ -63,9 +59,7 @@ def grouped_fp32(q, k, v):
 
 
 def grouped_window(q, k, v, length):
-    """Graph-safe ``fast`` for Lq = 1: the grouped form over a window of keys, keys at or past
-    ``length`` (a tensor: no host sync) masked. Shapes depend only on the window, so a compiled
-    step is reused until the window grows."""
+    """Graph-safe ``fast`` for Lq = 1 over a key window, keys at or past ``length`` (a tensor) masked."""
     return _grouped(q, k, v, length)
 
 
@@ -77,8 +71,8 @@ def sdpa_slice(q, k, v):
 
 
 def flash_op(q, k, v):
-    """The flash kernel called as its aten op (CUDA, half precision): no process-wide SDPA flags, no cuDNN plan per
-    key count; it takes grouped K/V as they are. Lq > 1 with a causal offset needs a mask flash cannot take: SDPA."""
+    """The flash kernel as its aten op (CUDA, half precision): no process-wide SDPA flags, no cuDNN plan per key count.
+    Lq > 1 with a causal offset needs a mask flash cannot take: SDPA."""
     lq, n = q.shape[2], k.shape[2]
     if lq not in (1, n):
         return sdpa_slice(q, k, v)
@@ -125,10 +119,7 @@ def _key(q, k) -> tuple:
 
 
 def _time(fns: dict, q, k, v, lengths: list, device, repeats: int = 7, warmup: int = 2) -> dict:
-    """Median seconds per candidate, each sample one call at every probe length, candidates interleaved
-    (:func:`fastattn.clock.interleaved`). Every sample uses key counts no earlier sample used (each length less
-    one more key per call): a kernel that builds a plan per key count (cuDNN's graph cache on Hopper) pays for
-    it here as it would in a real decode, where every step adds a key."""
+    """Median seconds per candidate, interleaved, at fresh key counts (a per-count plan is paid, as in a decode)."""
     used = called_key_counts(device, q.dtype)  # the probe's key counts are not fresh for a later sweep (CUDA)
 
     def run(fn):
@@ -151,9 +142,10 @@ def _is_oom(exc: BaseException) -> bool:
 @torch.no_grad()
 def choose_fast(device, dtype, *, hq: int, hkv: int, head_dim: int, lq: int = 1, length_class: str = "keys>2048",
                 candidates: Optional[dict] = None, seed: int = 0) -> dict:
-    """Probe every candidate for this call shape: accuracy vs float64 (twice ``reference``'s error at
-    most), then an interleaved timing at the two lengths of ``length_class`` (see ``LENGTH_CLASSES``);
-    return the choice with each candidate's figures."""
+    """Choose ``fast``'s implementation for one call shape. ``fast`` is opt-in and changes bits: a candidate within
+    twice ``reference``'s error vs float64 is accepted, then timed at ``length_class``'s lengths; the fastest not in
+    :data:`PROBE_ONLY` wins. Returns the shape, ``bound``, ``winner``, ``candidates`` rows; RuntimeError if none
+    passes."""
     device = torch.device(device)
     cands = {n: fn for n, (fn, devs) in (candidates or CANDIDATES).items() if device.type in devs}
     if length_class not in LENGTH_CLASSES:
@@ -222,11 +214,8 @@ def _implementation(q, k) -> Callable:
 
 
 def fast_attention(q, k, v):
-    """``fast`` over exactly the live keys: ``k``, ``v`` (B, Hkv, n, D) hold keys [0, n), bottom-right causal.
-
-    Runs the implementation chosen for this call shape; one that raises (not out of memory) is marked
-    broken for it, logged once, and the next fastest accepted candidate takes over.
-    """
+    """``fast`` over exactly the live keys ``k``, ``v`` (B, Hkv, n, D), bottom-right causal. A chosen implementation
+    that raises (not OOM) is marked broken, logged once, and the next fastest takes over."""
     fn = _implementation(q, k)
     try:
         return fn(q, k, v)
@@ -257,14 +246,8 @@ def _fall_back(q, k, v, exc):
 
 def graph_choice(device, dtype, *, hq: int, hkv: int, head_dim: int, capacity: int, bucket: int = 256,
                  **kw) -> dict:
-    """The ``graph`` class of the chain: the fastest static-shape form for a compiled decode of this shape
-    (:func:`fastattn.static.choose_graph_form`: each form compiled with ``fullgraph=True``, checked against
-    float64 and for its graph count, then timed). Costs a compile per form and resets dynamo (choose before
-    compiling a model); made once per process and shape (the first call's ``kw`` settle it until
-    :func:`reset_fast_cache`),
-    listed by :func:`fast_report` with every form's status (``available``/``reason``, ``accepted``,
-    ``graphs``, ``median_ms``). ``kw`` go to ``choose_graph_form`` (``positions``, ``steps``, ``repeats``,
-    ``backend``, ``seed``)."""
+    """The chain's ``graph`` class, :func:`fastattn.static.choose_graph_form`, once per process and shape until
+    :func:`reset_fast_cache`. Compiles every form and resets dynamo: choose before compiling a model."""
     device = torch.device(device)
     key = (device_key(device), dtype_name(dtype), hq, hkv, head_dim, "lq=1", "graph", capacity, bucket)
     with _LOCK:
@@ -275,9 +258,7 @@ def graph_choice(device, dtype, *, hq: int, hkv: int, head_dim: int, capacity: i
 
 
 def fast_report() -> list:
-    """Every ``fast`` choice made in this process: call shape, candidates (median ms, max error), winner.
-    Choices of the ``graph`` class (:func:`graph_choice`) have ``length_class == "graph"``; their candidates
-    carry each static form's status."""
+    """Every ``fast`` choice made in this process (``length_class == "graph"``: :func:`graph_choice`'s)."""
     with _LOCK:
         return [dict(v, candidates=[dict(r) for r in v["candidates"]]) for v in _CHOICES.values()]
 

@@ -1,7 +1,6 @@
-"""The functions :func:`fastattn.patch_voxcpm` installs in voxcpm's MiniCPM classes: ``MiniCPMAttention.forward_step``
-(upstream's projections, rotary and cache write, then the mode's attention; ``.contiguous()`` only on MPS, as
-upstream needs for pytorch#163597), ``MiniCPMModel.forward_step`` (views cut to the mode's keys from the cache's
-host-side bookkeeping: no sync per layer) and ``MiniCPMModel.setup_cache`` (a :class:`fastattn.RightSizedKVCache`)."""
+"""The class functions :func:`fastattn.patch_voxcpm` installs in voxcpm's MiniCPM model.
+
+The model step cuts each layer's K/V views to the mode's keys from host-side bookkeeping: no sync per layer."""
 
 from __future__ import annotations
 
@@ -24,8 +23,7 @@ _MODEL_STEP = threading.local()  # .cut: the patched model step is handing its l
 
 
 def make_attention_forward_step(mode: str, bucket, *, attend=None):
-    """``MiniCPMAttention.forward_step`` in ``mode``; ``attend`` (q, k, v over exactly the live keys) replaces an
-    unmasked mode's implementation (:func:`slice_fix_functions` builds the published slice fix with it)."""
+    """``MiniCPMAttention.forward_step`` in ``mode``; ``attend`` (q, k, v: live keys) overrides an unmasked mode."""
     from voxcpm.modules.minicpm4.model import apply_rotary_pos_emb
 
     spec = REGISTRY[mode]
@@ -38,6 +36,7 @@ def make_attention_forward_step(mode: str, bucket, *, attend=None):
         key_states = self.k_proj(hidden_states)
         value_states = self.v_proj(hidden_states)
 
+        # (B, H * D) -> (B, 1, H, D) -> (B, H, 1, D): one new token per step
         query_states = query_states.view(bsz, 1, self.num_heads, self.head_dim).transpose(1, 2)
         key_states = key_states.view(bsz, 1, self.num_key_value_heads, self.head_dim).transpose(1, 2)
         value_states = value_states.view(bsz, 1, self.num_key_value_heads, self.head_dim).transpose(1, 2)
@@ -74,6 +73,7 @@ def make_attention_forward_step(mode: str, bucket, *, attend=None):
             window = n_keys if spec.windowed else None
             attn_output = spec.attend(query_states, key_cache, value_cache, length, bucket, window)
 
+        # (B, Hq, 1, D) -> (B, 1, Hq, D) -> (B, Hq * D)
         attn_output = attn_output.transpose(1, 2).contiguous()
         attn_output = attn_output.reshape(bsz, self.num_heads * self.head_dim)
         return self.o_proj(attn_output)
@@ -83,8 +83,8 @@ def make_attention_forward_step(mode: str, bucket, *, attend=None):
 
 
 def slice_fix_functions() -> dict:
-    """The published slice fix (seed 000, PRs #199/#395) as class functions for benchmarks, never installed: SDPA
-    over exactly the live keys, no mask. Not bit-identical to upstream; not ``fullgraph``-safe."""
+    """The published slice fix (seed 000, PRs #199/#395) for benchmarks, never installed: SDPA over the live keys, no
+    mask; neither bit-identical to upstream nor ``fullgraph``-safe."""
     return {"MiniCPMAttention.forward_step": make_attention_forward_step("fast", None, attend=sdpa_slice),
             "MiniCPMModel.forward_step": make_model_forward_step("fast", None)}
 
@@ -117,7 +117,7 @@ def make_model_forward_step(mode: str, bucket):
 
 
 def _keys_for(lm, cache, mode: str, bucket) -> Optional[int]:
-    """Keys of the cache's views the layers get (the mode's ``keys`` rule; host-side only), None: the views as are."""
+    """Keys of the cache's views the layers get (host-side only); None: the views as they are."""
     spec = REGISTRY[mode]
     g = None
     if spec.windowed:
@@ -139,8 +139,7 @@ def _granularity(config, device, dtype, max_length: int) -> Optional[int]:
 
 
 def cache_granularity(config, device, dtype, max_length: int, bucket) -> int:
-    """The right-sized cache's bucket: the caller's int (self-checked), the calibrated one, or ``max_length``
-    rounded up to 16 where no window is exact (any value >= ``max_length`` is the whole cache: upstream's call)."""
+    """The right-sized cache's bucket: the caller's int (self-checked), the calibrated one, else the whole cache."""
     if bucket is not None:  # checked once against the full max_length call, where the layers cannot
         check_bucket_once(device, dtype, hq=config.num_attention_heads, hkv=config.num_key_value_heads,
                           head_dim=_head_dim(config), bucket=bucket, capacity=max_length)

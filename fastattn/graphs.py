@@ -1,12 +1,6 @@
-"""Graph-safe decode: ``torch.compile`` (and CUDA graphs) on a patched VoxCPM model (the narrative: docs/design.md).
+"""Graph-safe decode: ``torch.compile`` (and CUDA graphs) on a patched VoxCPM model (docs/design.md).
 
-:func:`optimize` is the counterpart of voxcpm's ``optimize()`` for a patched model. Every per-step value stays in
-tensors; only the bucketed window reaches a shape (marked dynamic), so a compiled step is traced once across buckets.
-CUDA graphs need the tensor each compiled step reads and writes at a static address: the cache's ``kv_cache`` view is
-marked (:func:`mark_cache_static`), again after every growth or window change. Dynamo also treats tensor attributes
-reached from an ``nn.Module`` as static, so upstream's own cache most likely replays graphs too: gpu-check's
-``optimize_counters`` measures it (:func:`graph_counts`: skips and their reasons), never assumed.
-"""
+Per-step values stay in tensors, only the bucketed window is a dynamic shape; CUDA graphs need static cache views."""
 
 from __future__ import annotations
 
@@ -27,7 +21,7 @@ OPTIMIZED: weakref.WeakSet = weakref.WeakSet()
 log = logging.getLogger("fastattn")
 
 def _guarded(compiled, eager, name: str, report: dict):
-    """Call ``compiled``; on any failure except OOM log once and run ``eager`` from then on."""
+    """Call ``compiled``; on any failure but OOM, log once and run ``eager`` from then on."""
 
     def call(*args, **kwargs):
         if report["failed"].get(name):
@@ -48,11 +42,8 @@ def _guarded(compiled, eager, name: str, report: dict):
 
 def optimize(model, *, compile_mode: Optional[str] = None, backend: str = "inductor", fullgraph: bool = True,
              components=("base_lm", "residual_lm", "feat_encoder", "feat_decoder")):
-    """Compile a (patched) VoxCPM model's decode hot paths (``components``) as upstream's ``optimize()`` does:
-    ``fullgraph`` as upstream; ``compile_mode`` defaults to ``"reduce-overhead"`` (CUDA graphs) on CUDA, inductor's
-    default elsewhere; ``backend="eager"``/``"aot_eager"`` proves graph safety cheaply. A compile failure is logged
-    once per component, which then runs eagerly (out-of-memory raises). Returns the model, with
-    ``model.fastattn_compiled`` saying what was done."""
+    """Compile a patched model's decode hot paths as voxcpm's ``optimize()`` does (CUDA graphs on CUDA); a component
+    that fails to compile is logged once and runs eagerly. ``model.fastattn_compiled`` says what ran."""
     device = str(getattr(model, "device", "cpu"))
     if compile_mode is None:
         compile_mode = "reduce-overhead" if device.startswith("cuda") and backend == "inductor" else None
@@ -84,9 +75,7 @@ def optimize(model, *, compile_mode: Optional[str] = None, backend: str = "induc
 
 
 def mark_cache_static(cache) -> None:
-    """Mark a KV cache's tensors as static addresses for CUDA graphs: a :class:`fastattn.RightSizedKVCache`
-    (storage and window view, kept marked as they change) or upstream's ``StaticKVCache`` (its one
-    ``kv_cache`` tensor, which never moves). None is ignored."""
+    """Mark a :class:`fastattn.RightSizedKVCache` (as it moves too) or a ``StaticKVCache`` static; None is ignored."""
     if hasattr(cache, "set_static_address"):
         cache.set_static_address(True)
     elif isinstance(getattr(cache, "kv_cache", None), torch.Tensor):
@@ -94,8 +83,7 @@ def mark_cache_static(cache) -> None:
 
 
 def deoptimize(model):
-    """Undo :func:`optimize`: drop the compiled wrappers, back to the class functions (``revert()`` calls it:
-    a compiled graph keeps running the functions it traced). Returns the model."""
+    """Undo :func:`optimize` (``revert()`` calls it: a compiled graph keeps running the functions it traced)."""
     for obj, attr in _parts(model).values():
         if getattr(obj.__dict__.get(attr), "__fastattn_compiled__", False):
             del obj.__dict__[attr]
@@ -106,8 +94,7 @@ def deoptimize(model):
 
 
 def _parts(model) -> dict:
-    """{component: (object, attribute)} of the callables upstream's optimize() compiles: the LMs' ``forward_step``
-    (set on the instance, as upstream does) and the modules' ``forward`` (their state_dict keys unchanged)."""
+    """{component: (object, attribute)} of what upstream's ``optimize()`` compiles, replaced on the instance."""
     out = {}
     for name in ("base_lm", "residual_lm"):
         lm = getattr(model, name, None)
@@ -127,7 +114,7 @@ CUDAGRAPH_LOG = "torch._inductor.cudagraph_utils.__cudagraphs"
 
 
 class _SkipReasons(logging.Handler):
-    """Keeps the reasons cudagraph trees give for running a compiled function without CUDA graphs."""
+    """Collects cudagraph trees' reasons for running a compiled function without CUDA graphs."""
 
     def __init__(self):
         super().__init__(logging.WARNING)
@@ -143,11 +130,9 @@ _SKIPS = _SkipReasons()
 
 
 def graph_counts() -> dict:
-    """Process-wide compile counters (see :func:`reset_graph_counts`): dynamo's graphs compiled and graph
-    breaks, and inductor's ``cudagraph_skips``, each a compiled function that cudagraph trees ran *without*
-    CUDA graphs (a mutated input that is not a static address, a CPU tensor, ...), with the reasons logged
-    since the reset. 0 skips under ``reduce-overhead`` is the evidence that graphs were recorded. (torch's
-    ``counters["recompiles"]`` is never written; a recompile shows as one more of ``unique_graphs``.)"""
+    """Compile counters since :func:`reset_graph_counts`: graphs, graph breaks, ``cudagraph_skips`` and their
+    reasons; no skips under ``reduce-overhead`` is the evidence graphs were recorded. A recompile is one more
+    ``unique_graphs``."""
     from torch._dynamo.utils import counters
     _watch_skips()
     return {"unique_graphs": counters["stats"].get("unique_graphs", 0),
@@ -172,8 +157,7 @@ def reset_graph_counts() -> None:
 
 
 def cudagraph_recordings(device) -> Optional[int]:
-    """CUDA graphs inductor's cudagraph trees have recorded on ``device`` (plain ``"cuda"``: the current device) so
-    far (their graph id counter), or None where no tree manager exists or this torch keeps it elsewhere."""
+    """CUDA graphs cudagraph trees have recorded on ``device`` so far, or None where that is unknown."""
     if torch.device(device).type != "cuda":
         return None
     try:

@@ -1,4 +1,4 @@
-"""Which decodes are running now: a behaviour-neutral counter around voxcpm's ``_inference`` generators, so that
+"""Which decodes are running now: a behaviour-neutral counter around voxcpm's ``_inference`` generators, so
 :mod:`fastattn.patch` can refuse to patch, or defer a revert, while a request runs."""
 
 from __future__ import annotations

@@ -1,5 +1,4 @@
-"""Structured masks: describe a mask by its structure (:class:`MaskInfo`) so :func:`attention` can skip keys no query
-sees and drop the mask where nothing kept is masked, with the dense mask's semantics.
+"""Structured masks: :class:`MaskInfo` lets :func:`attention` skip unseen keys and drop needless masks.
 
 True = attend. Causal and window are bottom-right aligned: query ``i`` is the token at ``i + Lk - Lq``."""
 
@@ -26,11 +25,9 @@ _ALIGN = CPU_FLASH_KEY_BLOCK
 
 @dataclass(frozen=True)
 class MaskInfo:
-    """The structure of a bool attention mask: the dense mask is the AND of every stated constraint.
-
-    ``keys``: bool (B, Lk), True = a real key (None: all real). ``causal``: query i sees key j iff ``j <= i + Lk - Lq``.
-    ``window`` w: only keys ``j > i + Lk - Lq - w`` (the w most recent). ``padding``: ``"right"`` / ``"left"`` claims
-    each row's real keys are one run from key 0 / ending at key Lk-1 (None: no claim). Bad fields raise."""
+    """The structure of a bool mask, the AND of the stated constraints: ``keys`` bool (B, Lk), True = real (None: all);
+    ``causal``: query i sees key j iff ``j <= i + Lk - Lq``; ``window`` w: only the w most recent keys; ``padding``
+    ``"right"`` / ``"left"``: each row's real keys are one run from key 0 / ending at key Lk-1. Bad fields raise."""
 
     keys: Optional[torch.Tensor] = None
     causal: bool = False
@@ -104,11 +101,10 @@ class MaskInfo:
 
 # ---------------------------------------------------------------------- attention
 def attention(q, k, v, *, mask=None, mask_info: Optional[MaskInfo] = None, scale=None, enable_gqa=False, check=False):
-    """SDPA with the dense mask's semantics, along the cheapest path the structure allows.
-    q (B, Hq, Lq, D); k, v (B, Hkv, Lk, D); ``mask`` bool, broadcastable to (B, Hq, Lq, Lk); ``mask_info`` describes
-    or stands for it; ``check`` verifies that (also ``FASTATTN_CHECK_MASKS=1``). Unseen keys are cut in 512-key blocks
-    (a right-padded cut keeps the dense call's bits on CPU); fully masked rows return zeros, never NaN. Host reads:
-    not for CUDA-graph capture."""
+    """SDPA with the dense mask's semantics along the cheapest path: q (B, Hq, Lq, D), k, v (B, Hkv, Lk, D), ``mask``
+    bool broadcastable to (B, Hq, Lq, Lk), ``mask_info`` describing or standing for it (``check``: verify it). Unseen
+    keys are cut in 512-key blocks (right-padded: the dense bits on CPU); fully masked rows are zeros, not NaN. Host
+    reads: not for CUDA graphs."""
     for name, t in (("q", q), ("k", k), ("v", v)):
         if not isinstance(t, torch.Tensor) or t.dim() != 4:
             raise ValueError(f"{name} must be a 4-D tensor (B, H, L, D), got {getattr(t, 'shape', type(t).__name__)}")

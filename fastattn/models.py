@@ -1,6 +1,6 @@
-"""Real ``voxcpm`` VoxCPM2 models: random weights from a preset (``data/voxcpm2_architecture.json``: ``tiny`` for
-tests, ``small`` with the real LM width and head geometry, ``full`` the real ~2.4 B architecture), or a local
-checkpoint. Never the network. The longrope factors of the real model are not public here: they are all 1.0."""
+"""Real ``voxcpm`` VoxCPM2 models: random weights from a preset, or a local checkpoint; never the network.
+
+Presets: ``tiny`` (tests), ``small`` (real LM width, heads), ``full`` (~2.4B); longrope factors are 1.0 (not public)."""
 
 from __future__ import annotations
 
@@ -80,9 +80,8 @@ def _check_device(device: str) -> str:
 
 def build_voxcpm2(preset: str = "tiny", *, seed: int = 0, device: str = "cpu", dtype: str = "bfloat16",
                   max_length: int = 8192):
-    """A real ``voxcpm.model.voxcpm2.VoxCPM2Model`` with random weights from ``preset``, built offline.
-    The same preset, seed and dtype give the same weights; ``dtype`` as voxcpm's loader does it (AudioVAE kept
-    float32). Bad dtype or ``max_length`` raise ValueError; ``model.fastattn_info`` says what was built."""
+    """A real ``VoxCPM2Model`` with random weights from ``preset``, offline; the same preset, seed and dtype give the
+    same weights (AudioVAE float32). ValueError for a bad dtype or ``max_length``."""
     if dtype not in DTYPES:
         raise ValueError(f"dtype must be one of {', '.join(DTYPES)}; got {dtype!r}")
     if isinstance(max_length, bool) or not isinstance(max_length, int) or max_length < 16:
@@ -123,8 +122,7 @@ TEST_STRING = "hello world"
 
 
 def save_voxcpm2(model, path) -> Path:
-    """Write ``model`` in voxcpm's checkpoint layout into a new or empty folder ``path`` (returned); never over an
-    existing checkpoint (FileExistsError). :func:`load_voxcpm2` reads it back."""
+    """Write ``model`` as a voxcpm checkpoint into a new or empty folder (returned); FileExistsError otherwise."""
     from safetensors.torch import save_file
 
     p = Path(path).expanduser()
@@ -145,7 +143,6 @@ def save_voxcpm2(model, path) -> Path:
 
 
 def _checkpoint_keys(path: Path) -> tuple[set, set]:
-    """The tensor names in the checkpoint's model and AudioVAE files (safetensors headers only)."""
     def keys(names):
         for name in names:
             f = path / name
@@ -161,8 +158,7 @@ def _checkpoint_keys(path: Path) -> tuple[set, set]:
 
 
 def _check_coverage(model, path: Path) -> None:
-    """ValueError naming missing and unexpected keys unless the checkpoint covers the model exactly (voxcpm loads
-    with ``strict=False`` and would keep random weights)."""
+    """ValueError unless the checkpoint covers the model exactly (voxcpm's ``strict=False`` keeps random weights)."""
     lm_keys, vae_keys = _checkpoint_keys(path)
     have = lm_keys | {f"audio_vae.{k}" for k in vae_keys}
     want = {k for k in model.state_dict() if "lora_" not in k}
@@ -183,10 +179,8 @@ def _check_tokenizer(model, path: Path) -> None:
 
 
 def load_voxcpm2(path, *, device: Optional[str] = None):
-    """Load a local VoxCPM2 checkpoint with voxcpm's ``from_local(..., optimize=False)`` (patchable), offline.
-    ``path`` must hold ``config.json``, ``tokenizer.json``/``.model``, ``model.safetensors`` (or ``pytorch_model.bin``)
-    and ``audiovae.safetensors`` (or ``.pth``), else FileNotFoundError names what is missing. Weights that do not
-    cover the model exactly, or a tokenizer that encodes nothing, raise ValueError."""
+    """Load a local checkpoint offline with ``from_local(..., optimize=False)`` (patchable). Missing files:
+    FileNotFoundError; weights not covering the model exactly, or a tokenizer that encodes nothing: ValueError."""
     if path is None or str(path).strip() == "":
         raise ValueError("checkpoint path is empty: give the local directory of a VoxCPM2 checkpoint")
     p = Path(path).expanduser()

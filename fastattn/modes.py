@@ -1,6 +1,4 @@
-"""The attention modes, as data (:data:`REGISTRY`): each :class:`Mode` names its implementation, how many cache keys
-the model step hands its layers, and what it promises (``masked``, ``windowed``, ``exact``, ``graph_safe``).
-Adding a mode is one entry here, its implementation and its tests."""
+"""The attention modes as data: :data:`REGISTRY` of :class:`Mode`; adding a mode is one entry here and its tests."""
 
 from __future__ import annotations
 
@@ -38,7 +36,6 @@ def _exact(q, k_cache, v_cache, length, bucket, window):
 
 
 def _fast(q, k_cache, v_cache, length, bucket, window):
-    """Exactly the live keys, the implementation chosen for this device and shape (:mod:`fastattn.fast`)."""
     n = length if isinstance(length, int) else host_length(length, q.shape[2], k_cache.shape[2])
     return fast_attention(q, k_cache[:, :, :n], v_cache[:, :, :n])
 

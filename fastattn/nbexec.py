@@ -1,16 +1,6 @@
 """Executing a notebook headless: papermill's engine with a client that cannot stall on a lost wake-up.
 
-Why (measured, RESEARCH.md 15 and the 2026-12-03 note in docs/design.md): a headless run could sit until its cell
-timeout with the cell's ``execute_reply`` already in the client's shell socket. The socket held the message
-(``zmq.EVENTS`` = POLLIN), a receive was pending and its fd was in the event loop's epoll set, but no wake-up came:
-pyzmq's asyncio integration waits on ZeroMQ's edge-triggered fd, and an edge was lost. Calling the socket's event
-handler by hand let the cell finish at once, as the final ``zmq_poll(0)`` at the timeout did (so the cell "took" the
-timeout and still passed). Here no wait relies on one edge: every receive waits in slices of :data:`SLICE_S` and
-polls the socket itself between them, so a lost edge costs at most one slice.
-
-A cell whose kernel has said it is idle while its reply still has not come is ended after :data:`IDLE_GRACE_S`
-with an error output naming the cell (``StalledCell``); papermill keeps the partial notebook.
-"""
+ZeroMQ's edge-triggered fd can lose an edge (RESEARCH.md 15), so every receive waits in :data:`SLICE_S` slices."""
 
 from __future__ import annotations
 
@@ -38,8 +28,7 @@ class StalledCell(Exception):
 
 
 def _sliced(get_msg, on_empty=None, on_msg=None):
-    """``get_msg(timeout)`` that waits at most SLICE_S at a time; ``on_empty()`` runs between slices, ``on_msg(m)``
-    on each message received."""
+    """``get_msg`` waiting SLICE_S at a time; ``on_empty()`` runs between slices, ``on_msg(m)`` per message."""
     async def get(timeout=None):
         deadline = None if timeout is None else time.monotonic() + timeout
         while True:
@@ -59,8 +48,7 @@ def _sliced(get_msg, on_empty=None, on_msg=None):
 
 
 class SliceClient(PapermillNotebookClient):
-    """papermill's client whose shell and IOPub receives wait in slices, and which ends a cell stalled on an idle
-    kernel (see the module docstring)."""
+    """papermill's client with sliced shell and IOPub receives that ends a cell stalled on an idle kernel."""
 
     async def async_start_new_kernel_client(self):
         kc = await super().async_start_new_kernel_client()
@@ -100,7 +88,6 @@ class SliceClient(PapermillNotebookClient):
 
 
 class SliceEngine(NBClientEngine):
-    """papermill's nbclient engine, executing with :class:`SliceClient`."""
 
     @classmethod
     def execute_managed_notebook(cls, nb_man, kernel_name, log_output=False, stdout_file=None, stderr_file=None,

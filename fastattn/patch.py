@@ -1,8 +1,6 @@
 """Apply fastattn's decode attention and right-sized cache to the installed ``voxcpm``, reversibly.
 
-:func:`patch_voxcpm` replaces :data:`TARGETS` at class level, refuses an unverified source (fingerprints) or a
-model ``optimize()`` already compiled, and ``revert()`` restores the original function objects by identity
-(docs/design.md, "The patch and its lifecycle")."""
+:data:`TARGETS` are replaced at class level; ``revert()`` restores the originals by identity (docs/design.md)."""
 
 from __future__ import annotations
 
@@ -52,7 +50,6 @@ def _modules():
 
 
 def _installed(name: str):
-    """The class attribute ``"Class.attr"`` of voxcpm's MiniCPM model module, as installed now."""
     cls, attr = name.split(".")
     return getattr(_modules()[0], cls).__dict__[attr]
 
@@ -68,7 +65,7 @@ def _targets():
 
 
 def fingerprints() -> dict:
-    """Fingerprint of each function the patch replaces, as installed now (unpatched originals when applied)."""
+    """Fingerprint of each function the patch replaces (the unpatched originals while applied)."""
     targets = _targets()
     if _STATE is not None:
         targets.update(_STATE.originals)
@@ -110,7 +107,6 @@ def variant_functions(mode: str = "exact", *, cache: bool = True, bucket: Option
 
 
 def installed_functions() -> dict:
-    """What voxcpm's classes hold now for every patched name (patched or not)."""
     return {name: _installed(name) for name in TARGETS}
 
 
@@ -124,7 +120,7 @@ def original_functions() -> dict:
 
 @contextmanager
 def swapped(fns: dict):
-    """Install class functions by name for a block, then put back what was there (benchmarks: no fingerprint check)."""
+    """Install class functions by name for a block, then restore (benchmarks: no fingerprint check)."""
     saved = {name: _installed(name) for name in fns}
     for name, fn in fns.items():
         _install(name, fn)
@@ -212,7 +208,6 @@ class _Applied:
         self.undo()
 
     def undo(self) -> None:
-        """Restore the original functions (by identity), upstream caches and eager steps on every model touched."""
         global _STATE
         with _LOCK:
             if _STATE is not self:
@@ -246,8 +241,7 @@ _STATE: Optional[_Applied] = None
 
 
 class VoxcpmPatch:
-    """One holder of the applied patch; a context manager. ``revert()`` lets go (idempotent); the patch goes when
-    its last holder lets go, after any decode in flight."""
+    """A holder of the applied patch (a context manager); the last to let go reverts it, after decodes in flight."""
 
     def __init__(self, state: _Applied):
         self._state = state
@@ -272,7 +266,6 @@ class VoxcpmPatch:
         self._state.convert(model)
 
     def revert(self) -> None:
-        """Let go of the patch; the last holder restores upstream (see the class docstring)."""
         with _LOCK:
             if not self._held:
                 return
@@ -309,11 +302,11 @@ def _status(state: _Applied) -> dict:
 
 def patch_voxcpm(model=None, *, mode: str = "exact", cache: bool = True, force: bool = False,
                  bucket: Optional[int] = None):
-    """Patch voxcpm's MiniCPM decode step (and, with ``cache=True``, its KV caches) in place; a :class:`VoxcpmPatch`.
-    ``model``: a built VoxCPM/VoxCPM2 model to check (not compiled) and convert; later models get the patch anyway.
-    ``mode``: ``"exact"`` (default), ``"fast"`` (opt-in) or ``"reference"``. ``force``: patch an unverified source.
-    ``bucket``: as in :func:`fastattn.attention_step`. The same settings add a holder; other settings while applied,
-    or a decode in flight, raise :class:`PatchError`."""
+    """Patch voxcpm's MiniCPM decode step (and, with ``cache=True``, its KV caches); a :class:`VoxcpmPatch`. ``mode``:
+    ``"exact"`` (default) is bit-identical to ``"reference"`` (upstream's computation); ``"fast"`` is opt-in and changes
+    bits (within twice reference's error vs float64). ``model``: a built model to check and convert. ``force``: accept
+    an unverified voxcpm source. ``bucket``: as in :func:`fastattn.attention_step`. A compiled model, other settings
+    while applied, or a decode in flight raise :class:`PatchError`; the same settings add a holder."""
     global _STATE
     mode_spec(mode)
     if not isinstance(cache, bool):
@@ -344,7 +337,7 @@ def patch_voxcpm(model=None, *, mode: str = "exact", cache: bool = True, force: 
 
 
 def patch_status() -> dict:
-    """What is patched and how, which models hold what, decodes in flight (``{"applied": False, ...}`` if none)."""
+    """What is patched and how, which models hold what, decodes in flight (``applied`` False if none)."""
     with _LOCK:
         if _STATE is None:
             return {"applied": False, "voxcpm": _voxcpm_version(), "fingerprints_match": _fingerprints_known(),

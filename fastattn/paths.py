@@ -1,9 +1,6 @@
-"""Where the workbook's files are, resolved from the package (never from the working directory).
+"""Where the workbook's files are, from the package, not the working directory (papermill kernels run anywhere).
 
-papermill runs a kernel in whatever folder it was started from, so notebooks and
-code find ``data/`` and ``notebooks/`` through this module. ``FASTATTN_ROOT``
-overrides the repository root (a non-editable install has no ``data/`` beside it).
-"""
+``FASTATTN_ROOT`` overrides the repository root (a non-editable install has no ``data/`` beside it)."""
 
 from __future__ import annotations
 
@@ -43,8 +40,7 @@ def reports_dir() -> Path:
 
 
 def without_machine_paths(text: str, run_dir: Optional[Path] = None) -> str:
-    """Machine paths out of a text: ``run_dir`` becomes ``.``, a temporary folder ``<tmp>``, the venv
-    ``<python>``, the checkout ``<fastattn>``, the home folder ``~``."""
+    """``text`` with ``run_dir`` as ``.`` and temporary, venv, checkout and home paths as placeholders."""
     text = re.sub(re.escape(tempfile.gettempdir()) + r"/tmp[\w.-]+", "<tmp>", text)
     runs = [(str(run_dir.resolve()), "."), (str(run_dir), ".")] if run_dir is not None else []
     for old, new in [*runs, (sys.prefix, "<python>"), (str(repo_root()), "<fastattn>"), (str(Path.home()), "~")]:
@@ -54,8 +50,7 @@ def without_machine_paths(text: str, run_dir: Optional[Path] = None) -> str:
 
 
 def atomic_write_text(path, text: str) -> Path:
-    """Write ``text`` to ``path`` whole or not at all (a temporary file, flushed, then renamed): a full disk
-    leaves no cut-short file behind; the error propagates."""
+    """Write ``text`` to ``path`` whole or not at all (temporary file, fsync, rename); errors propagate."""
     path = Path(path)
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
     try:

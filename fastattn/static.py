@@ -1,9 +1,6 @@
-"""Static-shape decode attention: the forms a compiled or CUDA-graph decode can use (the narrative: docs/design.md).
+"""Static-shape decode attention: the forms a compiled or CUDA-graph decode can use (docs/design.md).
 
-A form takes the cache view a compiled step holds and the newest token's position ``pos``, a one-element integer
-device tensor (length = pos + 1, Lq = 1). :func:`check_form` checks one compiled against float64;
-:func:`choose_graph_form` times the accepted ones as layer stacks and names the winner by :func:`form_winner`.
-"""
+A form is ``(q, k, v, pos) -> out``, ``pos`` the newest key's position as a one-element int device tensor (Lq = 1)."""
 
 from __future__ import annotations
 
@@ -25,9 +22,7 @@ from .core import causal_mask, f64_attention, random_decode, sdpa, window_for
 
 @functools.cache
 def _flex():
-    """``(BlockMask, flex_attention, kv_only)`` imported on first use (importing fastattn loads no FlexAttention), or
-    None where this torch has none. ``kv_only``: decode never reads the q-blocks, so skip their transpose where
-    torch lets us (``compute_q_blocks=False``)."""
+    """``(BlockMask, flex_attention, kv_only)`` on first use, or None; ``kv_only`` skips the unread q-blocks."""
     try:
         from torch.nn.attention.flex_attention import BlockMask, flex_attention
     except ImportError:  # pragma: no cover
@@ -50,7 +45,6 @@ ULP_FLOOR = 4
 
 # --------------------------------------------------------------------------- the forms: (q, k, v, pos) -> out
 def upstream_masked(q, k, v, pos):
-    """(d) upstream's call over every slot of ``k``, ``v`` (B, Hkv, n, D): the bool mask ``arange(n) <= pos``."""
     return sdpa(q, k, v, causal_mask(k.shape[2], 1, pos.reshape(()) + 1, q.device))
 
 
@@ -68,8 +62,7 @@ def slice_live(q, k, v, pos):
 
 
 def decode_block_mask(pos, n_keys: int, block: int = FLEX_BLOCK):
-    """The block mask of one decode step over ``n_keys`` slots, from tensor ops on ``pos`` (no host sync, fixed
-    shapes): ``length // block`` full blocks, then the partial block holding key ``pos`` (none on a block edge)."""
+    """One decode step's block mask over ``n_keys`` slots from tensor ops on ``pos`` (no sync, static shapes)."""
     n_blocks = -(-n_keys // block)
     idx = torch.arange(n_blocks, device=pos.device, dtype=torch.int32).view(1, 1, 1, -1)  # (1, 1, 1, nb)
     length = pos.reshape(()) + 1
@@ -87,7 +80,6 @@ def decode_block_mask(pos, n_keys: int, block: int = FLEX_BLOCK):
 
 
 def flex_decode(q, k, v, pos):
-    """(c) FlexAttention over every slot of ``k``, ``v``, reading only blocks up to ``pos``."""
     return _flex()[1](q, k, v, block_mask=decode_block_mask(pos, k.shape[2]), enable_gqa=True)
 
 
@@ -125,9 +117,8 @@ def flex_available(device="cpu") -> Optional[str]:
 
 # --------------------------------------------------------------------------- calling a form as a decode does
 def layer_stack(fn: Callable, layers: int, tag: str) -> Callable:
-    """``stack(q, caches, pos)``: ``fn`` once per (k, v) of ``caches``, each output the next layer's query (a decode
-    step chains its layers). A fresh code object named ``tag``: dynamo caches graphs per code object and does not
-    guard on static addresses, so two stacks differing only in their marks never share a graph."""
+    """``stack(q, caches, pos)``: ``fn`` per layer, each output the next query, as a fresh code object named ``tag``:
+    dynamo caches graphs per code object and ignores static addresses, so two stacks never share a graph."""
     def stack(q, caches, pos):
         x = q
         for k, v in caches:
@@ -138,8 +129,6 @@ def layer_stack(fn: Callable, layers: int, tag: str) -> Callable:
 
 def compile_form(form: Form, backend: str = "inductor", mode: Optional[str] = None, layers: int = 1,
                  tag: str = "") -> Callable:
-    """A :func:`layer_stack` of ``form`` under ``torch.compile(fullgraph=True)`` (``mode="reduce-overhead"``: CUDA
-    graphs on CUDA); the slice with ``capture_scalar_outputs``, without which it is no single graph."""
     stack = layer_stack(form.fn, layers, f"{form.name}_x{layers}{tag}")
     opts = {"backend": backend, "fullgraph": True, "dynamic": None if form.window else False}
     fn = torch.compile(stack, **opts, **({"mode": mode} if mode else {}))
@@ -158,8 +147,7 @@ def _static(*tensors) -> None:
 
 
 def form_view(name: str, k_cache, v_cache, length: int, bucket: int, static: bool = False):
-    """The K/V views a decode hands form ``name`` at ``length`` keys: ``bucketed_window`` its window (size dynamic;
-    ``static``: marked a static address, as the decode's cache is), the others the whole cache."""
+    """K/V a decode hands form ``name``: ``bucketed_window`` its dynamic window (``static``: marked), else the cache."""
     if not FORMS[name].window:
         return k_cache, v_cache
     w = window_for(length, k_cache.shape[2], bucket)
@@ -173,9 +161,7 @@ def form_view(name: str, k_cache, v_cache, length: int, bucket: int, static: boo
 
 def form_caller(name: str, fn: Callable, q, caches: list, bucket: int, *, static: bool = False,
                 host: Optional[list] = None) -> Callable:
-    """``call(p)``: ``fn`` (a :func:`layer_stack` of form ``name``) once, newest key at ``p``, over ``caches`` as a
-    decode hands them. ``static`` marks q, the position and every K/V view static (CUDA graphs then copy none per
-    replay); ``host`` receives each call's host seconds (until it returns, no sync)."""
+    """``call(p)``: ``fn`` with the newest key at ``p``; ``static``: inputs marked static; ``host``: host seconds."""
     pos = torch.zeros(1, dtype=torch.int64, device=q.device)
     if static:
         _static(q, pos, *(t for kv in caches for t in kv))
@@ -192,12 +178,10 @@ def form_caller(name: str, fn: Callable, q, caches: list, bucket: int, *, static
 
 
 def decode_data(device, dtype, hq, hkv, head_dim, capacity, seed):
-    """q (1, Hq, 1, D) and K, V (1, Hkv, capacity, D): :func:`fastattn.core.random_decode`."""
     return random_decode(device, dtype, hq=hq, hkv=hkv, head_dim=head_dim, capacity=capacity, seed=seed)
 
 
 def stack_data(device, dtype, hq, hkv, head_dim, capacity, seed, layers: int = 1):
-    """q and ``layers`` distinct (K, V) caches (layer i drawn from ``seed + i``): a stack reads each layer's own."""
     q, k, v = decode_data(device, dtype, hq, hkv, head_dim, capacity, seed)
     return q, [(k, v)] + [decode_data(device, dtype, hq, hkv, head_dim, capacity, seed + i)[1:]
                           for i in range(1, layers)]
@@ -216,9 +200,9 @@ def called_key_counts(device, dtype) -> Optional[set]:
 
 def fresh_positions(p: int, n: int, capacity: int, bucket: Optional[int] = None, *, device="cpu",
                     dtype=None) -> list:
-    """``n`` distinct positions from ``p``, a call each, as a decode adds a key a step (a kernel that plans per key
-    count pays for it): down where the walk stays at or above 0 and in ``p``'s bucket, else up. On CUDA, key counts
-    this process already called with ``dtype`` (:func:`called_key_counts`) are walked past, and these are added."""
+    """``n`` distinct positions from ``p``, down within its bucket (same window), else up: a kernel that plans per
+    key count pays as in a decode. On CUDA, counts used before are skipped and these recorded
+    (:func:`called_key_counts`)."""
     lo = 0 if bucket is None else p // bucket * bucket  # lengths (lo, lo + bucket] share p's window
     used = called_key_counts(device, dtype)
     seen = used or set()
@@ -235,7 +219,6 @@ def fresh_positions(p: int, n: int, capacity: int, bucket: Optional[int] = None,
 
 def fresh_calls(calls: dict, p: int, capacity: int, n: int, bucket: Optional[int] = None, *, device="cpu",
                 dtype=None) -> dict:
-    """``{form: call()}`` for ``n`` calls at :func:`fresh_positions` from ``p``: every form walks the same ones."""
     walk = fresh_positions(p, n, capacity, bucket, device=device, dtype=dtype)
 
     def step(call):
@@ -258,8 +241,7 @@ def _error_line(exc: BaseException) -> str:
 
 
 def torch_limit(form: Form, exc: BaseException, device) -> Optional[str]:
-    """Why a failure is torch's, not the form's, or None: the slice's unbacked key length reaches SDPA's CUDA backend
-    selection, whose cuDNN and flash checks guard on it before torch 2.14 (TORCH_GUARD_OR_FALSE came after 2.13)."""
+    """Why a failure is torch's, or None: before 2.14 SDPA's CUDA backend selection guards on an unbacked length."""
     text = f"{type(exc).__name__} {exc}".lower()
     version = tuple(int(x) for x in torch.__version__.split("+")[0].split(".")[:2])
     if form.scalar_outputs and torch.device(device).type == "cuda" and version < (2, 14) \
@@ -278,11 +260,9 @@ def error_bound(ref_err: float, scale: float, dtype) -> float:
 def check_form(name: str, device="cpu", dtype=torch.float32, *, hq: int = 16, hkv: int = 2, head_dim: int = 128,
                capacity: int = 2048, bucket: int = 256, steps: int = 2000, backend: str = "inductor",
                compiled: bool = True, compile_mode: Optional[str] = None, seed: int = 0, draws: int = 1) -> dict:
-    """One form, compiled with ``fullgraph=True`` (or eager). A row: ``available`` (else ``reason``; ``limit="torch"``
-    where :func:`torch_limit` says so); ``max_err``, ``reference_err`` (upstream's eager call) against float64 over
-    :func:`sweep_lengths` and ``draws`` draws; ``accepted`` (``max_err <= bound``, :func:`error_bound`); ``graphs`` over
-    the sweep and ``steps`` positions against ``graph_bound``; ``deterministic``; on CUDA ``cudagraph_recordings``.
-    Resets dynamo (and the cudagraph trees): check forms before compiling a model."""
+    """Check one form (compiled ``fullgraph=True``, or eager) vs float64 over :func:`sweep_lengths`: ``available`` (else
+    ``reason``), ``max_err`` vs upstream's ``reference_err``, ``accepted``, ``graphs`` vs ``graph_bound``,
+    ``deterministic``. Resets dynamo: check before compiling a model."""
     if name not in FORMS:
         raise ValueError(f"name must be one of {sorted(FORMS)}, got {name!r}")
     form, device = FORMS[name], torch.device(device)
@@ -338,9 +318,7 @@ def check_form(name: str, device="cpu", dtype=torch.float32, *, hq: int = 16, hk
 
 # --------------------------------------------------------------------------- the choice
 def form_winner(medians: dict) -> Optional[str]:
-    """The one winner rule for static forms, {form: {position: ms}} -> the lowest geometric mean over the positions
-    (a form lacking a finite time at any position is out). :func:`choose_graph_form` and ``form_verdict`` call it:
-    notebook 04, ``fast``'s graph class and gpu-check name the same winner for the same timings."""
+    """The one winner rule, {form: {position: ms}} -> lowest geometric mean (a form lacking a finite time is out)."""
     positions = set().union(*(set(per) for per in medians.values())) if medians else set()
     if not positions:
         return None
@@ -356,8 +334,6 @@ def geomean(xs) -> float:
 @torch.no_grad()
 def _time_forms(names, device, dtype, hq, hkv, head_dim, capacity, bucket, positions, repeats, backend, seed,
                 mode, layers) -> dict:
-    """{form: {p: median ms per layer}}: compiled stacks of ``layers`` (static inputs), a replay per sample, forms
-    interleaved (:func:`fastattn.clock.interleaved`), a fresh position per call."""
     q, caches = stack_data(device, dtype, hq, hkv, head_dim, capacity, seed, layers)
     calls = {n: form_caller(n, compile_form(FORMS[n], backend, mode, layers), q, caches, bucket, static=True)
              for n in names}
@@ -374,10 +350,8 @@ def choose_graph_form(device="cpu", dtype=torch.float32, *, hq: int, hkv: int, h
                       bucket: int = 256, positions=None, steps: int = 2000, repeats: int = 7,
                       backend: str = "inductor", seed: int = 0, compile_mode: Optional[str] = None,
                       layers: int = 1) -> dict:
-    """Check every form, time the accepted ones within their graph bound at ``positions`` (default: a quarter, half
-    and the end of ``capacity``) as stacks of ``layers``, name the winner (:func:`form_winner`). ``compile_mode``
-    defaults to ``"reduce-overhead"`` on CUDA (CUDA graphs, as upstream's ``optimize()``). A choice in
-    :func:`fastattn.fast.choose_fast`'s shape; a candidate's ``median_ms``: its ``per_position_ms``' geometric mean."""
+    """Check every form and time the accepted ones as ``layers``-stacks at ``positions``: a choice shaped as
+    :func:`fastattn.fast.choose_fast`'s, ``median_ms`` a geomean. ``compile_mode`` defaults to CUDA graphs on CUDA."""
     from .devices import dtype_name
     device = torch.device(device)
     mode = compile_mode or ("reduce-overhead" if device.type == "cuda" else None)

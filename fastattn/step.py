@@ -1,8 +1,4 @@
-"""``attention_step``: one attention call of a decode step over a preallocated KV cache, in one of three modes.
-
-q ``(B, Hq, Lq, D)``, caches ``(B, Hkv, capacity, D)``, ``Hq % Hkv == 0``; ``length`` valid keys, bottom-right
-causal. ``exact`` (default) is bit-identical to ``reference`` (upstream's masked call) on the device;
-``fast`` (opt-in) is within rounding. The modes are docs/design.md's "The three modes"."""
+"""``attention_step``: one decode-step attention call over a preallocated KV cache, in one of three modes."""
 
 from __future__ import annotations
 
@@ -44,20 +40,16 @@ def attention_step(
     bucket: Optional[int] = None,
     window: Optional[int] = None,
 ) -> torch.Tensor:
-    """Attention of ``q`` over the first ``length`` keys of a preallocated cache: (B, Hq, Lq, D) in q's dtype.
+    """Attention of ``q`` (B, Hq, Lq, D) over keys ``[0, length)`` of ``k_cache``, ``v_cache`` (B, Hkv, capacity, D),
+    Hq a multiple of Hkv, bottom-right causal for Lq > 1: (B, Hq, Lq, D) in q's dtype.
 
-    Args:
-        q: (B, Hq, Lq, D). k_cache, v_cache: (B, Hkv, capacity, D), Hq a multiple of Hkv; keys ``[0, length)``
-            are attended to, bottom-right causal for Lq > 1.
-        length: ``Lq <= length <= capacity``: an int, or a one-element integer tensor on the cache's device
-            (checked on CPU for free; on CUDA by ``torch._assert_async``, which fails the CUDA context for the rest
-            of the process). A tensor without ``window`` is read back for a windowed ``exact`` and for ``fast``.
-        mode: ``"exact"`` (default, bit-identical to ``"reference"``, upstream's call, on this device) or
-            ``"fast"`` (opt-in, within rounding). See docs/design.md.
-        bucket: ``exact``'s window: None (calibrated, :func:`fastattn.calibrate_exact`) or a positive multiple of
-            16 (self-checked at first use, warned about where it is not bit-identical).
-        window: ``exact`` only: the caller's bucketed key count (an int, ``length <= window <= capacity``), so a
-            tensor ``length`` needs no host sync."""
+    mode: ``"exact"`` (default) is bit-identical to ``"reference"`` (upstream's masked call) on this device; ``"fast"``
+        is opt-in and changes bits (within rounding).
+    length: ``Lq <= length <= capacity``: an int or a one-element integer tensor on the cache's device, range-checked
+        for free on CPU, on CUDA by ``torch._assert_async`` (a failure poisons the CUDA context). Read back (a sync) by
+        ``fast`` and by a windowed ``exact`` without ``window``.
+    bucket: ``exact``'s window: None (calibrated) or a positive multiple of 16 (self-checked, warned if not identical).
+    window: ``exact`` only: the caller's bucketed key count, ``length <= window <= capacity``; spares the read-back."""
     check_tensors(q, k_cache, v_cache)
     spec = mode_spec(mode)
     check_bucket(bucket, allow_none=True)

@@ -2,6 +2,7 @@
 its goal is undecided, a claim is judged only at the scale it speaks of, targets are judged against their bounds."""
 
 import json
+import statistics
 
 import pytest
 
@@ -152,7 +153,7 @@ def test_the_end_to_end_claims_scale_is_the_seeds_own_record():
 
 
 # The audit's labels, each from the record it describes: plant the record both ways, the words follow.
-def _whole(up_s, pa_s, attention_share=0.5):
+def _whole_decode(up_s, pa_s, attention_share=0.5):
     rows = [{"variant": v, "repeat": i, "wall_s": w, "lm_attention_s": w * attention_share if v == "upstream" else
              0.0, "other_s": w * (1 - attention_share)} for v, w in (("upstream", up_s), ("patched", pa_s))
             for i in range(3)]
@@ -163,7 +164,7 @@ def _whole(up_s, pa_s, attention_share=0.5):
 @pytest.mark.parametrize("patched_s, below", [(4.0, True), (6.0, False)])  # Amdahl's estimate: 5.0 s of 10 s
 def test_the_amdahl_line_says_below_its_estimate_only_when_patched_is(patched_s, below):
     from fastattn.experiments.profiling import amdahl_line
-    line = amdahl_line(_whole(10.0, patched_s))
+    line = amdahl_line(_whole_decode(10.0, patched_s))
     assert "if that attention cost nothing: 5.0 s (0.50x)" in line
     assert ("below that estimate" in line) is below
 
@@ -176,3 +177,16 @@ def test_the_exactness_row_counts_calls_as_positions_by_dtypes(flags, verdict, c
             for (dt, p), f in zip([(dt, p) for dt in ("bfloat16", "float32") for p in (0, 256, 511)], flags)]
     got, evidence = _default_exact({"exactness_sweep": [{"rows": rows}]}, {})
     assert got == verdict and f"exact == reference in {count} calls (3 positions x bfloat16, float32)" in evidence
+
+
+@pytest.mark.parametrize("ci, want", [((1.1, 1.3), YES), ((1.6, 2.0), NO), ((0.2, 0.4), NO), ((1.4, 1.6), UNDECIDED),
+                                      (None, UNDECIDED)])
+def test_one_rule_judges_every_interval_and_the_ledger_speaks_it(ci, want):
+    """stats.verdict is the rule; targets (judge) and the ledger (within) read it, each in its own words."""
+    from fastattn.bench.stats import verdict
+    from fastattn.claims import UNDECIDED as LEDGER_UNDECIDED
+    from fastattn.claims import within
+    assert verdict(ci, 1.0, 1.5) == want
+    assert within(ci, 1.0, 1.5) == {YES: HOLDS, NO: FAILS, UNDECIDED: LEDGER_UNDECIDED}[want]
+    if ci and ci[0] >= 1.0:  # a goal ``<= 1.5``: the same interval, the same verdict
+        assert judge(statistics.median(ci), ci, 1.5) == want

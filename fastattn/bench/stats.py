@@ -67,17 +67,20 @@ def quiet_ratio(num: dict, den: dict) -> tuple:
     return statistics.median(a) / statistics.median(b), ratio_ci(a, b), min(len(a), len(b)), dropped
 
 
-def decided(ci: Optional[tuple], bound: float) -> Optional[bool]:
-    """Whether the interval lies wholly on one side of ``bound`` (None without an interval)."""
-    return None if not ci else bool(ci[1] < bound or ci[0] > bound)
+def verdict(ci: Optional[tuple], lo: float = -math.inf, hi: float = math.inf) -> str:
+    """The one rule: a 95% interval wholly in ``[lo, hi]`` is :data:`YES`, wholly outside :data:`NO`, else (or
+    without one) :data:`UNDECIDED`."""
+    if not ci:
+        return UNDECIDED
+    return YES if lo <= ci[0] and ci[1] <= hi else NO if ci[1] < lo or ci[0] > hi else UNDECIDED
 
 
 def judge(measured: float, ci: Optional[tuple], bound: float, n: Optional[int] = None) -> str:
-    """A figure against the goal ``<= bound``: :data:`UNDECIDED` where its interval reaches the bound or a timed
-    figure has too few samples (``0 < n < 3``), else :data:`YES` / :data:`NO` (no interval: by the value)."""
-    if (ci and not decided(ci, bound)) or (not ci and n is not None and 0 < n < 3):
-        return UNDECIDED
-    return YES if measured <= bound else NO
+    """A figure against the goal ``<= bound`` by :func:`verdict`; without an interval by its value, unless a timed
+    figure has too few samples (``0 < n < 3``: :data:`UNDECIDED`)."""
+    if ci:
+        return verdict(ci, hi=bound)
+    return UNDECIDED if n is not None and 0 < n < 3 else YES if measured <= bound else NO
 
 
 def judge_all(figures: list, bound: float) -> str:
