@@ -1,5 +1,4 @@
-"""Which SDPA kernel runs for a call, and why, from the running torch (:func:`explain_sdpa`, :func:`backend_matrix`).
-Process state changes only inside ``sdpa_kernel`` blocks, which restore it."""
+"""Which SDPA kernel runs for a call, and why (:func:`explain_sdpa`, :func:`backend_matrix`); state is restored."""
 
 from __future__ import annotations
 
@@ -42,8 +41,7 @@ def device_backends(device) -> list[str]:
 
 @dataclass
 class SDPAReport:
-    """What SDPA does with one call: the dispatcher's ``backend``, the aten ``ops`` that ran (profiler), per backend
-    its ``eligibility`` with torch's reason and what ``forced`` to it gives. ``to_dict``/``from_dict``: JSON."""
+    """One call: the dispatcher's ``backend``, aten ``ops`` run, per backend ``eligibility`` and ``forced``."""
 
     call: dict
     backend: str
@@ -250,9 +248,7 @@ def decode_inputs(device, dtype, *, capacity: int = 8192, hq: int = 16, hkv: int
 def backend_matrix(device="cpu", dtype=None, *, capacity: int = 8192, position: int = 256, hq: int = 16,
                    hkv: int = 2, head_dim: int = 128, unsupported_head_dim: int = 512, seed: int = 0,
                    progress=None) -> list[dict]:
-    """``explain_sdpa`` over VoxCPM2's decode cases at ``position`` (upstream's masked call, float mask, no GQA,
-    ``exact``'s window, ``fast``'s slice, ``is_causal``, ``unsupported_head_dim``) per dtype of fp32/bf16/fp16 that
-    runs; rows: backend, kernel, helpers, eligible, forced, ``max_abs_err`` vs float64, ``correct``."""
+    """Rows of :func:`explain_sdpa` over VoxCPM2's decode cases at ``position`` per dtype, with ``correct``."""
     device = resolve_device(device)
     if not 0 <= position < capacity:
         raise ValueError(f"position must be in [0, capacity={capacity}), got {position}")

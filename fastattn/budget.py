@@ -1,7 +1,4 @@
-"""Sizing the default workbook to this machine: :func:`probe` (a few streamed chunks per kernel), :func:`plan`
-(defaults where they fit, else the sized measurements scaled to their minimums, each change with its reason),
-:func:`notebook_budget` (what a notebook may take once those before it ran). A ``-p`` parameter is never changed;
-the plan is pure (docs/design.md, "The time budget")."""
+"""Sizing the default workbook to this machine: probe, plan, re-plan; ``-p`` parameters are never changed."""
 
 from __future__ import annotations
 
@@ -55,9 +52,7 @@ def kernel_class(device="cpu", flags: Optional[dict] = None) -> str:
 
 
 def probe(device="cpu", *, chunks: int = 10, kernels=tuple(PROBES)) -> dict:
-    """Per kernel of :data:`PROBES`, the median wall ms of a streamed chunk (the first two, the prefill's and the
-    warm-up's, left out; ``inference_timesteps=2`` as 01's stream) and the build seconds; and the machine's
-    :func:`kernel_class`. A few seconds on a 2-core CPU."""
+    """Per :data:`PROBES` kernel, median ms of a streamed chunk (first two left out) and build s; the kernel class."""
     device = resolve_device(device)
     rows = []
     for name in kernels:
@@ -80,9 +75,7 @@ def probe_ms(probe_rec: dict) -> dict:
 
 
 def unplannable(device) -> Optional[str]:
-    """Why no time plan can be made for ``device``, or None. Every calibration is a CPU run: scaled to a GPU by its
-    stream chunk it would give 04's CUDA-graph compiles seconds, when cold they take minutes, and cut 05's whole
-    decodes to match."""
+    """Why no time plan can be made for ``device`` (calibrations are CPU runs), or None."""
     if str(device).split(":")[0] == "cpu":
         return None
     return (f"no time plan on {device}: the calibrations are CPU runs and do not model GPU compile time; the "
@@ -90,9 +83,7 @@ def unplannable(device) -> Optional[str]:
 
 
 def calibration(kernels: Optional[str] = None, path: Optional[Path] = None) -> dict:
-    """The committed calibration of the kernel class ``kernels`` (None: this machine's): a default run's fixed
-    seconds per notebook and full/small ratios beside its machine's probe. A class with none of its own takes the
-    nearest one's (``for_class`` then differs from ``kernel_class``, and the plan says so)."""
+    """The calibration of class ``kernels`` (None: this machine's), else the nearest one's (``for_class``)."""
     want = kernels or kernel_class()
     if path is None:
         order = [want] + [k for k in KERNEL_CLASSES[::-1 if want == "bf16-emulated" else 1] if k != want]
@@ -102,8 +93,7 @@ def calibration(kernels: Optional[str] = None, path: Optional[Path] = None) -> d
 
 
 def _speed(probe_rec: dict, cal: dict) -> dict:
-    """This machine's time over the calibration machine's, per probed kernel (> 1: slower); where either probe
-    lacks the host kernel (an older probe), it follows float32."""
+    """This machine's time over the calibration's, per probed kernel (> 1: slower)."""
     here, ref = probe_ms(probe_rec), probe_ms(cal["probe"])
     out = {d: here[d] / ref[d] for d in here if d in ref}
     out.setdefault("host", out.get("float32", 1.0))
@@ -116,14 +106,12 @@ def stream_seconds(chunks: int, chunk_ms: float) -> float:
 
 
 def whole_seconds(steps: int, step_s: dict, build_s: float = 0.0, repeats: int = 2) -> float:
-    """05's whole decodes: per dtype, a build (``build_s``), a 1-step warm-up (about 2 steps with its prefill) and
-    two variants x ``repeats`` of ``steps`` steps (+1 for the prefill)."""
+    """05's whole decodes (s): per dtype a build, a warm-up, two variants x ``repeats`` of ``steps``."""
     return sum(DECODES / len(step_s) * repeats / 2 * (steps + 1) * s + 2 * s + build_s for s in step_s.values())
 
 
 def _estimates(probe_rec: dict, cal: dict) -> dict:
-    """Seconds of fixed work per notebook (each scaled by the probe it follows, :data:`FOLLOWS`), a stream chunk
-    and a full step per dtype, the full builds: here."""
+    """This machine's estimates: fixed s per notebook (by :data:`FOLLOWS`), chunk ms, full step and build s."""
     speed, chunk = _speed(probe_rec, cal), probe_ms(probe_rec)
     of = lambda nb: speed.get(FOLLOWS.get(nb, "float32"), speed.get("float32", 1.0))  # noqa: E731
     return {"speed": speed, "fixed_s": {nb: s * of(nb) for nb, s in cal["fixed_s"].items()},
@@ -136,13 +124,8 @@ def _estimates(probe_rec: dict, cal: dict) -> dict:
 
 def plan(probe_rec: dict, notebooks, *, given: Optional[dict] = None, budget_s: float = BUDGET_S,
          cal: Optional[dict] = None, drift: float = 1.0, stream_preset: str = "small", whole_repeats: int = 2) -> dict:
-    """The parameters that fit ``budget_s`` on the probed machine, for the selected ``notebooks`` (stems).
-
-    Returns ``{"budget_s", "params": {name: value}, "scaled": [{"param", "default", "value", "why"}],
-    "estimate_s": {stem: s}, "total_s", "speed", "sizes", "whole_s"}``. ``given`` holds the user's parameters:
-    never changed, and counted at their value. ``drift`` scales every estimate (:func:`replan`: what the notebooks
-    run so far took over what the plan gave them).
-    """
+    """The parameters that fit ``budget_s`` for ``notebooks`` (stems); ``given`` ones are kept; ``drift`` scales.
+    Returns {budget_s, params, scaled: [{param, default, value, why}], estimate_s: {stem: s}, total_s, sizes, ...}."""
     given = dict(given or {})
     cal = cal or calibration(probe_rec.get("kernel_class"))
     est = _scaled(_estimates(probe_rec, cal), drift)
@@ -189,9 +172,7 @@ def _scaled(est: dict, drift: float) -> dict:
 
 
 def replan(first: dict, done: dict, notebooks, *, given: Optional[dict] = None) -> dict:
-    """The plan for the notebooks left (``notebooks``, stems) once those in ``done`` (``{stem: seconds}``) have run:
-    the budget less the time spent, every estimate scaled by what the notebooks run took over what the plan gave
-    them (``drift``, clamped to 0.5-3), so a run that overran shrinks what comes after it."""
+    """The plan for the notebooks left after ``done`` ({stem: s}): budget less time spent, scaled by drift (0.5-3)."""
     planned = sum(first["estimate_s"].get(s, 0.0) for s in done)
     drift = min(3.0, max(0.5, sum(done.values()) / planned)) if planned > 0 else 1.0
     out = plan(first["probe"], notebooks, given=given, budget_s=first["budget_s"] - sum(done.values()),
@@ -200,8 +181,7 @@ def replan(first: dict, done: dict, notebooks, *, given: Optional[dict] = None) 
 
 
 def _fit(free: set, sizes: dict, cost, room: float) -> tuple:
-    """The share ``factor`` of its default cost each free measurement gets so that all fit ``room``, and those pinned
-    at their minimum (whose minimum costs more than their share): water-filling."""
+    """Water-filling: (share of default cost each free measurement gets to fit ``room``, those pinned at minimum)."""
     pinned: set = set()
     while True:
         left = free - pinned
@@ -264,9 +244,7 @@ def _source(p: dict) -> str:
 
 
 def notebook_budget(p: dict, elapsed_s: float, stem: str = "05_profiling") -> float:
-    """Seconds the notebook ``stem`` may take once ``elapsed_s`` of notebooks have run: the budget's fill left
-    (never below its fixed work and a third of what the plan gave its sized measurement). 05 passes what is
-    left of it, when its whole decodes start, to :func:`fastattn.bench.dtype_decode`."""
+    """Seconds ``stem`` may take after ``elapsed_s``: the fill left, at least its fixed work + 1/3 its sized."""
     fixed = p["estimate_s"].get(stem, 0.0) - p.get("whole_s", 0.0)
     return max(fixed + p.get("whole_s", 0.0) / 3, FILL * p["budget_s"] - elapsed_s)
 

@@ -1,10 +1,6 @@
 """``python -m fastattn gpu-check``: everything CUDA-side the workbook claims, in named steps.
 
-``--quick`` runs the first contact (:data:`FIRST_CONTACT`, about 7 minutes cold on one H200), the full run adds the
-rest; ``--only``/``--skip`` name steps, ``--resume`` continues a folder. Each step saves its records as it ends and
-``summary.md`` is rebuilt from the folder after every step; a step that would overrun the budget is stopped.
-``--device cpu --quick`` runs the same code at small sizes, CUDA-only steps skipped with the reason.
-"""
+``--quick``: :data:`FIRST_CONTACT` only (about 7 min cold on one H200); ``--device cpu --quick`` tests the kit."""
 
 from __future__ import annotations
 
@@ -76,8 +72,7 @@ def _sizes(device: torch.device, quick: bool) -> dict:
 
 
 def _steps(device: torch.device, size: dict) -> list:
-    """Every step in run order: :data:`FIRST_CONTACT`, then the full run's. CUDA estimates are cold (empty inductor
-    and triton caches): the upper ends of estimates from each step's compile count on one H200."""
+    """Every step in run order; CUDA estimates (s) are cold-cache upper ends on one H200."""
     gpu = device.type == "cuda"
     cuda_only = None if gpu else "CUDA graphs and upstream's reduce-overhead compile need CUDA"
     no_cc = compile_toolchain(device)  # a compile step's reason to skip; eager steps still run
@@ -130,7 +125,7 @@ def _recorder(device, dtype=None) -> Callable:
 
 # --------------------------------------------------------------------------- the first-contact steps
 def _environment(device, size) -> list:
-    """doctor (SDPA's priority order, the compile toolchain) and the backend matrix with SDPA's refusal reasons."""
+    """Records of doctor and the backend matrix, with SDPA's refusal reasons."""
     rows = [r for dt in size["dtypes"] for r in backend_matrix(device, dtype=dt, capacity=size["capacity"],
                                                              position=size["positions"][1])]
     for r in rows:
@@ -142,7 +137,7 @@ def _environment(device, size) -> list:
 
 
 def _forms_check(device, size) -> list:
-    """flex, masked and slice at the capacity, bf16, under ``reduce-overhead`` on CUDA (:func:`check_form`)."""
+    """flex, masked and slice at the capacity, bf16, through :func:`check_form` (``reduce-overhead`` on CUDA)."""
     mode = "reduce-overhead" if device.type == "cuda" else None
     rows = [check_form(n, device, torch.bfloat16, capacity=size["capacity"], steps=size["form_steps"],
                        compile_mode=mode, **size["geometry"]) for n in ("flex_decode", "upstream_masked", "slice_live")]
@@ -151,8 +146,7 @@ def _forms_check(device, size) -> list:
 
 
 def _static_inputs(device, size) -> list:
-    """One compiled form (flex where torch has it): ``layers`` calls per replay with q/K/V static, the same unmarked
-    (every replay copies them), and one call per replay (:func:`fastattn.bench.forms.stack_sweep`)."""
+    """One compiled form, q/K/V static or not, ``layers`` calls or one per replay (:func:`stack_sweep`)."""
     form, layers = "upstream_masked" if flex_available(device) else "flex_decode", size["layers"]
     variants = {"static, 1 call per replay": (form, True, True, 1),
                 f"static, {layers} calls per replay": (form, True, True, layers),
@@ -168,8 +162,7 @@ def _static_inputs(device, size) -> list:
 
 
 def counted_decode(model, prepare: Optional[Callable], steps: int, device, text: str = KIT_TEXT) -> tuple:
-    """Counters reset, ``prepare(model)`` (a compile), one decode of ``steps`` steps from seed 0: (waveform on CPU,
-    {wall_s, :func:`graph_counts`, ``cudagraph_recordings``}), skips logged at compile or in that decode included."""
+    """A seed-0 decode counted from before ``prepare(model)``: (CPU waveform, {wall_s, graph counts})."""
     reset_graph_counts()
     before = cudagraph_recordings(device) or 0  # None: no tree yet (or no CUDA)
     if prepare is not None:
@@ -184,8 +177,7 @@ def counted_decode(model, prepare: Optional[Callable], steps: int, device, text:
 
 
 def _optimize_counters(device, size) -> list:
-    """The small preset under voxcpm's own ``optimize()``, counted from before it compiles: does upstream replay
-    CUDA graphs (0 skips, recordings > 0)?"""
+    """The small preset under voxcpm's ``optimize()``: does upstream replay CUDA graphs?"""
     model = build_voxcpm2("small", device="cuda", dtype="bfloat16")
     torch._dynamo.reset()
     _, row = counted_decode(model, upstream_optimized, size["counter_steps"], device)
@@ -194,9 +186,7 @@ def _optimize_counters(device, size) -> list:
 
 
 def _eager_slices(device, size) -> list:
-    """The eager slice at ``slice_calls`` fresh key counts, with SDPA's own choice and with cuDNN left out (as the
-    kit's eager ``live`` calls it), against one count repeated and upstream's masked call: a kernel that plans per
-    key count (cuDNN on Hopper) pays it in the first only."""
+    """Eager slices at fresh key counts (SDPA's pick, no cuDNN) vs one repeated count and the masked call."""
     n, p, cap = size["slice_calls"], size["slice_position"], size["capacity"]
     q, k, v = decode_data(device, torch.bfloat16, capacity=cap, seed=0, **size["geometry"])
     walk = fresh_positions(p, n + 2, cap, device=device, dtype=torch.bfloat16)  # 2 warm-up calls, n timed: all new
@@ -227,8 +217,7 @@ def _walker(items: list, fn: Callable) -> Callable:
 
 # --------------------------------------------------------------------------- the full run's own steps
 def upstream_optimized(model) -> None:
-    """voxcpm's own ``optimize()``, checked: it compiles only when ``model.device == "cuda"`` exactly and triton
-    imports, and otherwise prints a warning and runs eagerly; an eager run must not pass for a compiled one."""
+    """voxcpm's ``optimize()``; RuntimeError where it ran eager (it needs ``device == 'cuda'`` and triton)."""
     model.optimize()
     if "forward_step" not in model.base_lm.__dict__:
         raise RuntimeError(f"voxcpm's optimize() did not compile (model.device={model.device!r}; it needs "
@@ -236,8 +225,7 @@ def upstream_optimized(model) -> None:
 
 
 def _optimized_decode(device, size) -> dict:
-    """Upstream under its own ``optimize()`` against patched under :func:`fastattn.optimize`: outputs, graphs and
-    cudagraph skips (counted from before each compile), recordings."""
+    """Upstream under ``optimize()`` vs patched under :func:`fastattn.optimize`: outputs and graph counts."""
     rows, outs = [], {}
     for variant in ("upstream", "patched"):
         model = build_voxcpm2(size["preset"], device="cuda", dtype="bfloat16")
@@ -256,8 +244,7 @@ def _optimized_decode(device, size) -> dict:
 
 def stream_chunks(model, chunks: int, *, text: str, seed: int = 0, device="cpu", inference_timesteps: int = 2,
                   recordings=cudagraph_recordings) -> list[dict]:
-    """Every chunk of one ``generate_streaming`` run: its ms, then the compile counters and CUDA graphs so far (a
-    graph recorded per new shape shows chunk by chunk: #209/#269, #293)."""
+    """Per chunk of one ``generate_streaming`` run: its ms and the compile and CUDA-graph counters so far."""
 
     def counters():
         g = graph_counts()
@@ -319,8 +306,7 @@ def _diff_compiled(device, size) -> dict:
 
 
 def child_env(device) -> dict:
-    """What a child needs to run on ``device`` as ``"cuda"`` (voxcpm's ``optimize()`` wants exactly that):
-    ``CUDA_VISIBLE_DEVICES`` narrowed to the current GPU (or ``cuda:N``'s), through any already set."""
+    """A child's env to run ``device`` as ``"cuda"``: ``CUDA_VISIBLE_DEVICES`` narrowed to that GPU."""
     device = torch.device(device)
     if device.type != "cuda":
         return {}
@@ -332,9 +318,7 @@ def child_env(device) -> dict:
 
 
 def kit_child(root, preset, device, steps, chunks, repeats, compile_, out) -> None:
-    """:func:`kit_decode`'s child (the decode-attention kit's copy): per mode a model (compiled by
-    :func:`upstream_optimized` when ``compile_ == "1"``) and its warm-up decode, counted from before the compile;
-    the whole decodes interleaved; a stream per mode. Counts run from compile to the stream's end."""
+    """:func:`kit_decode`'s child: per mode a model (compiled if ``compile_ == "1"``), decodes and a stream."""
     _in_copy(root)
     silence_progress()
     steps, chunks, repeats, compiled = int(steps), int(chunks), int(repeats), compile_ == "1"
@@ -364,8 +348,7 @@ def kit_child(root, preset, device, steps, chunks, repeats, compile_, out) -> No
 
 def kit_decode(device, *, preset: str = "small", steps: int = 12, chunks: int = 600, repeats: int = 3,
                compile: Optional[bool] = None) -> dict:
-    """The ``decode-attention`` kit on a copy of voxcpm in a fresh process (:func:`kit_child`), bf16, under upstream's
-    ``optimize()`` when ``compile`` (default on CUDA); ``identical_off``: mode off equals upstream's decode here."""
+    """The ``decode-attention`` kit's record (bf16, fresh process); ``identical_off``: off equals upstream."""
     device = select_device(device)
     compile = device.type == "cuda" if compile is None else compile
     rec = _recorder(device, "bfloat16")
@@ -385,8 +368,7 @@ def kit_decode(device, *, preset: str = "small", steps: int = 12, chunks: int = 
 
 # --------------------------------------------------------------------------- the runner
 def select_device(device) -> torch.device:
-    """The kit's device, resolved: ``cuda:N`` becomes the current device and the kit runs on ``"cuda"`` (voxcpm's
-    ``optimize()`` compiles only for exactly that; events, SDPA's checks and cudagraph trees read the current one)."""
+    """The resolved device; ``cuda:N`` is made current and returned as ``cuda`` (what ``optimize()`` needs)."""
     device = resolve_device(device)
     if device.type == "cuda" and device.index is not None:
         torch.cuda.set_device(device.index)
@@ -401,8 +383,7 @@ def plan(device: torch.device, quick: bool, only=None, skip=None) -> list:
 
 def gpu_check(device="cuda", *, quick: bool = False, out=None, log=print, only=None, skip=None,
               budget: Optional[float] = None, resume: bool = False) -> Path:
-    """Run :func:`plan`'s steps through :func:`runner.run_steps`; return the folder of their records,
-    ``steps.jsonl`` and ``summary.md``. ``budget`` (s) defaults to :data:`QUICK_BUDGET_S` with ``quick`` (0: none)."""
+    """Run :func:`plan`'s steps; return their folder (records, ``steps.jsonl``, ``summary.md``). ``budget`` in s."""
     asked, device = str(device), select_device(device)
     steps = plan(device, quick, only, skip)
     budget = (QUICK_BUDGET_S if quick else None) if budget is None else (budget or None)
@@ -433,8 +414,7 @@ def _failures(rec: dict) -> list[str]:
 
 
 def summary_lines(folder: Path, steps: list, head: list) -> list:
-    """``summary.md`` from the folder: each planned step's outcome (``steps.jsonl``, its records), what the first
-    contact answers, the CUDA opt-in section."""
+    """``summary.md``'s lines: each step's outcome, the first-contact answers, the CUDA opt-in section."""
     entries, kept = runner.log_entries(folder), {}
     lines = [*head, "", "| step | outcome | seconds |", "|---|---|---|"]
     planned = [(s.name, s.skip) for s in steps]
@@ -497,8 +477,7 @@ STEP_LAYERS = 36
 
 
 def plan_cost_line(rows: list) -> str:
-    """What a new key count costs apart from the kernel (fresh minus repeated length, medians), and what that is per
-    layer when a decode step's layers share one plan: a single call charges the whole plan to one layer."""
+    """A new key count's cost beside the kernel (fresh minus repeated median), whole and per layer."""
     by = {r["variant"]: r["median_ms"] for r in rows}
     fresh, same = by.get("slice, fresh length per call"), by.get("slice, one length")
     if fresh is None or same is None:
@@ -514,8 +493,7 @@ HOST_BOUND = (" (single eager calls on CUDA: host-dispatch bound, one cache's K/
 
 
 def opt_in_section(forms: Optional[list], kit: Optional[list]) -> list:
-    """The CUDA opt-in: per dtype the winning form and its margin (``form_verdict``), the kit's decodes; or that the
-    choice is unmeasured."""
+    """The CUDA opt-in section: per dtype the winning form and its margin, the kit's decodes."""
     out = ["", "## The CUDA opt-in: which decode form upstream should carry", ""]
     if not forms:
         out += ["Not measured in this run: the decode_forms step runs on CUDA only, and here it was skipped or "

@@ -1,13 +1,6 @@
 """What maintainers receive: a run's landing page, a GitHub-ready summary, and a hardware matrix across runs.
 
-* :func:`fmt`: the one place numbers are formatted (3 significant digits, units; bytes as MB).
-* :func:`write_report`: ``index.html`` (self-contained: inline CSS, relative links) and ``summary.md`` for a
-  run folder: the environment, the verdict table (05's targets), each notebook with status, duration, key
-  findings and thumbnails of its figures.
-* :func:`compare` / ``python -m fastattn compare RUN_OR_RECORDS ...``: one column per machine, rows for the
-  headline measures, read from run folders (``reports/<run>/``) and committed record folders
-  (``data/results/<box>/``); a machine that lacks a measure shows "not measured", never a guess.
-"""
+:func:`fmt` formats every number; :func:`write_report` writes a run folder's ``index.html`` and ``summary.md``."""
 
 from __future__ import annotations
 
@@ -67,8 +60,7 @@ def _targets(run_dir: Path) -> list:
 
 
 def _environment(summary: dict, run_dir: Path) -> dict:
-    """The run's environment, with the CPU features that decide its kernels (AMX, AVX512-BF16, ...): from the summary,
-    else from the CPU flags a dtype record of the run holds."""
+    """The run's environment, with CPU features (AMX, AVX512-BF16, ...) from its records if missing."""
     env = dict(summary.get("environment") or {})
     if str(env.get("device", "cpu")).startswith("cpu") and not env.get("cpu_features"):
         flags = load_run(run_dir).cpu_flags()
@@ -82,8 +74,7 @@ _MET_CLASS = {"yes": "ok", "no": "bad", "undecided": "", None: ""}  # not applic
 
 
 def _verdict_rows(targets: list) -> list:
-    """One row per target: the measured figure with its 95% interval and n where it has them; ``met`` is None
-    for a target that does not apply on this device."""
+    """One row per target: measured, 95% CI, n; ``met`` None where it does not apply here."""
     def measured(t):
         ci = f" {fmt_ci((t['ci_low'], t['ci_high']))}" if t.get("ci_low") is not None else ""
         return fmt(t["measured"]) + ci + (f" (n={t['n']})" if t.get("n") else "")
@@ -100,8 +91,7 @@ def _split_findings(nb: dict) -> tuple:
 
 
 def report_texts(run_dir, summary: dict) -> dict:
-    """``{file name: text}`` of a run's reports, from its records and ``summary``: ``claims_ledger.json``,
-    ``index.html`` and ``summary.md``."""
+    """``{file name: text}`` of a run's ``claims_ledger.json``, ``index.html`` and ``summary.md``."""
     run_dir = Path(run_dir)
     env, verdicts = _environment(summary, run_dir), _verdict_rows(_targets(run_dir))
     full = claims_ledger(run_dir)
@@ -218,8 +208,7 @@ def _summary_md(run_dir: Path, summary: dict, env: dict, verdicts: list, ledger:
 
 
 def reply_for_293(run_dir: Path) -> Optional[str]:
-    """The #293 reply from a run's 01 records (its stream, and the consumer matrix, prompt growth and contention
-    where run), with the slice fix's compile evidence from the committed torch matrix; None without a stream."""
+    """The #293 reply from a run's 01 records and the committed torch matrix; None without a stream."""
     run = load_run(run_dir)
     kind = lambda k: run.get(k, notebook="01_root_cause")  # noqa: E731
     stream = kind("stream_profile")

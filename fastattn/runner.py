@@ -1,5 +1,4 @@
-"""One runner for named steps (gpu-check's, the bench jobs'): ``--only/--skip/--resume``, one deadline, a log line
-per step in ``steps.jsonl``, and every step's records saved the moment it ends."""
+"""One runner for named steps: ``--only/--skip/--resume``, one deadline, ``steps.jsonl``, records saved per step."""
 
 from __future__ import annotations
 
@@ -107,9 +106,7 @@ def run_step(step: Step, folder: Path, left: Optional[float], failures: Callable
 
 def run_steps(steps: list, folder: Path, *, budget: Optional[float] = None, resume: bool = False, log=print,
               tag: str = "run", after: Callable = lambda: None, failures: Callable = lambda rec: []) -> dict:
-    """Run ``steps`` in order into ``folder`` (see :func:`open_folder`); ``budget`` (s) stops a step whose estimate
-    is over what is left and interrupts one that runs past it; ``resume`` skips the steps that ended ok there.
-    ``after()`` runs after each step (a summary rebuilt). Returns {step: its log entry}."""
+    """Run ``steps`` into ``folder``; ``budget`` (s) stops or interrupts steps. Returns {step: its log entry}."""
     done = {n for n, e in log_entries(folder).items() if e["status"] == "ok"} if resume else set()
     t_start, entries = time.perf_counter(), {}
     for s in steps:

@@ -1,6 +1,4 @@
-"""The fix as patches upstream could merge: three kits, each a set of patched voxcpm files under ``data/kits/``.
-
-A kit's files mirror voxcpm's tree (``data/kits/<kit>/voxcpm/...``): the patched 2.0.3 sources, linted and tested."""
+"""The fix as patches upstream could merge: three kits of patched voxcpm 2.0.3 files under ``data/kits/``."""
 
 from __future__ import annotations
 
@@ -111,8 +109,7 @@ def _transplant(base: str, old: str, new: str) -> str:
 
 
 def upstream_diff(layout: str = "wheel", kit: str = "right-sized", base: Path | None = None) -> str:
-    """``kit``'s ``-p1`` diff for site-packages 2.0.3 (``layout="wheel"``) or upstream's repository (``"src"``, with
-    the PR's test); ``base``: an upstream checkout to diff against instead (the kit's changes transplanted)."""
+    """``kit``'s ``-p1`` diff for site-packages (``wheel``) or upstream's repo (``src``), or against ``base``."""
     if layout not in LAYOUTS:
         raise ValueError(f"layout must be one of {sorted(LAYOUTS)}, got {layout!r}")
     prefix, parts = LAYOUTS[layout][1], []
@@ -162,8 +159,7 @@ def _file_patches(diff: str) -> list:
 
 
 def apply_diff(root, diff: str, max_offset: int = 200) -> list:
-    """Apply unified ``diff`` (``-p1``) under ``root``; returns ``(path, hunk, offset)`` per hunk. A hunk not found
-    exactly within ``max_offset`` lines raises :class:`DiffError` before anything is written."""
+    """Apply a ``-p1`` ``diff`` under ``root``: [(path, hunk, offset)]; DiffError, nothing written, on a miss."""
     out, texts = [], {}
     for path, hunks, new_file in _file_patches(diff):
         target = Path(root) / path
@@ -211,8 +207,7 @@ def patched_copy(dest, kit="right-sized", layout: str = "wheel") -> Path:
 
 
 def run_in_patched_copy(kit: str, script, *args, timeout: int = 1800, env: dict | None = None) -> dict:
-    """Run ``script`` (``python -c`` code, or a file's Path) in a fresh process over :func:`patched_copy`, ``argv =
-    [root, *args, out]``; returns what it ``torch.save``-d to ``out``. A failure raises RuntimeError with its stderr."""
+    """What ``script`` saved to ``out`` in a fresh process over :func:`patched_copy`; else RuntimeError."""
     import subprocess
     import sys
     import tempfile
@@ -242,8 +237,7 @@ def upstream_decode(preset: str, *, text: str, steps: int, dtype: str, seed: int
 
 def decode_with_diff(preset: str, *, text: str, steps: int, dtype: str = "bfloat16", seed: int = 0,
                      device="cpu", granularity: int | None = None) -> dict:
-    """Decode through the right-sized diff (fresh process, ``data/kits/scripts/decode.py``), then unpatched here:
-    ``{identical, max_abs_diff, diff_capacity, upstream_capacity, length, device}``."""
+    """Right-sized diff (fresh process) vs unpatched decode: {identical, max_abs_diff, capacities, ...}."""
     import torch
 
     device = str(resolve_device(device))
@@ -264,9 +258,8 @@ LIVE_ERROR_BOUND = 2
 
 def live_decode_check(preset: str, *, text: str, steps: int, dtype: str = "float32", seed: int = 0, device="cpu",
                       lengths=(1, 127, 128, 129, 255, 256, 257, 511, 512, 513, 1000)) -> dict:
-    """The ``decode-attention`` kit in a fresh process: "masked" and "live" decodes (live twice, and compiled), a step
-    per mode vs float64 at ``lengths``: ``identical_off`` (masked == upstream), ``max_abs_diff_on``/``_compiled``,
-    ``deterministic_on``, ``step_errors`` ({mode: [by length]}), ``error_ratio`` (live/masked worst), ``rows``."""
+    """The ``decode-attention`` kit in a fresh process, masked vs live, step errors vs float64 at ``lengths``:
+    {identical_off, max_abs_diff_on/_compiled, deterministic_on, step_errors, error_ratio, rows, ...}."""
     import json
 
     import torch

@@ -1,8 +1,6 @@
 """The headless runner (``python -m fastattn workbook``) and the helpers every notebook calls.
 
-The runner executes ``notebooks/NN_*.ipynb`` with papermill on a kernel that is this interpreter, into a new
-``reports/<UTC time>-<device>/`` (never reused): executed notebooks and their HTML, figures and records per
-notebook, ``summary.json``, ``index.html``, ``summary.md``."""
+It runs ``notebooks/NN_*.ipynb`` with papermill into a new ``reports/<UTC time>-<device>/``."""
 
 from __future__ import annotations
 
@@ -43,12 +41,8 @@ def resolve_device(device: str) -> str:
 
 
 def check_params(**params) -> dict:
-    """Validate a notebook's parameters; raise ValueError naming the parameter. Returns them resolved.
-
-    Knows: device, dtype, preset, step_preset, capacity, ladder_capacity, positions, repeats, seed, out_dir,
-    interactive, checkpoint_path, steps, chunks, audio_chunks, whole_repeats, budget_s (its clock starts here:
-    :func:`time_left`). Others pass through unchecked.
-    """
+    """Validate a notebook's parameters, returned resolved; a ValueError names a bad one, unknown ones pass.
+    ``budget_s`` starts :func:`time_left`'s clock."""
     p = dict(params)
     if "device" in p:
         try:
@@ -94,8 +88,7 @@ def check_params(**params) -> dict:
 
 
 def time_left(params: dict, reserve_s: float = 15.0) -> Optional[float]:
-    """Seconds a notebook's last sized measurement may take: its ``budget_s`` less the time since
-    :func:`check_params` and ``reserve_s`` for the cells after it; None where there is no budget (0)."""
+    """Seconds left of ``budget_s`` since :func:`check_params`, less ``reserve_s``; None without a budget."""
     if not params.get("budget_s"):
         return None
     return max(0.0, params["budget_s"] - (time.monotonic() - params["_started"]) - reserve_s)
@@ -160,12 +153,7 @@ def save(record: dict, out_dir, name: str) -> Path:
 
 
 def findings(out_dir, items: dict, key: Optional[Sequence[str]] = None) -> None:
-    """Print the closing "Findings" and write them (``findings.json``) for the run summary.
-
-    ``items`` maps a short claim to its measured value (numbers, booleans, short text). ``key`` names the
-    few that the run's landing page and summary.md lead with (default: the first four); the others are
-    listed there too, folded away.
-    """
+    """Print the closing findings, write ``findings.json``; ``key`` (default: first four) lead the summary."""
     key = list(items)[:4] if key is None else list(key)
     missing = [k for k in key if k not in items]
     if missing:
@@ -183,8 +171,7 @@ def notebooks() -> list[Path]:
 
 
 def _kernelspec(spec_root: Path) -> str:
-    """A kernelspec for this interpreter under ``spec_root`` (a temporary folder, found first through
-    JUPYTER_PATH; never in the run folder, which is shared and must not carry a local venv path)."""
+    """A kernelspec for this interpreter under ``spec_root`` (a temp folder on JUPYTER_PATH)."""
     name = "fastattn-runner"
     kdir = spec_root / "kernels" / name
     kdir.mkdir(parents=True, exist_ok=True)
@@ -216,8 +203,7 @@ _HTML_CSS = ("<style>.jp-InputArea-editor pre, .highlight pre, .jp-OutputArea-ou
 
 
 def _html(executed: Path, run_dir: Optional[Path] = None, params: Optional[dict] = None) -> Path:
-    """The executed notebook as HTML: code never clipped, no machine paths (shown relative to the run folder),
-    no empty widget cells when widgets are off."""
+    """The executed notebook as HTML: code wrapped, no machine paths, no empty widget cells."""
     import nbformat
     from nbconvert import HTMLExporter
     nb = nbformat.read(str(executed), as_version=4)
@@ -230,8 +216,7 @@ def _html(executed: Path, run_dir: Optional[Path] = None, params: Optional[dict]
 
 
 def _findings_up_front(executed: Path, nb_out: Path) -> None:
-    """Put the run's key findings on the executed notebook's first screen: a markdown cell after the title, written
-    from the notebook's own ``findings.json`` (the closing cell prints them all). Nothing where it wrote none."""
+    """Put the key findings in a markdown cell after the notebook's title (if it wrote ``findings.json``)."""
     import nbformat
 
     fj, kf = nb_out / "findings.json", nb_out / "key_findings.json"
@@ -251,11 +236,7 @@ def run_workbook(params: Optional[dict] = None, *, only: Optional[list] = None, 
                  out: Optional[Path] = None, timeout: int = 1800, log=print,
                  budget_s: Optional[float] = BUDGET_S, profile: Optional[str] = None) -> tuple[Path, dict]:
     """Run the notebooks; return (run folder, summary). A failure stops the run unless ``keep_going``.
-
-    With ``budget_s`` (seconds of notebooks; None or 0: the notebooks' own defaults) the machine is probed first
-    and the sized measurements are fitted to it (:mod:`fastattn.budget`); parameters in ``params`` are never
-    changed. The plan, what it scaled and why, and each notebook's estimate beside its duration go into the summary.
-    """
+    ``budget_s`` (s; None or 0: defaults) fits the sized measurements to this machine, never ``params``."""
     params = dict(params or {})
     prof = load_profile(profile) if profile else {}
     if prof:
@@ -304,8 +285,7 @@ def run_workbook(params: Optional[dict] = None, *, only: Optional[list] = None, 
 
 
 def load_profile(name: str) -> dict:
-    """``data/profiles/<name>.yaml``: ``{budget, notebooks: {stem: params}, bench: [what]}``; a clear error naming
-    the profiles there for anything else."""
+    """``data/profiles/<name>.yaml`` (``{budget, notebooks: {stem: params}, bench: [what]}``); else ValueError."""
     import yaml
     have = sorted(p.stem for p in (data_dir() / "profiles").glob("*.yaml"))
     if name not in have:
@@ -332,16 +312,14 @@ BENCH_EXTRAS = ("compiled", "forms")
 
 
 def _run_bench(what: list, out: Path, device: str, log) -> list:
-    """The profile's extra records (bench jobs, both dtypes), through the runner: a failing one is logged and listed
-    (``failed: ...``), never lost with the notebooks' run."""
+    """The profile's bench records (both dtypes): their paths, a ``failed: ...`` entry per failing job."""
     entries = bench_cli.run(what, out, device, log=log, dtypes=("bfloat16", "float32"), progress=False)
     return [f"failed: {n}: {e['why']}" if e["status"] != "ok" else str((out / f).relative_to(out.parents[1]))
             for n, e in entries.items() for f in (e["files"] if e["status"] == "ok" else [None])]
 
 
 def _validate_run(params: dict, nbs: list) -> None:
-    """Before anything runs: every parameter is declared by a selected notebook, has its one type, and fits
-    each notebook that takes it (positions within that notebook's capacity). A ValueError names it."""
+    """Before anything runs: ValueError for a parameter undeclared, mistyped, or not fitting a notebook."""
     import ast
 
     import papermill as pm
@@ -375,9 +353,7 @@ def _plan(params: dict, nbs: list, device: str, budget_s: float, log) -> dict:
 
 
 def _planned(plan: Optional[dict], params: dict, declared: dict, elapsed_s: float, stem: str = "05_profiling") -> dict:
-    """The plan's parameters for the notebook ``stem`` (those it sized for that notebook, never another's of the same
-    name: 01's ``repeats`` is not 05's; never one the user gave), and for a notebook that sizes itself (``budget_s``:
-    05) the time actually left."""
+    """The plan's parameters for ``stem`` (its own, none the user gave), and ``budget_s`` left if it sizes itself."""
     if not plan:
         return {}
     out = {k: v for k, v in plan["params"].items() if SCALABLE[k][0] == stem and k in declared and k not in params}
