@@ -319,7 +319,8 @@ def _outcomes(*roots: Path) -> list:
     ``{file::test: passed | failed | skipped}``."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("VOXCPM_")}
     procs = [subprocess.Popen([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--junitxml=report.xml",
-                               "tests"], cwd=root, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+                               "--continue-on-collection-errors", "tests"], cwd=root, stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True, env=env)
              for root in roots]
     return [_report(root, *p.communicate(timeout=600)) for root, p in zip(roots, procs)]
 
@@ -388,8 +389,13 @@ def test_kit_suites_pass_on_the_stacked_diffs_and_fail_on_2_0_3(kit_runs):
     kits stacked (the CUDA-only compile test skips off CUDA); on 2.0.3 every test of a new behaviour fails and the
     tests of behaviour 2.0.3 already has pass."""
     stacked, orig = kit_runs["stacked"], kit_runs["2.0.3"]
-    assert set(stacked) == set(orig) and len(stacked) > 20
+    assert len(stacked) > 20
     assert {t for t, o in stacked.items() if o != "passed"} <= {t for t in stacked if t.endswith("_on_cuda")}, stacked
+    for f in KIT_TESTS.glob("test_*.py"):  # a file that reads what its diff adds fails at collection on 2.0.3
+        mine = {t for t in stacked if t.startswith(f"{f.stem}::")}
+        theirs = {t for t in orig if t.startswith(f"{f.stem}::")}
+        uncollected = [o for t, o in orig.items() if f.stem in t and t not in theirs]
+        assert theirs == mine or (not theirs and uncollected == ["failed"]), (f.name, sorted(orig))
     kept = {"test_kv_cache_full_at_max_length", "test_masked_default_is_unchanged",
             "test_pick_runtime_dtype_unchanged_when_unset", "test_pick_runtime_dtype_cpu_override_is_cpu_only",
             "test_pick_runtime_dtype_rejects_bad_override_naming_valid_ones[VOXCPM_MPS_DTYPE-mps]"}
@@ -398,7 +404,7 @@ def test_kit_suites_pass_on_the_stacked_diffs_and_fail_on_2_0_3(kit_runs):
         kept_here = name in kept or name.split("[")[0] in kept
         assert outcome == "passed" if kept_here else outcome in ("failed", "skipped"), (test, outcome)
     for f in KIT_TESTS.glob("test_*.py"):
-        assert any(o == "failed" for t, o in orig.items() if t.startswith(f"{f.stem}::")), f.name
+        assert any(o == "failed" for t, o in orig.items() if f.stem in t), f.name
 
 
 def test_kits_speak_upstreams_language():

@@ -5,7 +5,7 @@ The texts are templates (``data/upstream-prs/templates/*.md``) filled with :func
 ``data/upstream-prs/*.md``, which a test checks are current. Each figure comes from one function reading
 ``data/results/``: :func:`machine_rows` (the right-sized decode per machine), :func:`matrix_rows` (the exactness
 contract per torch), :func:`upstream_check` (the diffs on upstream's trees, upstream's own tests),
-:func:`slice_evidence` (the slice fix under ``fullgraph``), :func:`import_cost`; the dtype and forms tables are
+:func:`slice_evidence` (the slice fix under ``fullgraph``); the dtype and forms tables are
 :mod:`tools.readme`'s.
 """
 
@@ -21,7 +21,7 @@ from fastattn.ingest import bench_table
 from fastattn.paths import data_dir
 from tools.readme import REFERENCE, machine_name, records
 
-__all__ = ["machine_rows", "matrix_rows", "upstream_check", "slice_evidence", "import_cost", "math_versions", "fields",
+__all__ = ["machine_rows", "matrix_rows", "upstream_check", "slice_evidence", "math_versions", "fields",
            "documents", "main", "REPO"]
 
 REPO = "<link to this repository>"  # set where the PRs are posted: the records, kits and method live there
@@ -157,12 +157,6 @@ def upstream_check() -> dict:
     return {"commits": rec["params"]["commits"], "applies": trees, "tests": tests, "pr_tests": pr_tests}
 
 
-def import_cost() -> Optional[dict]:
-    """The newest ``import_cost`` record (``import voxcpm`` in fresh processes), or None."""
-    recs = newest(_results() / "upstream", "import-cost-*.json")
-    return recs[-1] if recs else None
-
-
 def _tests_line(kit_test: str) -> list:
     """How the PR's tests were run: its own test file, and upstream's own suite on main with the three diffs."""
     u = upstream_check()
@@ -176,7 +170,8 @@ def _tests_line(kit_test: str) -> list:
     return [f"- `tests/{kit_test}` (new, in this diff): {mine['passed']} passed, {mine['failed']} failed"
             + (f", {mine['skipped']} skipped (CUDA only)" if mine["skipped"] else "")
             + f" on main {u['commits']['main'][:7]} with the three PRs applied; on unmodified main "
-            f"{bare['failed']} of them fail.",
+            + ("the file fails at collection (it reads what the diff adds)."
+               if "collection failure" in bare["failed_tests"].values() else f"{bare['failed']} of them fail."),
             f"- Upstream's own `tests/` on main {u['commits']['main'][:7]} with the three PRs applied: {own['passed']} "
             f"passed, {own['failed']} failed ({fails}); unmodified main gives {same}"
             + (f" (the test machine lacks {', '.join(sorted(why))})." if why else ".")]
@@ -207,23 +202,6 @@ def _stream_line() -> str:
             f"{six['exact'][0] / 1e3:.2f} s and {six['exact'][-1] / 1e3:.2f} s")
 
 
-def _import_line() -> str:
-    rec = import_cost()
-    if rec is None:
-        return "- `import voxcpm` cost: not measured yet."
-    by = {r["variant"]: r for r in rec["summary"]}
-
-    def vs(name):
-        r, (lo, hi) = by[name], by[name]["x_2.0.3_ci"]
-        said = "undecided" if lo <= 1 <= hi else ("slower" if lo > 1 else "faster")
-        return (f"{r['x_2.0.3']:.2f}x [{lo:.2f}, {hi:.2f}] ({said}), peak RSS {r['rss_mb']:.1f} MB, FlexAttention "
-                f"{'loaded' if r['flex_loaded'] else 'not loaded'}")
-    return (f"- `import voxcpm` in fresh processes after `import torch` ({machine_name(rec['env'])}, "
-            f"n={by['live diff']['n']} each, interleaved), against unpatched ({by['2.0.3']['median_s']:.2f} s, "
-            f"{by['2.0.3']['rss_mb']:.1f} MB): this diff {vs('live diff')}; the diff with FlexAttention imported "
-            f"at module level {vs('live diff, flex imported at module level')}.")
-
-
 def _machine_table() -> str:
     layers = {r["dec32"]["params"].get("layers") for _, r in _machines() if r["dec32"]}
     step = f"the LM at full width, {layers.pop()} layers" if len(layers) == 1 else "the LM at full width"
@@ -238,14 +216,15 @@ def _machine_table() -> str:
 def _dtype_seen() -> str:
     from fastattn.bench.decode import dtype_table
     from fastattn.devices import native_bf16
-    recs = [r["dtypes"] for _, r in _machines() if r["dtypes"]]
 
     def fp32_ratio(rec):
         row = next(x for x in dtype_table(rec) if (x["dtype"], x["variant"]) == ("float32", "upstream"))
         return next(v for k, v in row.items() if k.startswith("x "))
-    return f"Measured on {len(recs)} machine{'s' * (len(recs) != 1)}: " + "; ".join(
-        f"{'with' if native_bf16(r.get('flags') or {}) else 'without'} native bf16, float32 takes "
-        f"{fp32_ratio(r):.2f}x the default's step" for r in recs)
+    seen = [(machine_name(r["dtypes"]["env"], f), native_bf16(r["dtypes"].get("flags") or {}), fp32_ratio(r["dtypes"]))
+            for f, r in _machines() if r["dtypes"]]
+    return f"Measured on {len(seen)} machine{'s' * (len(seen) != 1)}: " + "; ".join(
+        f"on {name} ({'native' if native else 'no native'} bf16) float32 takes {x:.2f}x the default's step"
+        for name, native, x in seen)
 
 
 def _slice_table() -> str:
@@ -314,8 +293,8 @@ def _forms_winners() -> str:
     if won == len(recs):
         return "FlexAttention was the fastest compiled form in every row."
     return (f"FlexAttention was the fastest compiled form in {won} of {len(recs)} rows: on CPU it is not always the "
-            "fastest. It is this PR's form because it keeps static shapes (one graph, CUDA-graph friendly), which "
-            "only a GPU run can price.")
+            "fastest. It is this PR's form because it keeps static shapes (one graph for a whole decode); what that "
+            "is worth on a GPU is not measured.")
 
 
 def fields() -> dict:
@@ -331,7 +310,7 @@ def fields() -> dict:
             "tests_dtype_kit": tests["cpu_dtype_override"][0], "tests_upstream": tests["cpu_dtype_override"][1],
             "tests_live": "\n".join(tests["minicpm4_decode_attention"]), "repo": REPO,
             "dtype_table": dtype_machines(_results(), label).strip(), "dtype_seen": _dtype_seen(),
-            "slice_evidence": _slice()[0], "live_bound": LIVE_ERROR_BOUND, "import_line": _import_line(),
+            "slice_evidence": _slice()[0], "live_bound": LIVE_ERROR_BOUND,
             "forms_table": forms_machines(_results(), label, _form_words).strip(), "slice_table": _slice_table(),
             "forms_winners": _forms_winners(), "matrix_sizes": _matrix_sizes(), "fp32_weights_x": _fp32_weights_x(),
             "forms_geometry": _forms_geometry(), "bench_table": bench_table(none="(none yet)")}

@@ -278,7 +278,9 @@ def dtype_machines(results: Path, label=_folder_label) -> str:
         rows = {(x["dtype"], x["variant"]): x for x in dtype_table(rec)}
         key = next(k for k in next(iter(rows.values())) if k.startswith("x "))
         base = rows[(rec["params"]["dtypes"][0], "upstream")]
-        ci = lambda x, key=key: f"{x[key]:.2f}x ([{x['95% low']:.2f}, {x['95% high']:.2f}], n={x['n']})"  # noqa: E731
+        runs = len({r["repeat"] for r in rec["dtypes"][base["dtype"]]["decode"]["rows"]})
+        ci = lambda x, key=key, runs=runs: (  # noqa: E731 - n counts steps, pooled over the decodes
+            f"{x[key]:.2f}x ([{x['95% low']:.2f}, {x['95% high']:.2f}], n={x['n']} steps of {runs} decodes)")
         out.append(f"| {label(folder, rec['env'])} | "
                    f"{ {True: 'yes', False: 'no', None: 'n/a'}[native_bf16(rec.get('flags') or {})]} | "
                    f"{base['dtype']} {base['step s']:.2f} s | {ci(rows[('float32', 'upstream')])} | "

@@ -61,8 +61,10 @@ def make_model(mode="masked", seed=0, dtype=torch.float32):
 def filled_cache(length, dtype, seed=0, device="cpu"):
     g = torch.Generator().manual_seed(seed)
     shape = (1, NUM_KEY_VALUE_HEADS, length, HEAD_DIM)
-    kv = [(torch.randn(shape, generator=g).to(device, dtype), torch.randn(shape, generator=g).to(device, dtype))
-          for _ in range(NUM_HIDDEN_LAYERS)]
+    kv = [
+        (torch.randn(shape, generator=g).to(device, dtype), torch.randn(shape, generator=g).to(device, dtype))
+        for _ in range(NUM_HIDDEN_LAYERS)
+    ]
     cache = StaticKVCache(
         NUM_HIDDEN_LAYERS, NUM_KEY_VALUE_HEADS, HEAD_DIM, 1, device, dtype, max_length=MAX_CACHE_LENGTH
     )

@@ -25,7 +25,7 @@ NUM_HIDDEN_LAYERS = 2
 MAX_CACHE_LENGTH = 2048
 CPU_KEY_BLOCK = 512
 # torch >= 2.9 runs the masked grouped-query call on CPU through the flash kernel: the cache windows it there
-WINDOWED = getattr(minicpm_cache, "CPU_FLASH_GQA", True)
+WINDOWED = minicpm_cache.CPU_FLASH_GQA
 
 
 def make_model(seed=0):

@@ -22,7 +22,9 @@ def _load_flex():
     from torch.nn.attention import flex_attention as flex
 
     if "enable_gqa" not in inspect.signature(flex.flex_attention).parameters:
-        raise RuntimeError(f'decode attention "live" needs flex_attention(enable_gqa=); torch {torch.__version__} lacks it')
+        raise RuntimeError(
+            f'decode attention "live" needs flex_attention(enable_gqa=); torch {torch.__version__} lacks it'
+        )
     blocks = inspect.signature(flex.BlockMask.from_kv_blocks).parameters
     _flex, _flex_args = flex, tuple(a for a in ("seq_lengths", "compute_q_blocks") if a in blocks)
 
@@ -60,8 +62,9 @@ def live_decode_attention(query_states, key_states, value_states, kv_cache, posi
     """Write the new key and value at ``position_id``, then attend over keys [0, position_id] only.
 
     Eager: SDPA over that slice, no mask. ``position_id`` is the host's int there (MiniCPMModel.forward_step
-    passes it), or a tensor read here once when a layer is called on its own. Compiled: FlexAttention over the whole cache with a block mask made
-    in the graph: no host read, static shapes. query_states (B, H, 1, D); kv_cache (B, H_kv, max_length, D) x 2.
+    passes it), or a tensor read here once when a layer is called on its own. Compiled: FlexAttention over the
+    whole cache with a block mask made in the graph: no host read, static shapes.
+    query_states (B, H, 1, D); kv_cache (B, H_kv, max_length, D) x 2.
     """
     key_cache, value_cache = kv_cache
     at = slice(position_id, position_id + 1) if isinstance(position_id, int) else position_id

@@ -35,7 +35,7 @@ def window_slots(length: int, capacity: int, granularity: int) -> int:
 
 def _mark_dynamic(t: torch.Tensor, dim: int) -> None:
     """``torch._dynamo.maybe_mark_dynamic(t, dim)`` where dynamo is loaded (a process that has not imported it
-    is not compiling, and importing it costs tens of MB); nothing where it is not."""
+    is not compiling); nothing where it is not."""
     dynamo = sys.modules.get("torch._dynamo")
     if dynamo is not None:
         dynamo.maybe_mark_dynamic(t, dim)

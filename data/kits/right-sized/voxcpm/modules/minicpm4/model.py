@@ -199,7 +199,7 @@ class MiniCPMAttention(nn.Module):
         # Use an explicit broadcastable mask shape for SDPA. A 1D mask can
         # trigger a CPU-side dimension bug in some PyTorch versions.
         attn_mask = (torch.arange(key_cache.size(2), device=key_cache.device) <= position_id).view(1, 1, 1, -1)
-        # On CPU the cache hands out the valid length rounded up to 512 slots (see StaticKVCache),
+        # On CPU with torch >= 2.9 the cache hands out the valid length rounded up to 512 slots (see StaticKVCache),
         # so the mask and the attention scale with that window, not max_length, with the same bits
         # as over the whole cache. Elsewhere the window is the whole cache, as before.
 
