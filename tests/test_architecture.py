@@ -48,8 +48,6 @@ def test_no_module_imports_another_modules_private_name():
 
 
 def test_the_import_graph_has_no_cycle():
-    """Package __init__ modules that resolve names lazily (fastattn, fastattn.bench) are not edges: they import
-    nothing at import time but what their module level names."""
     graph = {m: {t for t, _, _ in edges} for m, edges in imports().items()}
     seen, stack, cycles = set(), [], []
 
@@ -82,15 +80,13 @@ def test_no_runtime_module_imports_the_measuring_layer_or_a_notebooks_module():
 
 
 def test_no_module_is_shadowed_by_a_function():
-    """``fastattn.<name>`` is the module of that name wherever one exists (the package's lazy names never hide
-    one): ``fastattn.attention`` is the structured-mask function because no module is called attention."""
+    """``fastattn.<name>`` is the module of that name wherever one exists (the package's names never hide one):
+    ``fastattn.attention`` is the structured-mask function because no module is called attention."""
     import fastattn
     modules = {p.stem for p in PKG.glob("*.py") if p.stem != "__init__"} | {p.name for p in PKG.iterdir()
                                                                             if (p / "__init__.py").exists()}
-    assert not modules & set(fastattn._LAZY), modules & set(fastattn._LAZY)
-    assert not {n for n in vars(fastattn) if n in modules and not hasattr(getattr(fastattn, n), "__path__")
-                and type(getattr(fastattn, n)).__name__ != "module"}
-    assert modules <= fastattn._SUBMODULES | {"__main__"}, modules - fastattn._SUBMODULES
+    assert not modules & set(fastattn.__all__), modules & set(fastattn.__all__)
+    assert all(hasattr(fastattn, n) for n in fastattn.__all__)
 
 
 def test_only_notebooks_import_the_notebooks_modules():
