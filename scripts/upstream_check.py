@@ -5,8 +5,8 @@
 Each CHECKOUT is an export of upstream's repository (``git archive``) at main, at tag 2.0.3 and at PR #325's merge
 ref. Checks: every diff (the ``src`` ones; on 2.0.3's tree the 2.0.3 ones) applied alone and all three stacked in
 every order, on each tree (in Python, exact context); upstream's own ``tests/`` and the kits' upstream-style tests
-(each src diff carries its own, a new file under tests/) on main with the three diffs stacked and on unmodified main,
-each PR's test file counted alone.
+(each src diff carries its own, a new file under tests/) on main with the three diffs stacked, with its own diff
+alone and on unmodified main, each PR's test file counted alone.
 """
 import argparse
 import itertools
@@ -67,6 +67,13 @@ def test_runs(main: Path) -> list:
                     shutil.copy(data_dir() / "upstream-tests" / test, root / "tests" / test)
                 rows.append({"check": "a PR's test, " + ("the three diffs stacked" if patched else "unmodified main"),
                              "kit": kit, "test": test, **pytest_outcomes(root, [f"tests/{test}"])})
+    for kit, (_, diffs, test) in KITS.items():  # each PR's test with its own diff alone
+        with tempfile.TemporaryDirectory() as tmp:
+            root = Path(tmp) / "main"
+            shutil.copytree(main, root)
+            apply_diff(root, (data_dir() / diffs["src"]).read_text())
+            rows.append({"check": "a PR's test, its diff alone", "kit": kit, "test": test,
+                         **pytest_outcomes(root, [f"tests/{test}"])})
     return rows
 
 

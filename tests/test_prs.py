@@ -29,7 +29,7 @@ def test_each_pr_states_its_numbers(docs):
     rows = prs.machine_rows()
     ref = next(r for r in rows if r["reference"])
     right = docs["1-right-sized-decode.md"]
-    assert f"{ref['kv_mb'][0]:.0f} MB -> {ref['kv_mb'][1]:.0f} MB" in right and prs._ratio(ref["whole"]) in right
+    assert f"{ref['kv_mb'][0]:.0f} MB -> {ref['kv_mb'][1]:.0f} MB" in right and prs._whole_cell(ref) in right
     assert all(f"| {r['torch']} |" in right for r in prs._matrix()) and len(prs._matrix()) >= 4
     assert {"2.5.1", "2.15.0"} <= {r["torch"] for r in prs._matrix()}
     assert "x the default's step" in docs["2-cpu-dtype.md"] and "*may* be faster" in docs["2-cpu-dtype.md"]

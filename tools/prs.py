@@ -75,7 +75,7 @@ def machine_rows() -> list:
 
 
 #: below this many runs a bootstrap interval says little: the PR gives the runs' own ratios instead
-MIN_CI_RUNS = 5
+MIN_CI_RUNS = 10
 
 
 def _paired(whole: dict) -> list:
@@ -147,13 +147,15 @@ def math_versions() -> str:
 
 def upstream_check() -> dict:
     """The newest ``upstream_check`` record: the commits, whether every diff applied alone and stacked per tree,
-    upstream's own tests on main, patched and not, and each PR's test file (``pr_tests[(test, patched?)]``)."""
+    upstream's own tests on main, patched and not, and each PR's test file (``pr_tests[(test, how)]``, how: True
+    stacked, False unmodified main, "alone" its own diff alone)."""
     rec = newest(_results() / "upstream", "upstream-check-*.json")[-1]
     rows = rec["rows"]
     trees = {r["tree"]: all(x["applies"] for x in rows if x["tree"] == r["tree"] and "applies" in x)
              for r in rows if "applies" in r}
     tests = {r["check"]: r for r in rows if "passed" in r and "kit" not in r}
-    pr_tests = {(r["test"], r["check"].endswith("stacked")): r for r in rows if "kit" in r}
+    pr_tests = {(r["test"], {"stacked": True, "main": False, "alone": "alone"}[r["check"].split()[-1]]): r
+                for r in rows if "kit" in r}
     return {"commits": rec["params"]["commits"], "applies": trees, "tests": tests, "pr_tests": pr_tests}
 
 
@@ -167,9 +169,12 @@ def _tests_line(kit_test: str) -> list:
     missing = r"import (\w+)\W{1,4}n?\s*ModuleNotFoundError"  # a failure that is the test machine's, not the change's
     why = {m[1] for msg in own["failed_tests"].values() for m in re.finditer(missing, msg)}
     mine, bare = u["pr_tests"][(kit_test, True)], u["pr_tests"][(kit_test, False)]
-    return [f"- `tests/{kit_test}` (new, in this diff): {mine['passed']} passed, {mine['failed']} failed"
-            + (f", {mine['skipped']} skipped (CUDA only)" if mine["skipped"] else "")
-            + f" on main {u['commits']['main'][:7]} with the three PRs applied; on unmodified main "
+    alone = u["pr_tests"].get((kit_test, "alone"))
+    counts = lambda r: (f"{r['passed']} passed, {r['failed']} failed"  # noqa: E731
+                        + (f", {r['skipped']} skipped (CUDA only)" if r["skipped"] else ""))
+    return [f"- `tests/{kit_test}` (new, in this diff), on main {u['commits']['main'][:7]}: "
+            + (f"{counts(alone)} with this PR alone, " if alone else "")
+            + f"{counts(mine)} with the three PRs applied; on unmodified main "
             + ("the file fails at collection (it reads what the diff adds)."
                if "collection failure" in bare["failed_tests"].values() else f"{bare['failed']} of them fail."),
             f"- Upstream's own `tests/` on main {u['commits']['main'][:7]} with the three PRs applied: {own['passed']} "
@@ -193,12 +198,16 @@ def _stream_line() -> str:
     ref = _results() / REFERENCE
     s, verdict = records(ref)["stream"], next(x for x in claims_ledger(ref) if x["claim"].endswith("(#293)"))["verdict"]
     six, p = s["sixths"], s["params"]
+    device = "a GPU" if s["env"].get("device", "cpu").startswith("cuda") else "this CPU"
     lead = {"does not hold": "It is not a fix for #293's slowdown, which did not reproduce here",
             "holds": "#293's slowdown reproduced here, and this change does not remove it"}.get(
-        verdict, f"It is not offered as a fix for #293's slowdown, which this run cannot judge ({verdict})")
-    return (f"{lead}: a {p['chunks']}-chunk stream on {machine_name(s['env'])} ({p['weights']} weights) takes "
+        verdict, f"It is not offered as a fix for #293's slowdown, which {device} with {p['weights']} weights cannot "
+        "judge")
+    t = s["trend"]["upstream"]
+    return (f"{lead}: a {p['chunks']}-chunk stream on {machine_name(s['env'], ref)} takes "
             f"{six['upstream'][0] / 1e3:.2f} s per chunk upstream in its first sixth and "
-            f"{six['upstream'][-1] / 1e3:.2f} s in its last ({s['verdict']['upstream']}); patched, "
+            f"{six['upstream'][-1] / 1e3:.2f} s in its last ({t['change']:+.0%} over the stream, 95% CI "
+            f"[{t['change_ci'][0]:+.0%}, {t['change_ci'][1]:+.0%}], {t['repeats']} repeats); patched, "
             f"{six['exact'][0] / 1e3:.2f} s and {six['exact'][-1] / 1e3:.2f} s")
 
 

@@ -264,10 +264,14 @@ def slice_evidence(folder: Path) -> tuple:
         return "", ""
     no = [r["torch"] for r in rows if r["slice"].get("compiles") is False]
     yes = [r["torch"] for r in rows if r["slice"].get("compiles")]
-    en = f"Measured on CPU: torch {', '.join(no) or 'none'} refuse it"
-    zh = f"在 CPU 上实测：torch {'、'.join(no) or '无'} 拒绝编译"
+    # records made before the row carried its backend all came from backend="eager"
+    how = ", ".join(sorted({f'backend="{r["slice"].get("backend", "eager")}"' for r in rows}))
+    trace = " (a Dynamo trace; inductor and CUDA not run)" if how == 'backend="eager"' else ""
+    en = f"Measured on CPU under `torch.compile(..., {how}, fullgraph=True)`{trace}: torch {', '.join(no) or 'none'}"
+    en += " refuse it"
+    zh = f"在 CPU 上以 `torch.compile(..., {how}, fullgraph=True)` 实测：torch {'、'.join(no) or '无'} 拒绝"
     if yes:
-        en += (f"; torch {', '.join(yes)} compiles it, with a length the host does not know (which a CUDA graph "
+        en += (f"; torch {', '.join(yes)} traces it, with a length the host does not know (which a CUDA graph "
                "cannot hold, by a reading of torch's sources)")
-        zh += f"；torch {'、'.join(yes)} 能编译，但长度在主机侧未知（按 torch 源码，CUDA graph 无法容纳）"
+        zh += f"；torch {'、'.join(yes)} 能追踪，但长度在主机侧未知（按 torch 源码，CUDA graph 无法容纳）"
     return en + ".", zh + "。"
