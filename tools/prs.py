@@ -15,7 +15,7 @@ import re
 from pathlib import Path
 from typing import Optional
 
-from fastattn.bench.metrics import matrix_rows, newest, slice_evidence, whole_ratio
+from fastattn.bench.metrics import matrix_rows, newest, slice_backend, slice_evidence, whole_ratio
 from fastattn.bench.records import load_record
 from fastattn.ingest import bench_table
 from fastattn.paths import data_dir
@@ -237,10 +237,7 @@ def _dtype_seen() -> str:
 
 
 def _slice_table() -> str:
-    # records made before the row carried its backend all came from scripts/exactness_matrix.py's backend="eager"
-    backends = {r["slice"].get("backend", "eager") for r in _matrix()}
-    how = ", ".join(f'backend="{b}"' for b in sorted(backends))
-    note = " (a Dynamo trace: not inductor, not CUDA)" if backends == {"eager"} else ""
+    how, note = slice_backend(_matrix())
     out = [f"| torch (CPU) | `torch.compile(..., {how}, fullgraph=True)` of the slice{note} |", "|---|---|"]
     return "\n".join(out + [f"| {r['torch']} | " + ("compiles" if r["slice"].get("compiles") else
                                                     f"refused: `{r['slice'].get('error', '?')[:90].strip()}`") + " |"

@@ -257,6 +257,13 @@ def matrix_rows(folder: Path) -> list:
     return sorted(out, key=lambda r: tuple(int(x) for x in r["torch"].split(".")))
 
 
+def slice_backend(rows: list) -> tuple:
+    """(``backend="..."`` of the matrix rows' slice checks, the note an eager-only trace needs, else "")."""
+    # records made before the row carried its backend all came from backend="eager"
+    how = ", ".join(sorted({f'backend="{r["slice"].get("backend", "eager")}"' for r in rows}))
+    return how, " (a Dynamo trace; inductor and CUDA not run)" if how == 'backend="eager"' else ""
+
+
 def slice_evidence(folder: Path) -> tuple:
     """(English, Chinese): on which torch versions the slice to ``position + 1`` compiled under ``fullgraph``."""
     rows = matrix_rows(folder)
@@ -264,9 +271,7 @@ def slice_evidence(folder: Path) -> tuple:
         return "", ""
     no = [r["torch"] for r in rows if r["slice"].get("compiles") is False]
     yes = [r["torch"] for r in rows if r["slice"].get("compiles")]
-    # records made before the row carried its backend all came from backend="eager"
-    how = ", ".join(sorted({f'backend="{r["slice"].get("backend", "eager")}"' for r in rows}))
-    trace = " (a Dynamo trace; inductor and CUDA not run)" if how == 'backend="eager"' else ""
+    how, trace = slice_backend(rows)
     en = f"Measured on CPU under `torch.compile(..., {how}, fullgraph=True)`{trace}: torch {', '.join(no) or 'none'}"
     en += " refuse it"
     zh = f"在 CPU 上以 `torch.compile(..., {how}, fullgraph=True)` 实测：torch {'、'.join(no) or '无'} 拒绝"
