@@ -220,3 +220,35 @@ def test_bad_arguments(kw, exc, match):
     q, k, v = _ok()
     with pytest.raises(exc, match=match):
         attention_step(q, k, v, **kw)
+
+
+# a mask that SDPA would reject (or that would be truncated) is refused
+@pytest.mark.parametrize("shape", [(1, 49), (1, 51), (2, 1, 1, 50), (1, 1, 1, 1, 50)])
+def test_attention_mask_shape_must_broadcast(shape):
+    q, k = torch.randn(1, 4, 1, 16), torch.randn(1, 2, 50, 16)
+    with pytest.raises(ValueError, match=r"does not broadcast to \(B, Hq, Lq, Lk\)"):
+        fastattn.attention(q, k, k, mask=torch.ones(shape, dtype=torch.bool), enable_gqa=True)
+    out = fastattn.attention(q, k, k, mask=torch.ones(1, 1, 1, 50, dtype=torch.bool), enable_gqa=True)
+    assert out.shape == q.shape
+
+
+# absurd buckets are refused before any allocation, naming the argument
+@pytest.mark.parametrize("bucket", [2**31, 2**70])
+def test_huge_bucket_is_refused_or_harmless(bucket):
+    q, k = torch.randn(1, 4, 1, 16), torch.randn(1, 2, 64, 16)
+    out = attention_step(q, k, k, 10, bucket=bucket)  # a bucket at or above capacity windows the whole cache
+    assert torch.equal(out, attention_step(q, k, k, 10, mode="reference"))
+    with pytest.raises(ValueError, match="bucket="):
+        fastattn.check_exactness("cpu", torch.float32, hq=4, hkv=2, head_dim=16, bucket=bucket)
+
+
+# integer and meta tensors get a clear error / a clean result
+def test_integer_tensors_are_a_clear_error():
+    z = lambda *s: torch.zeros(*s, dtype=torch.int64)  # noqa: E731
+    with pytest.raises(TypeError, match="must be floating point"):
+        attention_step(z(1, 2, 1, 8), z(1, 1, 16, 8), z(1, 1, 16, 8), 3)
+
+
+def test_meta_tensors_in_exact():
+    q, k = torch.empty(1, 4, 1, 16, device="meta"), torch.empty(1, 2, 2048, 16, device="meta")
+    assert attention_step(q, k, k, 100).shape == q.shape

@@ -1,6 +1,8 @@
 """fastattn.runner: named steps, --only/--skip, one deadline, resume; the bench jobs and the profile's extras on it."""
 
 import json
+import subprocess
+import sys
 
 import pytest
 
@@ -56,3 +58,12 @@ def test_the_profile_extras_run_through_the_runner_and_a_failure_is_listed(tmp_p
     done = workbook._run_bench(["compiled", "forms"], out, "cpu", lambda *_: None)
     assert done == ["bench/records/compiled_step_tiny.json", "failed: forms: RuntimeError: no compiler"]
     assert bench.load_record(out / "compiled_step_tiny.json")["kind"] == "compiled_step"
+
+
+# the bench CLI validates before it measures or writes
+def test_bench_cli_validates_first(tmp_path):
+    out = tmp_path / "bench"
+    r = subprocess.run([sys.executable, "-m", "fastattn", "bench", "attention", "--positions", "0,9000",
+                        "--capacity", "256", "--out", str(out)], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 2 and "--positions must be" in r.stderr and "Traceback" not in r.stderr
+    assert not out.exists()

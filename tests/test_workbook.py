@@ -2,6 +2,7 @@
 it promises; bad parameters fail early and clearly; source notebooks carry no outputs."""
 
 import json
+import os
 import re
 import subprocess
 import sys
@@ -274,3 +275,64 @@ def test_every_measurement_a_notebook_makes_runs_on_the_runs_device(nb):
             if len(node.args) <= at and not any(k.arg == "device" for k in node.keywords):
                 missing.append(f"{name}(...) at: {ast.unparse(node)[:80]}")
     assert not missing, "\n".join(missing)
+
+
+# workbook parameters: one type per name, checked before anything runs, named in the error
+@pytest.mark.parametrize("params,match", [
+    ({"positions": 99999}, r"parameter positions=99999: expected a non-empty list of ints"),
+    ({"positions": "0:512:8"}, r"parameter positions='0:512:8': expected a non-empty list"),
+    ({"device": "CPU"}, r"parameter device='CPU': device must be one of"),
+    ({"seed": "abc"}, r"parameter seed='abc': expected an int"),
+    ({"repeat": 1}, r"parameter 'repeat' is not declared by any selected notebook"),
+    ({"positions": [0, 4000]}, r"03_causality_checks: parameter positions: 4000 is beyond capacity=2048"),
+])
+def test_run_parameters_checked_before_anything_runs(tmp_path, params, match):
+    with pytest.raises(ValueError, match=match):
+        wb.run_workbook(params, out=tmp_path, log=lambda *_: None)
+    assert not any(tmp_path.iterdir())  # no run folder was made
+
+
+def _cli(*args, cwd=ROOT):
+    r = subprocess.run([sys.executable, "-m", "fastattn", "workbook", *args], capture_output=True, text=True,
+                       cwd=cwd, timeout=300)
+    return r.returncode, r.stdout + r.stderr
+
+
+@pytest.mark.parametrize("make,match", [
+    (lambda d: ["--out", str(d / "afile")], "exists and is not a folder"),
+    (lambda d: ["--params", str(d / "missing.yaml")], "no such file"),
+    (lambda d: ["--params", str(d / "list.yaml")], "expected a mapping of parameter names"),
+    (lambda d: ["--params", str(d / "bad.yaml")], "not valid YAML"),
+    (lambda d: ["--only", "03", "-p", "positions", "99999"], "parameter positions=99999"),
+])
+def test_runner_cli_errors_are_one_line_and_nonzero(tmp_path, make, match):
+    (tmp_path / "afile").write_text("x")
+    (tmp_path / "list.yaml").write_text("- 1\n- 2\n")
+    (tmp_path / "bad.yaml").write_text("a: [1,\n")
+    code, out = _cli(*make(tmp_path))
+    assert code == 2 and match in out and "Traceback" not in out, out
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="root can write anywhere")
+def test_runner_cli_unwritable_out(tmp_path):
+    ro = tmp_path / "ro"
+    ro.mkdir(mode=0o500)
+    code, out = _cli("--out", str(ro / "sub"))
+    assert code == 2 and "cannot create" in out
+
+
+def test_failed_html_marks_the_notebook_failed(tmp_path, monkeypatch):
+    """The HTML step is under test, not 02: papermill's execution is stubbed by a copy of the source notebook."""
+    import shutil
+
+    import papermill
+
+    def no_space(executed, *_):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(papermill, "execute_notebook", lambda src, dst, **_: shutil.copy(src, dst))
+    monkeypatch.setattr(wb, "_html", no_space)
+    run_dir, summary = wb.run_workbook({"capacity": 1024, "position": 100}, only=["02"], out=tmp_path, budget_s=None,
+                                       log=lambda *_: None)
+    nb = summary["notebooks"][0]
+    assert summary["status"] == "failed" and nb["status"] == "failed" and "HTML" in nb["error"]
