@@ -18,6 +18,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 from .core import f64_attention
 from .devices import dtype_name, dtype_of, quiet_native_stderr, resolve_device
 from .exactness import exact_window
+from .tables import html_table
 
 __all__ = ["SDPAReport", "explain_sdpa", "backend_matrix", "decode_inputs", "device_backends", "KERNEL_OPS"]
 
@@ -77,14 +78,13 @@ class SDPAReport:
 
     def _repr_html_(self) -> str:
         c = self.call
-        rows = "".join(f"<tr><td>{escape(b)}</td><td>{e}</td><td>{escape(r)}</td><td>{escape(f)}</td></tr>"
-                       for b, e, r, f in self._rows())
+        cols = ("backend", "eligible", "torch's reason", "forced")
+        table = html_table([dict(zip(cols, r)) for r in self._rows()], cols, text=str)
         notes = "".join(f"<li>{escape(n)}</li>" for n in self.notes)
         return (f"<div><b>SDPA call</b> q{tuple(c['q'])} k{tuple(c['k'])} {escape(c['dtype'])} on "
                 f"{escape(c['device'])}, mask={escape(str(c['mask']))}, is_causal={c['is_causal']}, "
                 f"enable_gqa={c['enable_gqa']}<br><b>dispatcher picks:</b> {escape(self.backend)}<br>"
-                f"<b>ops that ran:</b> <code>{escape(', '.join(self.ops))}</code>"
-                f"<table><tr><th>backend</th><th>eligible</th><th>torch's reason</th><th>forced</th></tr>{rows}</table>"
+                f"<b>ops that ran:</b> <code>{escape(', '.join(self.ops))}</code>{table}"
                 f"{'<ul>' + notes + '</ul>' if notes else ''}</div>")
 
 

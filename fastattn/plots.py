@@ -11,6 +11,7 @@ from .bench.stats import fmt_ci
 from .bench.stream import COMPONENTS
 from .paths import load_published  # re-exported: 05 reads the seeds through plots
 from .report import fmt
+from .tables import html_table
 
 __all__ = ["attention_sweep", "decode_step", "breakdown", "memory", "published_vs_ours", "exactness",
            "backend_table", "targets_table", "load_published"]
@@ -198,37 +199,20 @@ def exactness(rows: Sequence[dict], *, ax=None):
     return fig
 
 
+def _backend_cell(v) -> str:
+    v = f"{v:.2e}" if isinstance(v, float) else ", ".join(v) if isinstance(v, list) else v
+    return str(v).replace("aten::_scaled_dot_product_", "sdpa::")
+
+
 def backend_table(rows: Sequence[dict]):
     """A compact HTML table of backend_matrix rows (for notebooks)."""
-    from html import escape
-    cols = ["case", "dtype", "head_dim", "backend", "kernel", "helpers", "max_abs_err", "correct"]
-    head = "".join(f"<th>{c}</th>" for c in cols)
-    body = ""
-    for r in rows:
-        cells = []
-        for c in cols:
-            v = r[c]
-            v = f"{v:.2e}" if isinstance(v, float) else ", ".join(v) if isinstance(v, list) else v
-            v = str(v).replace("aten::_scaled_dot_product_", "sdpa::")
-            cells.append(f"<td>{escape(v)}</td>")
-        body += "<tr>" + "".join(cells) + "</tr>"
-    return f"<table><tr>{head}</tr>{body}</table>"
+    return html_table(rows, ["case", "dtype", "head_dim", "backend", "kernel", "helpers", "max_abs_err", "correct"],
+                      text=_backend_cell)
 
 
 def _choice_table(rows: list, cols: list, chosen) -> str:
-    from html import escape
-    head = "".join(f"<th>{c}</th>" for c in cols)
-    body = ""
-    for r in rows:
-        cells = []
-        for c in cols:
-            v = r.get(c)
-            v = "" if v is None else f"{v:.3g}" if isinstance(v, float) else "yes" if v is True else \
-                "no" if v is False else str(v)
-            v = f"<b>{escape(v)} (chosen)</b>" if c == "candidate" and chosen(r) else escape(v)
-            cells.append(f"<td>{v}</td>")
-        body += "<tr>" + "".join(cells) + "</tr>"
-    return f"<table><tr>{head}</tr>{body}</table>"
+    bold = lambda r, c, s: f"<td><b>{s} (chosen)</b></td>" if c == "candidate" and chosen(r) else f"<td>{s}</td>"  # noqa: E731
+    return html_table(rows, cols, td=bold)
 
 
 def fast_choice_table(rec: dict) -> str:
@@ -313,15 +297,10 @@ def consumers(rec: dict, *, ax=None):
 
 
 def targets_table(targets: list) -> str:
-    from html import escape
-
-
     def row(t):
         ci = "" if t.get("ci_low") is None else fmt_ci((t["ci_low"], t["ci_high"]))
         met = t.get("verdict", {True: "yes", False: "no"}.get(t["passed"])) or "n/a"
-        cells = (t["target"], fmt(t["measured"]), ci, t.get("n") or "", t["goal"], met.upper() if met == "no" else met,
-                 t.get("note", ""))
-        return "<tr>" + "".join(f"<td>{escape(str(c))}</td>" for c in cells) + "</tr>"
-    head = ("<table><tr><th>target</th><th>measured</th><th>95% CI</th><th>n</th><th>goal</th><th>met</th>"
-            "<th>note</th></tr>")
-    return head + "".join(row(t) for t in targets) + "</table>"
+        return {"target": t["target"], "measured": fmt(t["measured"]), "95% CI": ci, "n": t.get("n") or "",
+                "goal": t["goal"], "met": met.upper() if met == "no" else met, "note": t.get("note", "")}
+    return html_table([row(t) for t in targets], ["target", "measured", "95% CI", "n", "goal", "met", "note"],
+                      text=str)

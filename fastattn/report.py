@@ -17,8 +17,9 @@ from .claims import claims_ledger
 from .devices import cpu_features
 from .diagnosis import diagnosis, reply_293
 from .paths import atomic_write_text, data_dir
+from .tables import html_table, md_table, pairs_table
 
-__all__ = ["fmt", "short", "md_table", "report_texts", "write_report"]
+__all__ = ["fmt", "short", "report_texts", "write_report"]
 
 CSS = ("body{font-family:system-ui,sans-serif;max-width:1100px;margin:2em auto;padding:0 1em;color:#222}"
        "table{border-collapse:collapse;margin:1em 0}td,th{border:1px solid #ccc;padding:4px 8px;text-align:left;"
@@ -125,23 +126,21 @@ def _index_html(run_dir: Path, summary: dict, env: dict, verdicts: list, ledger:
            f"<style>{CSS}</style></head><body>",
            f"<h1>fastattn workbook: {e(run)}</h1>",
            f"<p>Overall: <span class='{'ok' if status == 'ok' else 'bad'}'>{e(status)}</span>. Weights are random "
-           "unless a checkpoint was given; timings are real.</p>", "<h2>Environment</h2><table>"]
-    out += [f"<tr><th>{e(k)}</th><td>{e(fmt(v))}</td></tr>" for k, v in env.items()]
-    out.append(f"<tr><th>parameters</th><td>{e(_params_line(summary))}</td></tr></table>")
+           "unless a checkpoint was given; timings are real.</p>", "<h2>Environment</h2>"
+           + pairs_table([*((k, fmt(v)) for k, v in env.items()), ("parameters", _params_line(summary))],
+                         lambda v, k: v, "th")]
     if verdicts:
-        out.append("<h2>Verdicts (targets judged in this run)</h2><table><tr><th>claim</th><th>measured (95% CI)</th>"
-                   "<th>goal</th><th>met</th><th>note</th></tr>")
-        out += [f"<tr><td>{e(v['claim'])}</td><td>{e(v['measured (95% CI)'])}</td><td>{e(v['goal'])}</td>"
-                f"<td class='{_MET_CLASS[v['met']]}'>{e(v['met'] or 'n/a')}</td><td>{e(v['note'])}"
-                "</td></tr>" for v in verdicts]
-        out.append("</table>")
+        met = lambda r, c, s: f"<td class='{_MET_CLASS[r['met']]}'>{s}</td>" if c == "met" else f"<td>{s}</td>"  # noqa: E731
+        na = lambda v: "n/a" if v is None else str(v)  # noqa: E731
+        out += ["<h2>Verdicts (targets judged in this run)</h2>",
+                html_table(verdicts, ["claim", "measured (95% CI)", "goal", "met", "note"], text=na, td=met)]
     if ledger:
-        out.append("<h2>The seeds' claims, judged on this device</h2><table><tr><th>source</th><th>claim</th>"
-                   "<th>its scale</th><th>verdict</th><th>evidence</th></tr>")
-        out += [f"<tr><td>{e(r['source'])}</td><td>{e(r['claim'])}</td><td>{e(r.get('scale', ''))}</td><td class='"
-                f"{'ok' if r['verdict'] == 'holds' else 'bad' if r['verdict'] == 'does not hold' else ''}'>"
-                f"{e(r['verdict'])}</td><td>{e(r['evidence'])}</td></tr>" for r in ledger]
-        out.append("</table>")
+        cls = {"holds": "ok", "does not hold": "bad"}
+        verdict = lambda r, c, s: f"<td class='{cls.get(r['verdict'], '')}'>{s}</td>" if c == "verdict" else \
+            f"<td>{s}</td>"  # noqa: E731
+        rows = [dict(r, **{"its scale": r.get("scale", "")}) for r in ledger]
+        out += ["<h2>The seeds' claims, judged on this device</h2>",
+                html_table(rows, ["source", "claim", "its scale", "verdict", "evidence"], text=str, td=verdict)]
     if summary.get("plan"):
         out.append("<h2>What the time budget scaled</h2><ul>"
                    + "".join(f"<li>{e(line[2:])}</li>" for line in _plan_md(summary)) + "</ul>")
@@ -154,26 +153,15 @@ def _index_html(run_dir: Path, summary: dict, env: dict, verdicts: list, ledger:
         if nb.get("error"):
             out.append(f"<p class='bad'>{e(short(nb['error'], 300))}</p>")
         key, rest = _split_findings(nb)
-        row = lambda k, v: f"<tr><td>{e(k)}</td><td>{e(fmt(v, k))}</td></tr>"  # noqa: E731
         if key:
-            out.append("<table>" + "".join(row(k, v) for k, v in key) + "</table>")
+            out.append(pairs_table(key, fmt))
         if rest:
-            out.append(f"<details><summary>{len(rest)} more findings</summary><table>"
-                       + "".join(row(k, v) for k, v in rest) + "</table></details>")
+            out.append(f"<details><summary>{len(rest)} more findings</summary>{pairs_table(rest, fmt)}</details>")
         figs = sorted((run_dir / Path(nb["name"]).stem / "figures").glob("*.png"))
         out += [f"<a href='{e(link)}'><img src='{e(str(f.relative_to(run_dir)))}' alt='{e(f.stem)}'></a>"
                 for f in figs[:4]]
     out.append("</body></html>")
     return "\n".join(out)
-
-
-def md_table(rows: list) -> list:
-    if not rows:
-        return []
-    cols = list(rows[0])
-    esc = lambda s: str(s).replace("|", "\\|")  # noqa: E731
-    return ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)] + \
-           ["| " + " | ".join(esc(r[c]) for c in cols) + " |" for r in rows]
 
 
 def _summary_md(run_dir: Path, summary: dict, env: dict, verdicts: list, ledger: list) -> str:

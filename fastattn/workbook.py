@@ -4,7 +4,6 @@ It runs ``notebooks/NN_*.ipynb`` with papermill into a new ``reports/<UTC time>-
 
 from __future__ import annotations
 
-import html
 import json
 import os
 import sys
@@ -25,6 +24,7 @@ from .models import silence_progress
 from .nbexec import ENGINE
 from .paths import atomic_write_text, data_dir, notebooks_dir, reports_dir, without_machine_paths
 from .report import fmt, md_text, write_report
+from .tables import html_table
 
 __all__ = ["check_params", "resolve_device", "time_left", "provenance", "save_figure", "save", "table", "findings",
            "run_workbook",
@@ -128,23 +128,11 @@ def save_figure(fig, out_dir, name: str) -> Path:
     return path
 
 
-def _cell(v) -> str:
-    if isinstance(v, bool) or v is None:
-        return {True: "yes", False: "no", None: ""}[v]
-    if isinstance(v, float):
-        return f"{v:.3g}"
-    return html.escape(str(v))
-
-
 def table(rows: list):
     """Rows (dicts with the same keys) as an HTML table for a notebook, floats to 3 significant digits."""
     from IPython.display import HTML
 
-    if not rows:
-        return HTML("<p>(no rows)</p>")
-    head = "".join(f"<th>{html.escape(str(k))}</th>" for k in rows[0])
-    body = "".join("<tr>" + "".join(f"<td>{_cell(v)}</td>" for v in r.values()) + "</tr>" for r in rows)
-    return HTML(f"<table><tr>{head}</tr>{body}</table>")
+    return HTML(html_table(rows) if rows else "<p>(no rows)</p>")
 
 
 def save(record: dict, out_dir, name: str) -> Path:

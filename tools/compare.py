@@ -4,14 +4,14 @@ committed record folders (markdown; ``--html F`` also as a page)."""
 from __future__ import annotations
 
 import argparse
-import html
 import sys
 from pathlib import Path
 
 from fastattn.bench.metrics import headlines, kv_mb
 from fastattn.bench.records import load_run
 from fastattn.paths import atomic_write_text
-from fastattn.report import CSS, md_table
+from fastattn.report import CSS
+from fastattn.tables import html_table, md_table
 
 
 def _measures(run) -> dict:
@@ -65,13 +65,9 @@ def compare_markdown(matrix: dict) -> str:
 
 
 def compare_html(matrix: dict) -> str:
-    e = html.escape
-    head = "".join(f"<th>{e(c)}</th>" for c in ["measure", *matrix["machines"]])
-    body = "".join("<tr>" + "".join(f"<td>{e(str(r[c]))}</td>" for c in ["measure", *matrix["machines"]]) + "</tr>"
-                   for r in matrix["rows"])
+    table = html_table(matrix["rows"], ["measure", *matrix["machines"]], text=str)
     return (f"<!doctype html><html><head><meta charset='utf-8'><title>fastattn hardware matrix</title>"
-            f"<style>{CSS}</style></head><body><h1>fastattn hardware matrix</h1><table><tr>{head}</tr>{body}"
-            "</table></body></html>")
+            f"<style>{CSS}</style></head><body><h1>fastattn hardware matrix</h1>{table}</body></html>")
 
 
 def main(argv=None) -> int:

@@ -171,7 +171,7 @@ def _compiled(r: dict) -> Optional[str]:
 def reference_findings(ref: Path, other: Optional[Path] = None) -> str:
     """docs/results.md's block: every finding of the reference run in one table (figure, interval, n), the
     claims ledger, and the machines side by side (``other``: a second machine's records)."""
-    from fastattn.report import md_table
+    from fastattn.tables import md_table
     from tools.compare import compare, compare_markdown
     r = records(ref)
     run, t = r["run"], {x["id"]: x for x in r["targets"]["rows"]}
