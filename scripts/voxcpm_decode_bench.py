@@ -25,6 +25,7 @@ It imports only the standard library, torch, numpy and voxcpm, so it can be copi
 
 import argparse
 import hashlib
+import inspect
 import json
 import os
 import random
@@ -238,8 +239,9 @@ class Worker:
             torch.cuda.synchronize()
             torch.cuda.reset_peak_memory_stats()
         torch.manual_seed(seed)
+        seeding = self._seed_arg(seed)
         gen = self.model.generate_streaming(SENTENCE * max(1, chunks // 50 + 1), min_len=chunks, max_len=chunks,
-                                            inference_timesteps=timesteps)
+                                            inference_timesteps=timesteps, **seeding)
         wav, ms, t_start = [], [], time.perf_counter()
         t = t_start
         for chunk in gen:
@@ -257,7 +259,14 @@ class Worker:
                 "sha256": hashlib.sha256(audio.numpy().tobytes()).hexdigest(), "samples": audio.numel(),
                 "peak_bytes": peak, "peak_kind": "CUDA allocated" if cuda else "process max RSS",
                 "graphs_compiled": None if graphs0 is None else graphs1 - graphs0,
-                "cuda_graphs_recorded": None if cg0 is None or cg1 is None else cg1 - cg0}
+                "cuda_graphs_recorded": None if cg0 is None or cg1 is None else cg1 - cg0,
+                "seeding": "generate_streaming(seed=...)" if seeding else "torch.manual_seed"}
+
+    def _seed_arg(self, seed):
+        """``{"seed": seed}`` where this tree's generate takes a seed: voxcpm after 2.0.3 reseeds the generator from
+        ``torch.seed()`` when none is given, so a ``torch.manual_seed`` before the call would not repeat the decode."""
+        generate = getattr(self.model, "_generate", self.model.generate_streaming)
+        return {"seed": seed} if "seed" in inspect.signature(generate).parameters else {}
 
 
 def _version(voxcpm):

@@ -78,6 +78,36 @@ def test_a_saved_checkpoint_is_read_by_model(tmp_path):
     assert again.returncode == 2 and "never overwritten" in again.stderr
 
 
+def _reseeding_tree(dest: Path) -> Path:
+    """The installed 2.0.3 with upstream main's seeding (after 2.0.3): ``_generate`` takes ``seed=`` and, without
+    one, reseeds the generator from ``torch.seed()``."""
+    from fastattn.upstream import pristine_copy
+    tree = pristine_copy(dest, "src")
+    f = tree / "src" / "voxcpm" / "model" / "voxcpm2.py"
+    text = f.read_text()
+    sig = "        streaming_prefix_len: int = 4,\n    ) -> Generator[torch.Tensor, None, None]:\n"
+    loop = "        retry_badcase_times = 0\n"
+    assert text.count(sig) == 1 and text.index(loop) > text.index(sig)
+    text = text.replace(sig, sig.replace("int = 4,\n", "int = 4,\n        seed: Optional[int] = None,\n"))
+    reseed = "        torch.manual_seed(seed) if seed is not None else torch.seed()\n"
+    f.write_text(text.replace(loop, reseed + loop, 1))
+    return tree
+
+
+@pytest.mark.slow
+def test_a_tree_that_reseeds_itself_is_given_the_seed(tmp_path):
+    """Upstream main reseeds each request unless ``seed=`` is passed: the bench passes it, so one tree run twice
+    decodes the same waveform (with ``torch.manual_seed`` alone it would not)."""
+    tree = _reseeding_tree(tmp_path / "main")
+    out = tmp_path / "same.json"
+    r = _bench("--random", "tiny", "--variant", f"a={tree}", "--variant", f"b={tree}", "--positions", "0",
+               "--chunks", 6, "--rounds", 1, "--calls", 1, "--timesteps", 2, "--out", out)
+    assert r.returncode == 0, r.stderr[-3000:]
+    a, b = json.loads(out.read_text())["variants"]
+    assert b["stream"]["equal_to_first"] is True
+    assert a["stream"]["seeding"] == b["stream"]["seeding"] == "generate_streaming(seed=...)"
+
+
 def test_bad_variants_are_refused_before_anything_runs(tmp_path):
     r = _bench("--random", "tiny", "--variant", "nothing")
     assert r.returncode != 0 and "expected NAME=DIR" in r.stderr
