@@ -6,10 +6,12 @@ Each CHECKOUT is an export of upstream's repository (``git archive``) at main, a
 ref. Checks: every diff (the ``src`` ones; on 2.0.3's tree the 2.0.3 ones) applied alone and all three stacked in
 every order, on each tree (in Python, exact context); upstream's own ``tests/`` and the kits' upstream-style tests
 (each src diff carries its own, a new file under tests/) on main with the three diffs stacked, with its own diff
-alone and on unmodified main, each PR's test file counted alone.
+alone and on unmodified main, each PR's test file counted alone; each PR's bench command (scripts/
+voxcpm_decode_bench.py) on main against main with its diff alone, on CPU with random tiny weights.
 """
 import argparse
 import itertools
+import json
 import os
 import shutil
 import subprocess
@@ -77,6 +79,38 @@ def test_runs(main: Path) -> list:
     return rows
 
 
+#: the switch each PR's bench command sets (its text's "Check it on your machine"); right-sized has none
+SWITCH = {"right-sized": {}, "cpu-dtype": {"VOXCPM_CPU_DTYPE": "float32"},
+          "decode-attention": {"VOXCPM_DECODE_ATTENTION": "live"}}
+BENCH = Path(__file__).resolve().parent / "voxcpm_decode_bench.py"
+
+
+def bench_runs(main: Path) -> list:
+    """Each PR's bench command rehearsed on CPU (random tiny weights, ``--quick``): main's ``src/`` against a copy
+    with the PR's diff alone, with the PR's switch unset and set. Which waveforms match is the outcome; the step
+    ratios are a 2-core CPU's at toy size, kept as evidence only."""
+    rows = []
+    for kit, (_, diffs, _) in KITS.items():
+        with tempfile.TemporaryDirectory() as tmp:
+            root = Path(tmp) / "pr"
+            shutil.copytree(main, root)
+            apply_diff(root, (data_dir() / diffs["src"]).read_text())
+            for env in ({}, SWITCH[kit]) if SWITCH[kit] else ({},):
+                out = Path(tmp) / f"bench-{len(rows)}.json"
+                r = subprocess.run([sys.executable, str(BENCH), "--random", "tiny", "--quick", "--device", "cpu",
+                                    "--variant", f"main={main / 'src'}", "--variant", f"pr={root / 'src'}", "--out",
+                                    str(out)], capture_output=True, text=True, timeout=1800, env={**os.environ, **env})
+                row = {"check": "the bench on main, its diff alone", "kit": kit, "switch": env,
+                       "returncode": r.returncode, "stderr": r.stderr[-300:] if r.returncode else ""}
+                if out.exists():
+                    a, b = json.loads(out.read_text())["variants"]
+                    row.update(equal=b["stream"]["equal_to_first"], dtypes=[a["dtype"], b["dtype"]],
+                               seeding=[a["stream"]["seeding"], b["stream"]["seeding"]],
+                               step_ratio={p: s["ratio_to_first"] for p, s in b["steps"].items()})
+                rows.append(row)
+    return rows
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     for name in ("main", "tag-2.0.3", "pr325"):
@@ -94,7 +128,7 @@ def main() -> int:
         for order in itertools.permutations(KITS):
             rows.append({"check": "applies stacked", "tree": tree, "diffs": layout, "kits": " + ".join(order),
                          **applies(path, order, layout)})
-    rows += [{"tree": "main", **r} for r in test_runs(args.main)]
+    rows += [{"tree": "main", **r} for r in test_runs(args.main) + bench_runs(args.main)]
     commits = dict(kv.split("=") for kv in args.commits.split(","))
     rec = record("upstream_check", env=env_record("cpu"), params={"commits": commits}, rows=rows)
     print(save_record(rec, args.out, f"upstream-check-main-{commits['main'][:7]}"))

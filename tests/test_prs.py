@@ -74,3 +74,18 @@ def test_reply_for_293_reads_a_runs_stream_without_trends(tmp_path):
     assert "each chunk timed whole (not split into parts)" in reply and "按整个 chunk 计时" in reply
     assert json.loads((records / "stream.json").read_text())["kind"] == "stream_profile"
     assert reply_for_293(tmp_path / "nothing") is None
+
+
+def test_the_bench_rehearsal_line_follows_its_records(monkeypatch):
+    """Each PR's "Check it" section says what its bench command gave on main here, per switch, from the record."""
+    def run(switch, equal, dtypes=("bfloat16", "bfloat16"), rc=0):
+        return {"switch": switch, "equal": equal, "dtypes": list(dtypes), "returncode": rc}
+    u = {"commits": {"main": "616d3d3e"}, "bench": {
+        "cpu-dtype": [run({}, True), run({"VOXCPM_CPU_DTYPE": "float32"}, False, ("bfloat16", "float32"))],
+        "right-sized": [run({}, None, rc=1)]}}
+    monkeypatch.setattr(prs, "upstream_check", lambda: u)
+    line = prs._bench_rehearsal("cpu-dtype")
+    assert "main 616d3d3 against main with this diff alone: by default the waveforms were identical (`yes`); with " \
+           "`VOXCPM_CPU_DTYPE=float32` the waveforms were different (`no`), the PR running float32." in line
+    assert "the bench failed (exit status 1)" in prs._bench_rehearsal("right-sized")
+    assert prs._bench_rehearsal("decode-attention") == "Not yet rehearsed on main here."

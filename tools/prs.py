@@ -19,6 +19,7 @@ from fastattn.bench.metrics import matrix_rows, newest, slice_backend, slice_evi
 from fastattn.bench.records import load_record
 from fastattn.ingest import bench_table
 from fastattn.paths import data_dir
+from fastattn.upstream import KITS
 from tools.readme import REFERENCE, machine_name, records
 
 __all__ = ["machine_rows", "matrix_rows", "upstream_check", "slice_evidence", "math_versions", "fields",
@@ -155,8 +156,35 @@ def upstream_check() -> dict:
              for r in rows if "applies" in r}
     tests = {r["check"]: r for r in rows if "passed" in r and "kit" not in r}
     pr_tests = {(r["test"], {"stacked": True, "main": False, "alone": "alone"}[r["check"].split()[-1]]): r
-                for r in rows if "kit" in r}
-    return {"commits": rec["params"]["commits"], "applies": trees, "tests": tests, "pr_tests": pr_tests}
+                for r in rows if "test" in r}
+    bench = {}
+    for r in rows:
+        if r["check"].startswith("the bench"):
+            bench.setdefault(r["kit"], []).append(r)
+    return {"commits": rec["params"]["commits"], "applies": trees, "tests": tests, "pr_tests": pr_tests,
+            "bench": bench}
+
+
+def _bench_rehearsal(kit: str) -> str:
+    """The PR's bench command as run here on main with its diff alone: whether the waveforms matched, per switch."""
+    u = upstream_check()
+    runs = u["bench"].get(kit)
+    if not runs:
+        return "Not yet rehearsed on main here."
+    said = []
+    for r in runs:
+        if r["returncode"]:
+            said.append(f"{_switch(r)} the bench failed (exit status {r['returncode']})")
+            continue
+        dtype = f", the PR running {r['dtypes'][1]}" if r["dtypes"][0] != r["dtypes"][1] else ""
+        same = "identical (`yes`)" if r["equal"] else "different (`no`)"
+        said.append(f"{_switch(r)} the waveforms were {same}{dtype}")
+    return (f"Rehearsed here on CPU with random weights (`--random tiny --quick`), main {u['commits']['main'][:7]} "
+            f"against main with this diff alone: {'; '.join(said)}.")
+
+
+def _switch(r: dict) -> str:
+    return "with " + ", ".join(f"`{k}={v}`" for k, v in r["switch"].items()) if r["switch"] else "by default"
 
 
 def _tests_line(kit_test: str) -> list:
@@ -319,7 +347,8 @@ def fields() -> dict:
             "slice_evidence": _slice()[0], "live_bound": LIVE_ERROR_BOUND,
             "forms_table": forms_machines(_results(), label, _form_words).strip(), "slice_table": _slice_table(),
             "forms_winners": _forms_winners(), "matrix_sizes": _matrix_sizes(), "fp32_weights_x": _fp32_weights_x(),
-            "forms_geometry": _forms_geometry(), "bench_table": bench_table(none="(none yet)")}
+            "forms_geometry": _forms_geometry(), "bench_table": bench_table(none="(none yet)"),
+            **{f"bench_{k.replace('-', '_')}": _bench_rehearsal(k) for k in KITS}}
 
 
 def reply_293_text() -> str:
