@@ -391,6 +391,33 @@ def git_commit(tree):
     return head.stdout.strip() + ("-dirty" if dirty.stdout.strip() else "")
 
 
+#: the CPU flags that pick the CPU kernels (native bf16 or not, AMX tiles): they decide the bf16 step's cost
+KERNEL_FLAGS = ("avx512f", "avx512_bf16", "amx_bf16", "avx2", "bf16")
+
+
+def cpu_flags():
+    """``{flag: bool}`` of :data:`KERNEL_FLAGS` from /proc/cpuinfo (Arm: ``Features``); ``{}`` where unreadable."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            flags = next((line.split(":", 1)[1].split() for line in f
+                          if line.split(":")[0].strip() in ("flags", "Features")), [])
+    except OSError:
+        return {}
+    return {n: n in flags for n in KERNEL_FLAGS}
+
+
+def machine_line(env, weights):
+    """What ran, for the top of a pasted table: the GPU and driver, or the CPU and its kernel flags."""
+    if env.get("gpu"):
+        where = f"{env['gpu']} (CUDA {env.get('cuda')}, driver {env.get('driver', '?')})"
+    else:
+        flags = [n for n, on in env.get("cpu_flags", {}).items() if on]
+        where = f"{env.get('cpu') or '?'} ({', '.join(flags) or 'flags unknown'}; ATen {env.get('cpu_capability')})"
+    what = "random weights" if weights.get("weights") == "random" else "checkpoint"
+    return (f"{where}, {env['threads']} threads, torch {env['torch']}, Python {env['python']}; {what}"
+            + (f" ({weights['preset']})" if weights.get("preset") else ""))
+
+
 def environment(device):
     import platform
 
@@ -402,6 +429,9 @@ def environment(device):
                           if line.startswith("model name"))
     except (OSError, StopIteration):
         env["cpu"] = platform.processor()
+    env["cpu_flags"] = cpu_flags()
+    capability = getattr(getattr(torch.backends, "cpu", None), "get_cpu_capability", None)
+    env["cpu_capability"] = capability() if capability else None
     if device.startswith("cuda") and torch.cuda.is_available():
         env.update(gpu=torch.cuda.get_device_name(), cuda=torch.version.cuda,
                    capability=".".join(map(str, torch.cuda.get_device_capability())))
@@ -564,6 +594,7 @@ def main(argv=None):
            "params": {k: getattr(args, k) for k in ("device", "dtype", "optimize", "chunks", "positions", "rounds",
                                                     "calls", "timesteps", "seed", "quick")},
            "variants": rows}
+    print(machine_line(out["env"], weights) + "\n")
     print(table(rows, args.positions))
     if args.out:
         Path(args.out).write_text(json.dumps(out, indent=1) + "\n")

@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from fastattn import ingest as ing
+from fastattn.devices import cpu_features, cpu_flags
 
 pytestmark = pytest.mark.usefixtures("seeded_fast_choice")  # fast's probe, cheap (conftest)
 
@@ -62,6 +63,7 @@ def test_two_trees_side_by_side_one_json_equal_waveforms(two_trees):
     assert pr["stream"]["equal_to_first"] is True, "the right-sized cache is bit-identical by design on CPU"
     assert rec["weights"]["weights"] == "random" and rec["weights"]["preset"] == "tiny"
     assert "| pr |" in printed and "waveform = first" in printed
+    assert printed.splitlines()[0].endswith("; random weights (tiny)") and " threads, torch " in printed  # what ran
 
 
 @pytest.mark.slow
@@ -123,6 +125,7 @@ def test_ingest_reads_the_json_back_as_a_machine_row(two_trees, tmp_path, capsys
     assert ing.main([str(f), "--dry-run"]) == 0
     row = capsys.readouterr().out
     assert "| pr / main |" in row and "random tiny, bfloat16" in row and "identical" in row and "256: " in row
+    assert f"({cpu_features(cpu_flags())}), torch" in row, "the machine named by the CPU features the bench read"
     lines, where = ing.ingest(f, into=tmp_path / "bench")
     assert where.parent == tmp_path / "bench" and json.loads(where.read_text())["kind"] == ing.KIND
     assert ing.ingest(f, into=tmp_path / "bench")[1] != where, "a second ingest never overwrites the first"
@@ -146,6 +149,16 @@ def _gpu_shaped() -> dict:
                     "cuda": "12.8", "python": "3.12.3", "threads": 16},
             "params": {"device": "cuda", "chunks": 480, "positions": [0, 256, 1024, 4096, 8000], "optimize": "both"},
             "variants": [variant("main optimize=on", 0.9, True, 3), variant("pr optimize=on", 0.85, True, 3)]}
+
+
+def test_a_cpu_is_named_by_the_features_that_pick_its_kernels():
+    env = {"device": "cpu", "cpu": "Intel(R) Xeon(R) Processor", "torch": "2.13.0+cpu", "cpu_capability": "AVX512"}
+    amx = dict.fromkeys(("avx512f", "avx512_bf16", "amx_bf16", "avx2"), True)
+    assert ing._machine({**env, "cpu_flags": amx}) == "Intel(R) Xeon(R) Processor (AMX), torch 2.13.0"
+    no_amx = {**amx, "amx_bf16": False}
+    assert ing._machine({**env, "cpu_flags": no_amx}).endswith("(AVX512-BF16, no AMX), torch 2.13.0")
+    assert ing._machine({**env, "cpu_flags": {"avx2": True}}).endswith("(AVX2, no native bf16), torch 2.13.0")
+    assert ing._machine(env).endswith("(AVX512), torch 2.13.0"), "a JSON without flags: ATen's capability"
 
 
 def test_a_gpu_shaped_record_names_the_gpu_driver_and_weights(tmp_path):
