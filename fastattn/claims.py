@@ -13,7 +13,7 @@ from typing import Optional
 
 import torch
 
-from .bench.metrics import patched_is_upstream, step_ratio, whole_ratio
+from .bench.metrics import kv_mb, patched_is_upstream, step_ratio, whole_ratio
 from .bench.records import find_row, load_run
 from .bench.stats import NO, YES, fmt_ci, quiet, ratio_ci, scaled_ci, verdict
 from .devices import runtime_dtype
@@ -333,7 +333,7 @@ def _kv_sizes(recs, finds):
         return NOT_RUN, "01_root_cause measures it"
     if not kv.get("right_sized", True):
         return NOT_HERE, f"{kv['note']}: a right-sized cache would change results here, so the default keeps them"
-    up, pa = kv["upstream_bytes"] / 1e6, kv["patched_bytes"] / 1e6
+    up, pa = kv_mb(kv)
     return (HOLDS if 550 <= up <= 650 and 15 <= pa <= 45 else FAILS,
             f"full model, fp32, a {kv['params']['prefill'] + kv['params']['steps']}-token request: {up:.3g} MB -> "
             f"{pa:.3g} MB ({kv['note']})")

@@ -7,6 +7,7 @@ from typing import Optional, Sequence
 import matplotlib.pyplot as plt
 
 from .bench import dtype_table
+from .bench.metrics import kv_mb
 from .bench.stats import fmt_ci
 from .bench.stream import COMPONENTS
 from .paths import load_published  # re-exported: 05 reads the seeds through plots
@@ -140,7 +141,7 @@ def memory(kv: dict, *, published: Optional[list] = None, ax=None):
     """KV bytes of one request, upstream vs patched (and the seed's figures when given)."""
     fig, ax = (ax.figure, ax) if ax is not None else plt.subplots(figsize=(6, 3.6))
     labels = ["upstream (8192 slots)", "patched (right-sized)"]
-    vals = [kv["upstream_bytes"] / 1e6, kv["patched_bytes"] / 1e6]
+    vals = list(kv_mb(kv))
     ax.bar(labels, vals, color=[COLORS["upstream"], COLORS["patched"]])
     for i, v in enumerate(vals):
         ax.annotate(f"{v:.1f} MB", (i, v), ha="center", va="bottom", fontsize=8)

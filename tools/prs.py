@@ -15,7 +15,7 @@ import re
 from pathlib import Path
 from typing import Optional
 
-from fastattn.bench.metrics import matrix_rows, newest, slice_backend, slice_evidence, whole_ratio
+from fastattn.bench.metrics import kv_mb, matrix_rows, newest, slice_backend, slice_evidence, whole_ratio
 from fastattn.bench.records import load_record
 from fastattn.ingest import bench_table
 from fastattn.paths import data_dir
@@ -66,8 +66,7 @@ def machine_rows() -> list:
     for folder, r in _machines():
         t = {x.get("id") or _OLD_IDS.get(x["target"].split(":")[0]): x for x in r["targets"]["rows"]}
         whole, kv = r["whole"], r["kv"]
-        kv_mb = (kv["upstream_bytes"] / 1e6, kv["patched_bytes"] / 1e6)
-        rows.append({"machine": machine_name(whole["env"], folder), "kv_mb": kv_mb,
+        rows.append({"machine": machine_name(whole["env"], folder), "kv_mb": kv_mb(kv),
                      "step_bf16": t["decode_bf16"], "step_fp32": t["decode_fp32"], "whole": whole_ratio(whole),
                      "whole_runs": _paired(whole),
                      "identical": whole["identical"], "steps": whole["params"]["steps"],

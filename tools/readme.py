@@ -13,8 +13,10 @@ from fastattn.bench.metrics import (
     HEADLINES,
     amdahl_bound,
     attention_share,
+    call_ratio,
     dtype_recommendation,
     dtype_table,
+    kv_mb,
     matrix_rows,
     time_shares,
     whole_ratio,
@@ -115,7 +117,7 @@ def findings_table(ref: Path) -> str:
             (f"The whole {r['whole']['params']['preset']} model, {r['whole']['params']['dtype']}, "
              f"{r['whole']['params']['steps']} steps: patched / upstream", _whole(r)),
             (f"KV of a {kv['params']['prefill'] + kv['params']['steps']}-token request",
-             f"{kv['upstream_bytes'] / 1e6:.0f} MB -> {kv['patched_bytes'] / 1e6:.0f} MB")]
+             "{:.0f} MB -> {:.0f} MB".format(*kv_mb(kv)))]
     if _dtype(r):
         rows.append(("Which dtype should this CPU run?", _dtype(r)))
     if r["forms"]:
@@ -134,7 +136,8 @@ def _floor(r: dict) -> str:
     gm = find_row(cold["rows"], mode="gemm_floor", position=4096)
     return (f"fast {fa['x_floor']:.1f}x the DRAM floor (live K+V once at {cold['bandwidth']['gb_per_s']:.0f} GB/s, "
             f"K/V rotated over {cold['params']['caches']} caches); its two bare GEMMs alone {gm['x_floor']:.1f}x: "
-            f"fast is {fa['median_ms'] / gm['median_ms']:.2f}x the best torch's BLAS does with those bytes")
+            f"fast is {call_ratio(cold, 'fast', 'gemm_floor', 4096).value:.2f}x the best torch's BLAS does with those "
+            "bytes")
 
 
 def _costs(r: dict) -> str:
@@ -147,8 +150,8 @@ def _costs(r: dict) -> str:
 
 def _memory(r: dict) -> str:
     kv, rs, g = r["kv"], r["rss"]["summary"], r["growth"]
-    return (f"KV {kv['upstream_bytes'] / 1e6:.0f} MB -> {kv['patched_bytes'] / 1e6:.0f} MB (read from the caches); "
-            f"peak RSS of a short {r['rss']['params']['preset']}-preset request, {rs['runs']} fresh processes each: "
+    return ("KV {:.0f} MB -> {:.0f} MB (read from the caches); ".format(*kv_mb(kv))
+            + f"peak RSS of a short {r['rss']['params']['preset']}-preset request, {rs['runs']} fresh processes each: "
             f"patched {rs['peak_difference_bytes'] / 1e6:+.0f} MB (spread {rs['peak_spread_bytes'] / 1e6:.0f} MB); a "
             f"{g['params']['prefill']} + {g['params']['steps']}-step request moves its cache {g['summary']['moves']} "
             f"times ({g['summary']['step_total_s']:.2f} s in `step()`; upstream zero-fills "

@@ -7,6 +7,7 @@ from ..bench.metrics import (
     amdahl_bound,
     call_ratio,
     dtype_recommendation,
+    kv_mb,
     patched_is_upstream,
     step_ratio,
     time_shares,
@@ -85,8 +86,9 @@ def floor_reading(cold: dict, position: int = 4096) -> dict:
     """fast at ``position`` in a cold sweep: its time over the DRAM floor and over the bare GEMMs' time."""
     fa = find_row(cold["rows"], mode="fast", position=position)
     gm = find_row(cold["rows"], mode="gemm_floor", position=position)
+    x_gemm = call_ratio(cold, "fast", "gemm_floor", position)
     return {"position": position, "x_dram_floor": fa["x_floor"],
-            "x_gemm_floor": fa["median_ms"] / gm["median_ms"] if gm else float("nan"),
+            "x_gemm_floor": x_gemm.value if x_gemm else float("nan"),
             "gemm_x_dram_floor": gm["x_floor"] if gm else float("nan")}
 
 
@@ -124,7 +126,8 @@ def fast_table(att: dict, positions) -> list[dict]:
             if not (f and s and r):
                 continue
             rows.append({"dtype": dt, "position": p, "fast ms": f["median_ms"], "slice fix ms": s["median_ms"],
-                         "fast / slice fix": f["median_ms"] / s["median_ms"], "fast x floor": f["x_floor"],
+                         "fast / slice fix": call_ratio(rec, "fast", "slice_fix", p).value,
+                         "fast x floor": f["x_floor"],
                          "floor binds (K/V > LLC)": f["floor_meaningful"], "fast err": f["max_err_f64"],
                          "reference err": r["max_err_f64"], "n": f["n"]})
     return rows
@@ -155,7 +158,7 @@ def memory_summary(kv: dict, alloc: dict, rss: dict) -> dict:
     """05's memory findings, each labelled with where it was measured (peak RSS: CPU processes, on any device)."""
     on = alloc["env"].get("device", "cpu")
     return {f"KV MB, full model, {kv['params']['prefill'] + kv['params']['steps']}-token request (upstream, patched)":
-            (kv["upstream_bytes"] / 1e6, kv["patched_bytes"] / 1e6),
+            kv_mb(kv),
             "patched KV right-sized on this device": kv.get("right_sized", True),
             f"bytes allocated by one decode layer step on {on} (upstream, patched)":
             tuple(alloc["variants"][v]["allocated_bytes"] for v in ("upstream", "patched")),
