@@ -21,7 +21,7 @@ from ..static import (
     stack_data,
 )
 from .records import env_record, record
-from .stats import fmt_ci, quiet_ratio, ratio_ci
+from .stats import fmt_ci, quiet, quiet_ratio, ratio_ci
 from .timing import progress_bar, stats_ms, time_interleaved
 
 __all__ = ["form_sweep", "stack_sweep", "form_verdict", "form_lines", "check_lines", "kit_lines", "choice_lines"]
@@ -110,9 +110,7 @@ def _median(row: Optional[dict]) -> float:
     """Median of a row's quiet samples (all where fewer than 3 are quiet); inf for no row."""
     if row is None:
         return math.inf
-    flags = row.get("disturbed_flags") or [False] * len(row["samples_ms"])
-    quiet = [x for x, f in zip(row["samples_ms"], flags) if not f]
-    return statistics.median(quiet if len(quiet) >= 3 else row["samples_ms"])
+    return statistics.median(quiet(row["samples_ms"], row.get("disturbed_flags")))
 
 
 def form_verdict(rec: dict) -> dict:

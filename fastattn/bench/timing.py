@@ -8,6 +8,7 @@ from typing import Optional, Sequence
 
 from ..clock import interleaved, sync
 from .noise import delta, disturbed, host_counters, others_busy, quantile
+from .stats import quiet
 
 
 def progress_bar(it, enabled: bool, desc: str):
@@ -56,9 +57,7 @@ def stats_ms(samples: Sequence[float], host: Optional[dict] = None) -> dict:
     flags = [False] * len(samples)
     if host is not None:
         flags = disturbed(list(samples), host["cpu_s"], host["switches"], others=host.get("others_busy"))
-    quiet = [x for x, f in zip(samples, flags) if not f]
-    used = quiet if len(quiet) >= 3 else list(samples)
-    s = [x * 1e3 for x in used]
+    s = [x * 1e3 for x in quiet(samples, flags)]
     return {"median_ms": statistics.median(s), "p10_ms": quantile(s, 0.1), "p90_ms": quantile(s, 0.9),
             "min_ms": min(s), "n": len(s),
             "samples_ms": [x * 1e3 for x in samples],  # in timing order: round i of every variant pairs up
