@@ -62,18 +62,21 @@ def _ci(x: Optional[list]) -> str:
 
 
 def bench_row(rec: dict) -> dict:
-    """The figures one bench run contributes: per variant after the first, its decode step at each position over
-    the first's (the bench's own ratio and interval), the stream's first and last sixth, RTF, equal waveforms."""
+    """The figures one bench run contributes: per variant that is not its own baseline (the first tree in its
+    optimize mode), its decode step at each position over the baseline's (the bench's own ratio and interval), the
+    stream's first and last sixth, RTF, equal waveforms."""
     check_bench(rec)
-    first, rest = rec["variants"][0], rec["variants"][1:]
+    first = rec["variants"][0]
+    by = {v["variant"]: v for v in rec["variants"]}
+    rest = [v for v in rec["variants"][1:] if v.get("baseline", first["variant"]) != v["variant"]]
     w = rec["weights"]
     weights = "checkpoint" if w.get("weights") == "checkpoint" else f"random {w.get('preset', '?')}"
-    return {"machine": _machine(rec["env"]), "weights": weights, "baseline": first["variant"],
-            "dtype": first.get("dtype"), "chunks": rec["params"]["chunks"],
-            "compared": [{"variant": v["variant"],
+    return {"machine": _machine(rec["env"]), "weights": weights, "dtype": first.get("dtype"),
+            "chunks": rec["params"]["chunks"],
+            "compared": [{"variant": v["variant"], "baseline": (b := by.get(v.get("baseline"), first))["variant"],
                           "steps": {p: (s.get("ratio_to_first"), s.get("ratio_ci")) for p, s in v["steps"].items()},
-                          "stream": v["stream"], "equal": v["stream"].get("equal_to_first")} for v in rest],
-            "first_stream": first["stream"]}
+                          "stream": v["stream"], "base_stream": b["stream"], "equal": v["stream"].get("equal_to_first")}
+                         for v in rest]}
 
 
 def _stream(s: dict) -> str:
@@ -89,8 +92,8 @@ def row_lines(row: dict) -> list:
     for c in row["compared"]:
         steps = ", ".join(f"{p}: " + (f"{r:.2f}x{_ci(ci)}" if r is not None else "n/a")
                           for p, (r, ci) in c["steps"].items())
-        out.append(f"| {row['machine']} | {row['weights']}, {row['dtype']} | {c['variant']} / {row['baseline']} | "
-                   f"{steps} | {row['chunks']} chunks: {_stream(row['first_stream'])}; {_stream(c['stream'])} | "
+        out.append(f"| {row['machine']} | {row['weights']}, {row['dtype']} | {c['variant']} / {c['baseline']} | "
+                   f"{steps} | {row['chunks']} chunks: {_stream(c['base_stream'])}; {_stream(c['stream'])} | "
                    f"{'identical' if c['equal'] else '**differ**'} |")
     return out
 

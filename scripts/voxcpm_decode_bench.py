@@ -12,12 +12,15 @@ Per variant it reports:
   * a ``generate_streaming`` run of ``--chunks`` chunks: per-chunk ms, the first and last sixth, the slope
     over the stream (ms per 100 chunks) with a 95% interval, real-time factor and peak memory;
   * torch.compile graphs and CUDA graphs recorded during the stream (with ``--optimize on``);
-  * the waveform's sha256, and whether it equals the first variant's.
+  * the waveform's sha256, and whether it equals its baseline's.
+
+A run's baseline is the first variant in the same ``--optimize`` mode: the step ratios and the waveform compare
+eager with eager and compiled with compiled.
 
 It imports only the standard library, torch, numpy and voxcpm, so it can be copied into a VoxCPM checkout::
 
-    git worktree add ../voxcpm-pr && (cd ../voxcpm-pr && git apply right-sized-decode.diff)
-    python voxcpm_decode_bench.py --model ~/models/VoxCPM2 --device cuda \\
+    git worktree add ../voxcpm-pr && git -C ../voxcpm-pr apply "$PWD/right-sized-decode.diff"
+    python scripts/voxcpm_decode_bench.py --model ~/models/VoxCPM2 --device cuda \\
         --variant main=src --variant pr=../voxcpm-pr/src --out bench.json
 
 ``--random tiny --quick`` runs in about a minute on a CPU, with no checkpoint and no network.
@@ -478,8 +481,8 @@ def ratio_ci(num, den, resamples=1000, seed=0):
 
 
 def summarize(name, info, steps, stream, first):
-    """One variant's figures; ``first``: the baseline's (its step samples and stream)."""
-    row = {"variant": name, **info, "steps": {}}
+    """One variant's figures; ``first``: its baseline's name, step samples and stream."""
+    row = {"variant": name, **info, "baseline": first["name"], "steps": {}}
     for p, xs in steps.items():
         med, ci = median_ci(xs)
         ratio, rci = ratio_ci(xs, first["steps"][p])
@@ -588,14 +591,20 @@ def main(argv=None):
         finally:
             for c in children:
                 c.close()
-    first = {"steps": steps[children[0].name], "stream": streams[children[0].name]}
-    rows = [summarize(c.name, info[c.name], steps[c.name], streams[c.name], first) for c in children]
+    base = {}  # each run's baseline: the first tree in the same optimize mode (a compiled decode is not eager's)
+    for c, (_, _, _, o) in zip(children, runs):
+        base.setdefault(o, c.name)
+    rows = [summarize(c.name, info[c.name], steps[c.name], streams[c.name],
+                      {"name": base[o], "steps": steps[base[o]], "stream": streams[base[o]]})
+            for c, (_, _, _, o) in zip(children, runs)]
     out = {"kind": "voxcpm_decode_bench", "version": 1, "env": environment(args.device), "weights": weights,
            "params": {k: getattr(args, k) for k in ("device", "dtype", "optimize", "chunks", "positions", "rounds",
                                                     "calls", "timesteps", "seed", "quick")},
            "variants": rows}
     print(machine_line(out["env"], weights) + "\n")
     print(table(rows, args.positions))
+    if len(modes) > 1:
+        print("(each run's ratios and waveform against the first tree in the same optimize mode)")
     if args.out:
         Path(args.out).write_text(json.dumps(out, indent=1) + "\n")
         print(f"wrote {args.out}")

@@ -99,15 +99,20 @@ def _reseeding_tree(dest: Path) -> Path:
 @pytest.mark.slow
 def test_a_tree_that_reseeds_itself_is_given_the_seed(tmp_path):
     """Upstream main reseeds each request unless ``seed=`` is passed: the bench passes it, so one tree run twice
-    decodes the same waveform (with ``torch.manual_seed`` alone it would not)."""
+    decodes the same waveform (with ``torch.manual_seed`` alone it would not). With ``--optimize both`` (CUDA's
+    default; voxcpm declines to compile on CPU) each run is compared with the first tree in its own mode."""
     tree = _reseeding_tree(tmp_path / "main")
     out = tmp_path / "same.json"
     r = _bench("--random", "tiny", "--variant", f"a={tree}", "--variant", f"b={tree}", "--positions", "0",
-               "--chunks", 6, "--rounds", 1, "--calls", 1, "--timesteps", 2, "--out", out)
+               "--chunks", 6, "--rounds", 1, "--calls", 1, "--timesteps", 2, "--optimize", "both", "--out", out)
     assert r.returncode == 0, r.stderr[-3000:]
-    a, b = json.loads(out.read_text())["variants"]
-    assert b["stream"]["equal_to_first"] is True
-    assert a["stream"]["seeding"] == b["stream"]["seeding"] == "generate_streaming(seed=...)"
+    runs = json.loads(out.read_text())["variants"]
+    assert [(v["variant"], v["baseline"]) for v in runs] == [
+        ("a optimize=off", "a optimize=off"), ("b optimize=off", "a optimize=off"),
+        ("a optimize=on", "a optimize=on"), ("b optimize=on", "a optimize=on")]
+    assert all(v["stream"]["equal_to_first"] for v in runs)
+    assert {v["stream"]["seeding"] for v in runs} == {"generate_streaming(seed=...)"}
+    assert "first tree in the same optimize mode" in r.stdout
 
 
 def test_bad_variants_are_refused_before_anything_runs(tmp_path):
@@ -135,20 +140,24 @@ def test_ingest_reads_the_json_back_as_a_machine_row(two_trees, tmp_path, capsys
 
 def _gpu_shaped() -> dict:
     """What the bench writes on an H200 with the real checkpoint, optimize on and off (a GPU-shaped record)."""
-    def variant(name, ms, equal, graphs):
+    def variant(name, ms, equal, graphs, baseline):
         steps = {p: {"median_ms": ms, "ci_ms": [ms * 0.98, ms * 1.02], "n": 50, "samples_ms": [ms] * 50,
                      "ratio_to_first": ms / 0.9, "ratio_ci": [ms / 0.9 * 0.97, ms / 0.9 * 1.03]}
                  for p in ("0", "256", "1024", "4096", "8000")}
         stream = {"chunks": 480, "first_sixth_ms": 31.0, "last_sixth_ms": 33.0, "rtf": 0.21, "peak_bytes": 6.1e9,
                   "peak_kind": "CUDA allocated", "graphs_compiled": graphs, "cuda_graphs_recorded": graphs,
                   "sha256": "ab", "equal_to_first": equal, "slope_ms_per_100": 0.4, "slope_ci_ms_per_100": [0.1, 0.7]}
-        return {"variant": name, "tree": "src", "commit": "75cfa3e", "voxcpm_version": "2.0.3", "dtype": "bfloat16",
+        return {"variant": name, "baseline": baseline, "tree": "src", "commit": "75cfa3e", "voxcpm_version": "2.0.3",
+                "dtype": "bfloat16",
                 "cache": "StaticKVCache", "optimize": True, "load_s": 40.0, "steps": steps, "stream": stream}
     return {"kind": ing.KIND, "version": 1, "weights": {"weights": "checkpoint", "model": "VoxCPM2"},
             "env": {"device": "cuda", "gpu": "NVIDIA H200", "driver": "570.86", "torch": "2.11.0+cu128",
                     "cuda": "12.8", "python": "3.12.3", "threads": 16},
             "params": {"device": "cuda", "chunks": 480, "positions": [0, 256, 1024, 4096, 8000], "optimize": "both"},
-            "variants": [variant("main optimize=on", 0.9, True, 3), variant("pr optimize=on", 0.85, True, 3)]}
+            "variants": [variant("main optimize=off", 0.95, True, 0, "main optimize=off"),  # --optimize both
+                         variant("pr optimize=off", 0.9, True, 0, "main optimize=off"),
+                         variant("main optimize=on", 0.9, True, 3, "main optimize=on"),
+                         variant("pr optimize=on", 0.85, True, 3, "main optimize=on")]}
 
 
 def test_a_cpu_is_named_by_the_features_that_pick_its_kernels():
@@ -168,6 +177,7 @@ def test_a_gpu_shaped_record_names_the_gpu_driver_and_weights(tmp_path):
     table = ing.bench_table(tmp_path / "b")
     assert "NVIDIA H200 (cuda, driver 570.86), torch 2.11.0" in table and "checkpoint, bfloat16" in table
     assert "pr optimize=on / main optimize=on" in table and "4096: 0.94x [0.92, 0.97]" in table
+    assert "pr optimize=off / main optimize=off" in table and "main optimize=on /" not in table  # each mode's own
     assert "480 chunks: 31 -> 33 ms, RTF 0.21" in table
     assert "No run of" in ing.bench_table(tmp_path / "none")
 
