@@ -141,8 +141,8 @@ def _contention_line(c: Optional[dict]) -> str:
     if not c:
         return ""
     ci = f" (95% CI {fmt_ci(c['ci'])})" if c.get("ci") else ""
-    return (f"; run in a thread beside the generator ({c['params']['pattern']}, {c['params']['chunks']} chunks), "
-            f"the generator's own chunks took {c['ratio']:.2f}x{ci}")
+    return (f"; the same consumer run in a thread beside the generator, as a streaming server does "
+            f"({c['params']['chunks']} chunks), made the generator's own chunks take {c['ratio']:.2f}x as long{ci}")
 
 
 def _consumer_row(consumers: Optional[dict], contention: Optional[dict] = None) -> dict:
@@ -153,8 +153,8 @@ def _consumer_row(consumers: Optional[dict], contention: Optional[dict] = None) 
     hits = [(p, s) for p, s in consumers["summary"].items() if s["reproduces_293"]]
     cheapest = min(consumers["summary"].items(), key=lambda kv: kv[1]["us_per_ksample"])
     if hits:
-        what = "; ".join(f"{p}: {s['ms_first']:.3g} ms at chunk 1, {s['ms_at_400']:.4g} ms at chunk 400 "
-                         f"({s['us_per_ksample']:.3g} us per 1k samples so far)" for p, s in hits)
+        what = "; ".join(f"{p} took {s['ms_first']:.3g} ms at chunk 1 and {s['ms_at_400']:.4g} ms at chunk 400 "
+                         f"({s['us_per_ksample']:.3g} µs per 1,000 samples of the clip so far)" for p, s in hits)
         return {"hypothesis": hyp, "measured here": what + beside, "reading": REPRODUCES}
     return {"hypothesis": hyp, "measured here": f"no pattern reaches +0.7 s by chunk 400 here (cheapest: "
             f"{cheapest[0]}, {cheapest[1]['us_per_ksample']:.3g} us per 1k samples){beside}", "reading": RULES_OUT}
@@ -175,19 +175,20 @@ HYPOTHESES_ZH = {"CUDA graphs": "CUDA graph 重新录制", "Memory pressure": "�
                  "A part of": "生成器的某一部分随 chunk 序号变慢"}
 
 
-def measured_where(stream: dict) -> tuple:
-    """What the stream record says was measured, and where: (English, Chinese)."""
+def measured_where(stream: dict, machine: Optional[str] = None) -> tuple:
+    """What the stream record says was measured, and where (``machine``: its run's label, with the CPU features
+    that pick the kernels): (English, Chinese)."""
     env, p = stream.get("env", {}), stream["params"]
-    where = f"{env.get('threads', '?')}-core {env.get('device_name') or env.get('device', '?')}"
+    where = machine or (f"{env.get('threads', '?')}-core {env.get('device_name') or env.get('device', '?')} "
+                        f"(torch {env.get('torch', '?')})")
     split = bool(stream.get("trend", {}).get("upstream", {}).get("dit"))
     six = stream.get("sixths", {}).get("upstream")
     en = (f"{p['chunks']} chunks of `generate_streaming`, the {p['preset']} VoxCPM2 architecture with "
           f"{p.get('weights', 'random')} weights, {p['dtype']}, inference_timesteps={p['inference_timesteps']}, "
-          f"{p.get('repeats', 1)} run{'s' * (p.get('repeats', 1) != 1)}, on a {where} "
-          f"(torch {env.get('torch', '?')}), each chunk timed "
+          f"{p.get('repeats', 1)} run{'s' * (p.get('repeats', 1) != 1)}, on a {where}, each chunk timed "
           + ("in its parts (LMs, DiT, encoder, VAE)" if split else "whole (not split into parts)"))
     scale = {"full": "完整", "small": "small", "tiny": "tiny"}.get(p["preset"], p["preset"])
-    zh = (f"在 {where}（torch {env.get('torch', '?')}）上，用{scale}规模的 VoxCPM2 结构和随机权重"
+    zh = (f"在 {where} 上，用{scale}规模的 VoxCPM2 结构和随机权重"
           f"（{p['dtype']}，inference_timesteps={p['inference_timesteps']}）跑了 {p.get('repeats', 1)} 次 "
           f"`generate_streaming`，每次 {p['chunks']} 个 chunk，" + ("分部件计时" if split else "按整个 chunk 计时"
                                                                   "（未分部件）"))
@@ -197,10 +198,11 @@ def measured_where(stream: dict) -> tuple:
     return en, zh
 
 
-def reply_293(rows: list, stream: Optional[dict] = None, fix: Optional[tuple] = None) -> str:
+def reply_293(rows: list, stream: Optional[dict] = None, fix: Optional[tuple] = None,
+              machine: Optional[str] = None) -> str:
     """The reply to OpenBMB/VoxCPM#293 (markdown, English then Chinese): the fix's fate (``fix``: (en, zh) evidence
     under ``optimize()``), where it was measured, the leads ranked, a timing snippet, the questions left open."""
-    where = measured_where(stream) if stream else ("this run's stream", "本次运行的流式生成")
+    where = measured_where(stream, machine) if stream else ("this run's stream", "本次运行的流式生成")
     fix = fix or ("", "")
     leads = sorted(rows, key=lambda r: (RANK[r["reading"]], not _gpu(r)))  # what reproduced here first
     version = (stream or {}).get("env", {}).get("voxcpm", "2.0.3")
@@ -228,7 +230,7 @@ def _reply(lang: str, **parts) -> str:
 def _reply_en(leads: list, where: str, fix: str, version: str) -> str:
     return _reply("en", fix=" " + fix if fix else "", where=where, snippet=SNIPPET, asks="; ".join(ASK),
                   version=version,
-                  leads="\n".join(f"{i}. {r['hypothesis']}: " + _why(r, 0) for i, r in enumerate(leads, 1)))
+                  leads="\n".join(f"{i}. {r['hypothesis']}: " + _why(r, 0) + "." for i, r in enumerate(leads, 1)))
 
 
 def _reply_zh(leads: list, where: str, fix: str, version: str) -> str:
@@ -236,4 +238,4 @@ def _reply_zh(leads: list, where: str, fix: str, version: str) -> str:
                RULES_OUT: "本机已排除"}
     zh = lambda r: next(v for k, v in HYPOTHESES_ZH.items() if r["hypothesis"].startswith(k))  # noqa: E731
     return _reply("zh", fix=fix, where=where, asks="；".join(ASK_ZH), version=version, leads="\n".join(
-        f"{i}. {zh(r)}：" + (_why(r, 1) if _gpu(r) else reading[r["reading"]]) for i, r in enumerate(leads, 1)))
+        f"{i}. {zh(r)}：" + (_why(r, 1) if _gpu(r) else reading[r["reading"]]) + "。" for i, r in enumerate(leads, 1)))

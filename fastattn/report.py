@@ -204,7 +204,8 @@ def reply_for_293(run_dir: Path) -> Optional[str]:
         return None
     rows = diagnosis(stream, kind("consumer_matrix"), stream.get("env", {}).get("device", "cpu"), kind("prompt_growth"),
                      kind("consumer_contention"))
-    return reply_293(rows, stream, slice_evidence(data_dir() / "results" / "torch-matrix"))
+    return reply_293(rows, stream, slice_evidence(data_dir() / "results" / "torch-matrix"),
+                     machine=run.machine(stream.get("env")))
 
 
 def _plan_md(summary: dict) -> list:

@@ -19,6 +19,7 @@ from fastattn.bench.metrics import kv_mb, matrix_rows, newest, slice_backend, sl
 from fastattn.bench.records import load_record
 from fastattn.ingest import bench_table
 from fastattn.paths import data_dir
+from fastattn.report import reply_for_293
 from fastattn.upstream import KITS
 from tools.readme import REFERENCE, machine_name, records
 
@@ -353,12 +354,7 @@ def fields() -> dict:
 def reply_293_text() -> str:
     """The reply from every record of the reference run the diagnosis reads: the stream, the consumer matrix, the
     consumer beside the generator and the growing prompts."""
-    from fastattn.diagnosis import diagnosis, reply_293
-    r = records(_results() / REFERENCE)
-    run, stream = r["run"], r["stream"]
-    rows = diagnosis(stream, consumers=run.get("consumer_matrix"), prompts=run.get("prompt_growth"),
-                     contention=run.get("consumer_contention"))
-    return reply_293(rows, stream, _slice()) + "\n"
+    return reply_for_293(_results() / REFERENCE) + "\n"
 
 
 def documents() -> dict:
