@@ -276,7 +276,7 @@ def dtype_machines(results: Path, label=_folder_label) -> str:
     """Per machine folder with a whole-decode dtype comparison: its CPU, native bf16, each dtype's median step
     against voxcpm's default and the weights' memory. ``label(folder, env)`` names the machine."""
     out = ["| machine | native bf16 | decode step, voxcpm's default | float32 / default (95% CI) | "
-           "float32 + fix / default (95% CI) | weights GB |", "|---|---|---|---|---|---|"]
+           "float32 + right-sized cache / default (95% CI) | weights GB |", "|---|---|---|---|---|---|"]
     for folder, rec in machines_with(results, "dtype_decode"):
         rows = {(x["dtype"], x["variant"]): x for x in dtype_table(rec)}
         key = next(k for k in next(iter(rows.values())) if k.startswith("x "))
