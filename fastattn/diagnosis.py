@@ -7,6 +7,7 @@ from __future__ import annotations
 from typing import Optional
 
 from .bench.stats import fmt_ci
+from .devices import machine_label
 
 __all__ = ["diagnosis", "reply_293", "measured_where", "RULES_OUT", "REPRODUCES", "NEEDS", "NOT_MEASURED", "ASK",
            "SNIPPET"]
@@ -179,8 +180,8 @@ def measured_where(stream: dict, machine: Optional[str] = None) -> tuple:
     """What the stream record says was measured, and where (``machine``: its run's label, with the CPU features
     that pick the kernels): (English, Chinese)."""
     env, p = stream.get("env", {}), stream["params"]
-    where = machine or (f"{env.get('threads', '?')}-core {env.get('device_name') or env.get('device', '?')} "
-                        f"(torch {env.get('torch', '?')})")
+    where = machine or (machine_label(env) if {"torch", "threads", "device_name"} <= set(env) else
+                        f"{env.get('device', '?')} (torch {env.get('torch', '?')})")
     split = bool(stream.get("trend", {}).get("upstream", {}).get("dit"))
     six = stream.get("sixths", {}).get("upstream")
     en = (f"{p['chunks']} chunks of `generate_streaming`, the {p['preset']} VoxCPM2 architecture with "
