@@ -560,14 +560,25 @@ def parse_args(argv):
     return args
 
 
+def plan_runs(variants, optimize):
+    """``(label, name, tree, optimize)`` per run: every tree in each optimize mode, eager first."""
+    modes = {"on": [True], "off": [False], "both": [False, True]}[optimize]
+    return [(f"{n}" + (f" optimize={'on' if o else 'off'}" if len(modes) > 1 else ""), n, tree, o)
+            for o in modes for n, tree in variants]
+
+
+def baselines(runs):
+    """``{label: its baseline's label}``: the first tree in the same optimize mode (compiled is not eager's)."""
+    first = {}
+    return {label: first.setdefault(o, label) for label, _, _, o in runs}
+
+
 def main(argv=None):
     args = parse_args(argv)
     variants = [source_tree(v) for v in args.variant]
     if len({n for n, _ in variants}) != len(variants):
         raise SystemExit("--variant: each NAME once")
-    modes = {"on": [True], "off": [False], "both": [False, True]}[args.optimize]
-    runs = [(f"{n}" + (f" optimize={'on' if o else 'off'}" if len(modes) > 1 else ""), n, tree, o)
-            for o in modes for n, tree in variants]
+    runs = plan_runs(variants, args.optimize)
     with tempfile.TemporaryDirectory(prefix="voxcpm-bench-") as tmp:
         weights = prepared_checkpoint(args, Path(tmp) / "ckpt", variants[0][1])
         children = [Child(label, tree) for label, _, tree, _ in runs]
@@ -591,19 +602,17 @@ def main(argv=None):
         finally:
             for c in children:
                 c.close()
-    base = {}  # each run's baseline: the first tree in the same optimize mode (a compiled decode is not eager's)
-    for c, (_, _, _, o) in zip(children, runs):
-        base.setdefault(o, c.name)
+    base = baselines(runs)
     rows = [summarize(c.name, info[c.name], steps[c.name], streams[c.name],
-                      {"name": base[o], "steps": steps[base[o]], "stream": streams[base[o]]})
-            for c, (_, _, _, o) in zip(children, runs)]
+                      {"name": base[c.name], "steps": steps[base[c.name]], "stream": streams[base[c.name]]})
+            for c in children]
     out = {"kind": "voxcpm_decode_bench", "version": 1, "env": environment(args.device), "weights": weights,
            "params": {k: getattr(args, k) for k in ("device", "dtype", "optimize", "chunks", "positions", "rounds",
                                                     "calls", "timesteps", "seed", "quick")},
            "variants": rows}
     print(machine_line(out["env"], weights) + "\n")
     print(table(rows, args.positions))
-    if len(modes) > 1:
+    if args.optimize == "both":
         print("(each run's ratios and waveform against the first tree in the same optimize mode)")
     if args.out:
         Path(args.out).write_text(json.dumps(out, indent=1) + "\n")
