@@ -108,6 +108,10 @@ def _transplant(base: str, old: str, new: str) -> str:
     return "".join(lines)
 
 
+#: a kit's change to a file of upstream's repository outside the package (not in the wheel): a diff against main
+SCRIPT_PATCHES = {"cpu-dtype": "scripts-test_pick_runtime_dtype.diff"}
+
+
 def upstream_diff(layout: str = "wheel", kit: str = "right-sized", base: Path | None = None) -> str:
     """``kit``'s ``-p1`` diff for site-packages (``wheel``) or upstream's repo (``src``), or against ``base``."""
     if layout not in LAYOUTS:
@@ -123,6 +127,8 @@ def upstream_diff(layout: str = "wheel", kit: str = "right-sized", base: Path | 
         test = KITS[kit][2]
         parts.extend(difflib.unified_diff([], (data_dir() / "upstream-tests" / test).read_text().splitlines(True),
                                           fromfile="/dev/null", tofile=f"b/tests/{test}", n=3))
+        if kit in SCRIPT_PATCHES:  # and the change to upstream's own check script (hunks against main's file)
+            parts.append((data_dir() / "upstream-tests" / SCRIPT_PATCHES[kit]).read_text())
     return "".join(parts)
 
 
@@ -163,6 +169,8 @@ def apply_diff(root, diff: str, max_offset: int = 200) -> list:
     out, texts = [], {}
     for path, hunks, new_file in _file_patches(diff):
         target = Path(root) / path
+        if not new_file and path not in texts and not target.is_file():
+            raise DiffError(f"{path}: no such file under {root}")
         lines = texts.get(path) or ([] if new_file else target.read_text().splitlines(True))
         shift = 0
         for n, (start, old, new) in enumerate(hunks, 1):

@@ -22,14 +22,16 @@ from pathlib import Path
 
 from fastattn.bench.records import env_record, record, save_record
 from fastattn.paths import data_dir
-from fastattn.upstream import KITS, DiffError, apply_diff
+from fastattn.upstream import KITS, SCRIPT_PATCHES, DiffError, apply_diff
 
 
 def applies(tree: Path, kits, layout: str) -> dict:
-    """``layout``'s diffs of ``kits`` applied in order to a copy of ``tree``'s ``src/`` (wheel diffs: inside it)."""
+    """``layout``'s diffs of ``kits`` applied in order to a copy of ``tree``'s ``src/`` and ``scripts/`` (wheel
+    diffs: inside ``src/``)."""
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp) / "t"
-        shutil.copytree(tree / "src", root / "src")
+        for part in ("src", "scripts"):
+            shutil.copytree(tree / part, root / part)
         at = root if layout == "src" else root / "src"
         try:
             offsets = [apply_diff(at, (data_dir() / KITS[k][1][layout]).read_text()) for k in kits]
@@ -111,6 +113,27 @@ def bench_runs(main: Path) -> list:
     return rows
 
 
+def script_runs(main: Path) -> list:
+    """Upstream's own check scripts a PR changes (``SCRIPT_PATCHES``), run on main with the PR's diff alone, with its
+    switch unset and set in the environment (a maintainer's shell may have it set)."""
+    rows = []
+    for kit, patch in SCRIPT_PATCHES.items():
+        script = next(line[6:].strip() for line in (data_dir() / "upstream-tests" / patch).read_text().splitlines()
+                      if line.startswith("+++ b/"))
+        with tempfile.TemporaryDirectory() as tmp:
+            root = Path(tmp) / "pr"
+            shutil.copytree(main, root)
+            apply_diff(root, (data_dir() / KITS[kit][1]["src"]).read_text())
+            for env in ({}, SWITCH[kit]):
+                clean = {k: v for k, v in os.environ.items() if k not in SWITCH[kit]}
+                r = subprocess.run([sys.executable, script], cwd=root, capture_output=True, text=True, timeout=600,
+                                   env={**clean, **env})
+                rows.append({"check": "upstream's check script, its diff alone", "kit": kit, "script": script,
+                             "switch": env, "returncode": r.returncode,
+                             "tail": (r.stdout.strip().splitlines() or [""])[-1]})
+    return rows
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     for name in ("main", "tag-2.0.3", "pr325"):
@@ -128,7 +151,7 @@ def main() -> int:
         for order in itertools.permutations(KITS):
             rows.append({"check": "applies stacked", "tree": tree, "diffs": layout, "kits": " + ".join(order),
                          **applies(path, order, layout)})
-    rows += [{"tree": "main", **r} for r in test_runs(args.main) + bench_runs(args.main)]
+    rows += [{"tree": "main", **r} for r in test_runs(args.main) + bench_runs(args.main) + script_runs(args.main)]
     commits = dict(kv.split("=") for kv in args.commits.split(","))
     rec = record("upstream_check", env=env_record("cpu"), params={"commits": commits}, rows=rows)
     print(save_record(rec, args.out, f"upstream-check-main-{commits['main'][:7]}"))

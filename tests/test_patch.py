@@ -381,6 +381,16 @@ def test_apply_diff_refuses_a_hunk_that_is_not_there_and_writes_nothing(tmp_path
     with pytest.raises(DiffError, match=r"voxcpm/model/utils.py: hunk 1 .* does not apply"):
         apply_diff(tmp_path, upstream_diff("wheel", "cpu-dtype"))
     assert target.read_text() == "something else\n"
+    with pytest.raises(DiffError, match=r"src/voxcpm/model/utils.py: no such file"):  # a tree without the file
+        apply_diff(tmp_path, upstream_diff("src", "cpu-dtype"))
+
+
+def test_the_dtype_pr_changes_upstreams_check_script_too():
+    """Upstream's scripts/test_pick_runtime_dtype.py would fail with VOXCPM_CPU_DTYPE set in the shell: the src diff
+    (stored, made against main) clears it there and adds the CPU cases; the 2.0.3 diff (the wheel) has no scripts/."""
+    src = (ROOT / "data" / "voxcpm-main-src-cpu-dtype-override.diff").read_text()
+    assert '+++ b/scripts/test_pick_runtime_dtype.py' in src and '+os.environ.pop("VOXCPM_CPU_DTYPE", None)' in src
+    assert "scripts/" not in (ROOT / "data" / "voxcpm-2.0.3-cpu-dtype-override.diff").read_text()
 
 
 @pytest.mark.slow

@@ -161,8 +161,24 @@ def upstream_check() -> dict:
     for r in rows:
         if r["check"].startswith("the bench"):
             bench.setdefault(r["kit"], []).append(r)
+    scripts = {}
+    for r in rows:
+        if r["check"].startswith("upstream's check script"):
+            scripts.setdefault(r["kit"], []).append(r)
     return {"commits": rec["params"]["commits"], "applies": trees, "tests": tests, "pr_tests": pr_tests,
-            "bench": bench}
+            "bench": bench, "scripts": scripts}
+
+
+def _script_line(kit: str) -> str:
+    """The PR's change to an upstream check script and how that script ran on main with the diff alone."""
+    u = upstream_check()
+    runs = u.get("scripts", {}).get(kit)
+    if not runs:
+        return "Upstream's check scripts were not run here."
+    said = "; ".join(f"{_switch(r)}: {r['tail'] or 'no output'} (exit status {r['returncode']})" for r in runs)
+    return (f"`{runs[0]['script']}`: the CPU line of its \"non-mps is a no-op\" section now clears "
+            "`VOXCPM_CPU_DTYPE` first (with the variable set in the shell it would fail), and a section checks the "
+            f"CPU override. Run on main {u['commits']['main'][:7]} with this diff: {said}.")
 
 
 def _bench_rehearsal(kit: str) -> str:
@@ -352,7 +368,8 @@ def fields() -> dict:
             "forms_table": forms_machines(_results(), label, _form_words).strip(), "slice_table": _slice_table(),
             "forms_winners": _forms_winners(), "matrix_sizes": _matrix_sizes(), "fp32_weights_x": _fp32_weights_x(),
             "forms_geometry": _forms_geometry(), "bench_table": bench_table(none="(none yet)"),
-            **{f"bench_{k.replace('-', '_')}": _bench_rehearsal(k) for k in KITS}}
+            **{f"bench_{k.replace('-', '_')}": _bench_rehearsal(k) for k in KITS},
+            "script_dtype": _script_line("cpu-dtype")}
 
 
 def reply_293_text() -> str:
