@@ -11,8 +11,7 @@ from .bench.metrics import kv_mb
 from .bench.stats import fmt_ci
 from .bench.stream import COMPONENTS
 from .paths import load_published  # re-exported: 05 reads the seeds through plots
-from .report import fmt
-from .tables import html_table
+from .tables import fmt, html_table
 
 __all__ = ["attention_sweep", "decode_step", "breakdown", "memory", "published_vs_ours", "exactness",
            "backend_table", "targets_table", "load_published"]

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import html
 import json
-import math
 from pathlib import Path
 from typing import Optional
 
@@ -17,42 +16,14 @@ from .claims import claims_ledger
 from .devices import cpu_features
 from .diagnosis import diagnosis, reply_293
 from .paths import atomic_write_text, data_dir
-from .tables import html_table, md_table, pairs_table
+from .tables import fmt, html_table, md_table, md_text, pairs_table, short
 
-__all__ = ["fmt", "short", "report_texts", "write_report"]
+__all__ = ["report_texts", "write_report", "reply_for_293"]
 
 CSS = ("body{font-family:system-ui,sans-serif;max-width:1100px;margin:2em auto;padding:0 1em;color:#222}"
        "table{border-collapse:collapse;margin:1em 0}td,th{border:1px solid #ccc;padding:4px 8px;text-align:left;"
        "vertical-align:top}th{background:#f3f3f3}.ok{color:#1e7b34;font-weight:600}.bad{color:#b3261e;"
        "font-weight:600}img{max-width:240px;border:1px solid #ddd;margin:4px}code{background:#f6f6f6}")
-
-
-def fmt(value, key: str = "") -> str:
-    """A value as a reader wants it: 3 significant digits; bytes (by the key's name) in MB; yes/no for bools."""
-    if value is None:
-        return "n/a"
-    if isinstance(value, bool):
-        return "yes" if value else "no"
-    if isinstance(value, int) and "bytes" in key.lower() and "(mb)" not in key.lower():
-        return f"{value / 1e6:.3g} MB"
-    if isinstance(value, float):
-        if math.isnan(value):
-            return "n/a"
-        return f"{value:.3g}"
-    if isinstance(value, (list, tuple)):
-        return ", ".join(fmt(v, key) for v in value)
-    return short(str(value))
-
-
-def md_text(text: str) -> str:
-    """Text for a markdown line: a ``#`` never starts a heading (``#293`` stays an issue number)."""
-    return str(text).replace("#", "\\#")
-
-
-def short(text: str, limit: int = 160) -> str:
-    """Long texts (a compiler error in a finding) cut to ``limit`` characters; the record keeps the whole."""
-    text = " ".join(text.split())
-    return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
 def _targets(run_dir: Path) -> list:

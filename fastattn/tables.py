@@ -1,23 +1,51 @@
-"""Rows as tables: HTML for notebooks and the landing page, markdown for GitHub, one cell rule for both."""
+"""Values and rows as a reader sees them: one value rule (:func:`fmt`), HTML tables for notebooks and the
+landing page, markdown for GitHub."""
 
 from __future__ import annotations
 
+import math
 from html import escape
 from typing import Callable, Optional, Sequence
 
 
-def cell(v) -> str:
-    """A value as table text: yes / no for booleans, empty for None, floats to 3 significant digits."""
-    if isinstance(v, bool) or v is None:
-        return {True: "yes", False: "no", None: ""}[v]
-    return f"{v:.3g}" if isinstance(v, float) else str(v)
+def fmt(value, key: str = "", limit: Optional[int] = 160) -> str:
+    """A value as a reader wants it: 3 significant digits; bytes (by the key's name) in MB; yes/no for bools;
+    n/a for None and NaN; texts cut to ``limit`` characters (None: whole)."""
+    if value is None:
+        return "n/a"
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    if isinstance(value, int) and "bytes" in key.lower() and "(mb)" not in key.lower():
+        return f"{value / 1e6:.3g} MB"
+    if isinstance(value, float):
+        if math.isnan(value):
+            return "n/a"
+        return f"{value:.3g}"
+    if isinstance(value, (list, tuple)):
+        return ", ".join(fmt(v, key, limit) for v in value)
+    return short(str(value), limit)
+
+
+def md_text(text: str) -> str:
+    """Text for a markdown line: a ``#`` never starts a heading (``#293`` stays an issue number)."""
+    return str(text).replace("#", "\\#")
+
+
+def short(text: str, limit: Optional[int] = 160) -> str:
+    """Long texts (a compiler error in a finding) cut to ``limit`` characters; the record keeps the whole."""
+    text = " ".join(text.split())
+    return text if limit is None or len(text) <= limit else text[: limit - 1] + "…"
 
 
 def _td(row: dict, col, html: str) -> str:
     return f"<td>{html}</td>"
 
 
-def html_table(rows: Sequence[dict], cols: Optional[Sequence] = None, *, text: Callable = cell,
+def _whole(v) -> str:
+    return fmt(v, limit=None)  # a notebook table keeps whole texts
+
+
+def html_table(rows: Sequence[dict], cols: Optional[Sequence] = None, *, text: Callable = _whole,
                td: Callable = _td) -> str:
     """``rows`` over ``cols`` (default: the first row's keys): each value through ``text``, escaped, and put in
     its cell by ``td(row, col, html)``."""
@@ -27,7 +55,7 @@ def html_table(rows: Sequence[dict], cols: Optional[Sequence] = None, *, text: C
     return f"<table><tr>{head}</tr>{body}</table>"
 
 
-def pairs_table(pairs, text: Callable = lambda v, k: cell(v), key_tag: str = "td") -> str:
+def pairs_table(pairs, text: Callable = fmt, key_tag: str = "td") -> str:
     """(key, value) pairs as a two-column HTML table without a header row; ``text(value, key)`` formats."""
     return "<table>" + "".join(f"<tr><{key_tag}>{escape(str(k))}</{key_tag}><td>{escape(text(v, k))}</td></tr>"
                                for k, v in pairs) + "</table>"

@@ -23,8 +23,8 @@ from .doctor import doctor
 from .models import silence_progress
 from .nbexec import ENGINE
 from .paths import atomic_write_text, data_dir, notebooks_dir, reports_dir, without_machine_paths
-from .report import fmt, md_text, write_report
-from .tables import html_table
+from .report import write_report
+from .tables import fmt, html_table, md_text
 
 __all__ = ["check_params", "resolve_device", "time_left", "provenance", "save_figure", "save", "table", "findings",
            "run_workbook",

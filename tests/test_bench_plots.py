@@ -321,7 +321,7 @@ def test_stream_profile_record_and_verdict():
 
 
 def test_fmt_rounds_and_names_units():
-    from fastattn.report import fmt, short
+    from fastattn.tables import fmt, short
     assert fmt(1.003278041605974) == "1" and fmt(0.07687639974275731) == "0.0769" and fmt(6.761084000004303) == "6.76"
     assert fmt(4194304, "KV bytes upstream") == "4.19 MB" and fmt(True) == "yes"
     assert len(short("x" * 400)) == 160 and short("a  b") == "a b"
