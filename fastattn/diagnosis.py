@@ -155,10 +155,14 @@ def _consumer_row(consumers: Optional[dict], contention: Optional[dict] = None) 
     cheapest = min(consumers["summary"].items(), key=lambda kv: kv[1]["us_per_ksample"])
     if hits:
         what = "; ".join(f"{p} took {s['ms_first']:.3g} ms at chunk 1 and {s['ms_at_400']:.4g} ms at chunk 400 "
-                         f"({s['us_per_ksample']:.3g} µs per 1,000 samples of the clip so far)" for p, s in hits)
+                         f"({_per_ksample(s)})" for p, s in hits)
         return {"hypothesis": hyp, "measured here": what + beside, "reading": REPRODUCES}
     return {"hypothesis": hyp, "measured here": f"no pattern reaches +0.7 s by chunk 400 here (cheapest: "
-            f"{cheapest[0]}, {cheapest[1]['us_per_ksample']:.3g} us per 1k samples){beside}", "reading": RULES_OUT}
+            f"{cheapest[0]}, {_per_ksample(cheapest[1])}){beside}", "reading": RULES_OUT}
+
+
+def _per_ksample(s: dict) -> str:
+    return f"{s['us_per_ksample']:.3g} µs per 1,000 samples of the clip so far"
 
 
 #: the GPU leads (by how their hypothesis starts): why they fit the post, in English and Chinese

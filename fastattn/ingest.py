@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Optional
 
 from .bench.records import save_record
-from .devices import cpu_features
+from .devices import machine_label
 from .paths import data_dir
 
 __all__ = ["KIND", "check_bench", "bench_row", "bench_table", "ingest", "main"]
@@ -47,14 +47,11 @@ def check_bench(rec) -> dict:
 
 
 def _machine(env: dict) -> str:
-    """The machine by what picks its kernels: the GPU and driver, or the CPU's features where the JSON has them."""
-    where = env.get("gpu") or env.get("cpu") or env.get("device", "?")
-    if env.get("gpu"):
-        what = f"{env['device']}" + (f", driver {env['driver']}" if env.get("driver") else "")
-    else:
-        what = cpu_features(env["cpu_flags"], env.get("cpu_capability") or "cpu") if env.get("cpu_flags") else \
-            env.get("cpu_capability") or env["device"]
-    return f"{where} ({what}), torch {str(env['torch']).split('+')[0]}"
+    """The machine by what picks its kernels: the GPU and driver, or the project's CPU label (its features)."""
+    if not env.get("gpu"):
+        return machine_label({**env, "device_name": env.get("cpu") or "?"}, env.get("cpu_flags"))
+    driver = f", driver {env['driver']}" if env.get("driver") else ""
+    return f"{env['gpu']} ({env['device']}{driver}), torch {str(env['torch']).split('+')[0]}"
 
 
 def _ci(x: Optional[list]) -> str:

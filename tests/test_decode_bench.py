@@ -111,11 +111,16 @@ def test_a_tree_that_reseeds_itself_is_given_the_seed(tmp_path):
     assert a["stream"]["seeding"] == b["stream"]["seeding"] == "generate_streaming(seed=...)"
 
 
-def test_each_optimize_mode_has_its_own_baseline():
-    """``--optimize both`` (CUDA's default): eager runs against eager main, compiled against compiled main."""
+def _bench_module():
     spec = importlib.util.spec_from_file_location("voxcpm_decode_bench", BENCH)
     bench = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(bench)
+    return bench
+
+
+def test_each_optimize_mode_has_its_own_baseline():
+    """``--optimize both`` (CUDA's default): eager runs against eager main, compiled against compiled main."""
+    bench = _bench_module()
     runs = bench.plan_runs([("main", None), ("pr", "/x/src")], "both")
     assert [r[0] for r in runs] == ["main optimize=off", "pr optimize=off", "main optimize=on", "pr optimize=on"]
     assert bench.baselines(runs) == {"main optimize=off": "main optimize=off", "pr optimize=off": "main optimize=off",
@@ -168,14 +173,27 @@ def _gpu_shaped() -> dict:
                          variant("pr optimize=on", 0.85, True, 3, "main optimize=on")]}
 
 
+def test_the_printed_machine_line_names_the_gpu_or_the_cpu_flags():
+    bench = _bench_module()
+    gpu = {"gpu": "NVIDIA H200", "cuda": "12.8", "driver": "570.86", "threads": 16, "torch": "2.11.0+cu128",
+           "python": "3.12.3"}
+    assert bench.machine_line(gpu, {"weights": "checkpoint"}) == \
+        "NVIDIA H200 (CUDA 12.8, driver 570.86), 16 threads, torch 2.11.0+cu128, Python 3.12.3; checkpoint"
+    cpu = {"cpu": "AMD EPYC", "cpu_flags": {"avx512_bf16": True, "amx_bf16": False}, "cpu_capability": "AVX512",
+           "threads": 2, "torch": "2.13.0+cpu", "python": "3.11.7"}
+    assert bench.machine_line(cpu, {"weights": "random", "preset": "tiny"}).startswith(
+        "AMD EPYC (avx512_bf16; ATen AVX512), 2 threads") and bench.cpu_flags().keys() <= set(bench.KERNEL_FLAGS)
+
+
 def test_a_cpu_is_named_by_the_features_that_pick_its_kernels():
-    env = {"device": "cpu", "cpu": "Intel(R) Xeon(R) Processor", "torch": "2.13.0+cpu", "cpu_capability": "AVX512"}
+    env = {"device": "cpu", "cpu": "Intel(R) Xeon(R) Processor", "torch": "2.13.0+cpu", "cpu_capability": "AVX512",
+           "threads": 2}
     amx = dict.fromkeys(("avx512f", "avx512_bf16", "amx_bf16", "avx2"), True)
-    assert ing._machine({**env, "cpu_flags": amx}) == "Intel(R) Xeon(R) Processor (AMX), torch 2.13.0"
+    assert ing._machine({**env, "cpu_flags": amx}) == "2-core Intel(R) Xeon(R) Processor (AMX), torch 2.13.0"
     no_amx = {**amx, "amx_bf16": False}
     assert ing._machine({**env, "cpu_flags": no_amx}).endswith("(AVX512-BF16, no AMX), torch 2.13.0")
     assert ing._machine({**env, "cpu_flags": {"avx2": True}}).endswith("(AVX2, no native bf16), torch 2.13.0")
-    assert ing._machine(env).endswith("(AVX512), torch 2.13.0"), "a JSON without flags: ATen's capability"
+    assert ing._machine(env).endswith("(ATen AVX512), torch 2.13.0"), "a JSON without flags: ATen's capability"
 
 
 def test_a_gpu_shaped_record_names_the_gpu_driver_and_weights(tmp_path):
