@@ -108,14 +108,16 @@ def bench_runs(main: Path) -> list:
                     a, b = json.loads(out.read_text())["variants"]
                     row.update(equal=b["stream"]["equal_to_first"], dtypes=[a["dtype"], b["dtype"]],
                                seeding=[a["stream"]["seeding"], b["stream"]["seeding"]],
-                               step_ratio={p: s["ratio_to_first"] for p, s in b["steps"].items()})
+                               step_ratio={p: s["ratio_to_first"] for p, s in b["steps"].items()},
+                               step_ratio_ci={p: s["ratio_ci"] for p, s in b["steps"].items()})
                 rows.append(row)
     return rows
 
 
 def script_runs(main: Path) -> list:
     """Upstream's own check scripts a PR changes (``SCRIPT_PATCHES``), run on main with the PR's diff alone, with its
-    switch unset and set in the environment (a maintainer's shell may have it set)."""
+    switch unset and set in the environment (a maintainer's shell may have it set), and once more with the switch set
+    and main's own script (the PR's package change without its script change)."""
     rows = []
     for kit, patch in SCRIPT_PATCHES.items():
         script = next(line[6:].strip() for line in (data_dir() / "upstream-tests" / patch).read_text().splitlines()
@@ -124,12 +126,14 @@ def script_runs(main: Path) -> list:
             root = Path(tmp) / "pr"
             shutil.copytree(main, root)
             apply_diff(root, (data_dir() / KITS[kit][1]["src"]).read_text())
-            for env in ({}, SWITCH[kit]):
-                clean = {k: v for k, v in os.environ.items() if k not in SWITCH[kit]}
+            clean = {k: v for k, v in os.environ.items() if k not in SWITCH[kit]}
+            for env, mains in (({}, False), (SWITCH[kit], False), (SWITCH[kit], True)):
+                if mains:
+                    shutil.copy(main / script, root / script)
                 r = subprocess.run([sys.executable, script], cwd=root, capture_output=True, text=True, timeout=600,
                                    env={**clean, **env})
                 rows.append({"check": "upstream's check script, its diff alone", "kit": kit, "script": script,
-                             "switch": env, "returncode": r.returncode,
+                             "switch": env, "script_changed": not mains, "returncode": r.returncode,
                              "tail": (r.stdout.strip().splitlines() or [""])[-1]})
     return rows
 

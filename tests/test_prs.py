@@ -90,3 +90,20 @@ def test_the_bench_rehearsal_line_follows_its_records(monkeypatch):
            "`VOXCPM_CPU_DTYPE=float32` the waveforms were different (`no`), the PR running float32." in line
     assert "the bench failed (exit status 1)" in prs._bench_rehearsal("right-sized")
     assert prs._bench_rehearsal("decode-attention") == "Not yet rehearsed on main here."
+
+
+def test_the_script_line_follows_its_records(monkeypatch):
+    """PR 2's line on upstream's check script: each run from the record, main's own script with the switch set last."""
+    def run(switch, changed, rc, tail):
+        return {"script": "scripts/x.py", "switch": switch, "script_changed": changed, "returncode": rc, "tail": tail}
+    sw = {"VOXCPM_CPU_DTYPE": "float32"}
+    u = {"commits": {"main": "616d3d3e"},
+         "scripts": {"cpu-dtype": [run({}, True, 0, "5/5 passed"), run(sw, True, 0, "5/5 passed"),
+                                   run(sw, False, 1, "4/5 passed")]}}
+    monkeypatch.setattr(prs, "upstream_check", lambda: u)
+    line = prs._script_line("cpu-dtype")
+    assert "by default: 5/5 passed (exit status 0); with `VOXCPM_CPU_DTYPE=float32`: 5/5 passed (exit status 0); " \
+           "with the script left as it is on main and `VOXCPM_CPU_DTYPE=float32` set: 4/5 passed (exit status 1)." \
+           in line
+    u["scripts"] = {}
+    assert prs._script_line("cpu-dtype") == "Upstream's check scripts were not run here."

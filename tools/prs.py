@@ -175,10 +175,14 @@ def _script_line(kit: str) -> str:
     runs = u.get("scripts", {}).get(kit)
     if not runs:
         return "Upstream's check scripts were not run here."
-    said = "; ".join(f"{_switch(r)}: {r['tail'] or 'no output'} (exit status {r['returncode']})" for r in runs)
+    ran = lambda r: f"{r['tail'] or 'no output'} (exit status {r['returncode']})"  # noqa: E731
+    said = "; ".join(f"{_switch(r)}: {ran(r)}" for r in runs if r.get("script_changed", True))
+    before = next((r for r in runs if r.get("script_changed") is False), None)
     return (f"`{runs[0]['script']}`: the CPU line of its \"non-mps is a no-op\" section now clears "
-            "`VOXCPM_CPU_DTYPE` first (with the variable set in the shell it would fail), and a section checks the "
-            f"CPU override. Run on main {u['commits']['main'][:7]} with this diff: {said}.")
+            "`VOXCPM_CPU_DTYPE` first, and a section checks the CPU override. Run on main "
+            f"{u['commits']['main'][:7]} with this diff: {said}"
+            + (f"; with the script left as it is on main and {_switch(before)[5:]} set: {ran(before)}" if before
+               else "") + ".")
 
 
 def _bench_rehearsal(kit: str) -> str:
@@ -192,8 +196,9 @@ def _bench_rehearsal(kit: str) -> str:
         if r["returncode"]:
             said.append(f"{_switch(r)} the bench failed (exit status {r['returncode']})")
             continue
-        step = r.get("step_ratio", {}).get("256")
-        dtype = (f", the PR running {r['dtypes'][1]}" + (f" (its step {step:.2f}x main's at position 256, at this "
+        step, ci = r.get("step_ratio", {}).get("256"), r.get("step_ratio_ci", {}).get("256")
+        at = f"{step:.2f}x" + (f" [{ci[0]:.2f}, {ci[1]:.2f}]" if ci else "")
+        dtype = (f", the PR running {r['dtypes'][1]}" + (f" (its step {at} main's at position 256, at this "
                  "toy size)" if step else "")) if r["dtypes"][0] != r["dtypes"][1] else ""
         same = "identical (`yes`)" if r["equal"] else "different (`no`)"
         said.append(f"{_switch(r)} the waveforms were {same}{dtype}")
