@@ -197,9 +197,9 @@ def _bench_rehearsal(kit: str) -> str:
             said.append(f"{_switch(r)} the bench failed (exit status {r['returncode']})")
             continue
         step, ci = r.get("step_ratio", {}).get("256"), r.get("step_ratio_ci", {}).get("256")
-        at = f"{step:.2f}x" + (f" [{ci[0]:.2f}, {ci[1]:.2f}]" if ci else "")
-        dtype = (f", the PR running {r['dtypes'][1]}" + (f" (its step {at} main's at position 256, at this "
-                 "toy size)" if step else "")) if r["dtypes"][0] != r["dtypes"][1] else ""
+        at = f" (its step {step:.2f}x" + (f" [{ci[0]:.2f}, {ci[1]:.2f}]" if ci else "") + \
+            " main's at position 256, at this toy size)" if step else ""
+        dtype = f", the PR running {r['dtypes'][1]}{at}" if r["dtypes"][0] != r["dtypes"][1] else ""
         same = "identical (`yes`)" if r["equal"] else "different (`no`)"
         said.append(f"{_switch(r)} the waveforms were {same}{dtype}")
     return (f"Rehearsed here on CPU with random weights (`--random tiny --quick`), main {u['commits']['main'][:7]} "
