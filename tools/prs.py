@@ -17,6 +17,7 @@ from typing import Optional
 
 from fastattn.bench.metrics import kv_mb, matrix_rows, newest, slice_backend, slice_evidence, whole_ratio
 from fastattn.bench.records import load_record
+from fastattn.bench.stats import YES, verdict
 from fastattn.ingest import bench_table
 from fastattn.paths import data_dir
 from fastattn.report import reply_for_293
@@ -157,16 +158,10 @@ def upstream_check() -> dict:
     tests = {r["check"]: r for r in rows if "passed" in r and "kit" not in r}
     pr_tests = {(r["test"], {"stacked": True, "main": False, "alone": "alone"}[r["check"].split()[-1]]): r
                 for r in rows if "test" in r}
-    bench = {}
-    for r in rows:
-        if r["check"].startswith("the bench"):
-            bench.setdefault(r["kit"], []).append(r)
-    scripts = {}
-    for r in rows:
-        if r["check"].startswith("upstream's check script"):
-            scripts.setdefault(r["kit"], []).append(r)
+    by_kit = lambda check: {k: [r for r in rows if r["check"].startswith(check) and r["kit"] == k]  # noqa: E731
+                            for k in {r["kit"] for r in rows if r["check"].startswith(check)}}
     return {"commits": rec["params"]["commits"], "applies": trees, "tests": tests, "pr_tests": pr_tests,
-            "bench": bench, "scripts": scripts}
+            "bench": by_kit("the bench"), "scripts": by_kit("upstream's check script")}
 
 
 def _script_line(kit: str) -> str:
@@ -277,11 +272,12 @@ def _dtype_seen() -> str:
     from fastattn.bench.decode import dtype_table
     from fastattn.devices import native_bf16
 
-    def fp32_low(rec):  # the low end of float32's step over the default's, 95% interval
-        return next(x for x in dtype_table(rec) if (x["dtype"], x["variant"]) == ("float32", "upstream"))["95% low"]
-    seen = [(native_bf16(r["dtypes"].get("flags") or {}), fp32_low(r["dtypes"])) for _, r in _machines() if r["dtypes"]]
+    def fp32_ci(rec):  # float32's step over the default's, 95% interval
+        row = next(x for x in dtype_table(rec) if (x["dtype"], x["variant"]) == ("float32", "upstream"))
+        return row["95% low"], row["95% high"]
+    seen = [(native_bf16(r["dtypes"].get("flags") or {}), fp32_ci(r["dtypes"])) for _, r in _machines() if r["dtypes"]]
     natives = sum(bool(n) for n, _ in seen)
-    slower = sum(low > 1 for _, low in seen)
+    slower = sum(verdict(ci, lo=1.0) == YES for _, ci in seen)  # the one rule: the whole interval above 1x
     have = f"All {len(seen)}" if natives == len(seen) else f"{natives} of the {len(seen)}"
     on = "each" if slower == len(seen) else f"{slower} of them"
     return (f"{have} machines measured have native bf16; on {on} float32's step is slower than the default's (its "
