@@ -511,7 +511,7 @@ def table(rows, positions):
             st = r["steps"][str(p)]
             ci = st["ci_ms"]
             cells.append(f"{st['median_ms']:.3g}" + (f" [{ci[0]:.3g}, {ci[1]:.3g}]" if ci else "")
-                         + (f" ({st['ratio_to_first']:.2f}x)" if r is not rows[0] else ""))
+                         + (f" ({st['ratio_to_first']:.2f}x)" if r["baseline"] != r["variant"] else ""))
         slope = "n/a" if s["slope_ms_per_100"] is None else f"{s['slope_ms_per_100']:+.3g}" + (
             f" [{s['slope_ci_ms_per_100'][0]:+.3g}, {s['slope_ci_ms_per_100'][1]:+.3g}]"
             if s["slope_ci_ms_per_100"] else "")

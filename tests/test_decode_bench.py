@@ -185,6 +185,13 @@ def test_the_printed_machine_line_names_the_gpu_or_the_cpu_flags():
         "AMD EPYC (avx512_bf16; ATen AVX512), 2 threads") and bench.cpu_flags().keys() <= set(bench.KERNEL_FLAGS)
 
 
+def test_the_pasted_table_gives_a_ratio_only_against_a_baseline():
+    """Each optimize mode's own baseline row prints no ratio; the others print theirs against it."""
+    rec = _gpu_shaped()
+    lines = _bench_module().table(rec["variants"], rec["params"]["positions"]).splitlines()[2:]
+    assert [("x)" in line) for line in lines] == [False, True, False, True]
+
+
 def test_a_cpu_is_named_by_the_features_that_pick_its_kernels():
     env = {"device": "cpu", "cpu": "Intel(R) Xeon(R) Processor", "torch": "2.13.0+cpu", "cpu_capability": "AVX512",
            "threads": 2}
