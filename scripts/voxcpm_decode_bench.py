@@ -19,8 +19,8 @@ eager with eager and compiled with compiled.
 
 It imports only the standard library, torch, numpy and voxcpm, so it can be copied into a VoxCPM checkout::
 
-    git worktree add ../voxcpm-pr && git -C ../voxcpm-pr apply "$PWD/right-sized-decode.diff"
-    python scripts/voxcpm_decode_bench.py --model ~/models/VoxCPM2 --device cuda \\
+    git worktree add ../voxcpm-pr && git -C ../voxcpm-pr apply "$PWD/voxcpm-main-src-right-sized-decode.diff"
+    python scripts/voxcpm_decode_bench.py --model /path/to/VoxCPM2 --device cuda \\
         --variant main=src --variant pr=../voxcpm-pr/src --out bench.json
 
 ``--random tiny --quick`` runs in about a minute on a CPU, with no checkpoint and no network.

@@ -278,7 +278,8 @@ def _dtype_seen() -> str:
     seen = [(native_bf16(r["dtypes"].get("flags") or {}), fp32_ci(r["dtypes"])) for _, r in _machines() if r["dtypes"]]
     natives = sum(bool(n) for n, _ in seen)
     slower = sum(verdict(ci, lo=1.0) == YES for _, ci in seen)  # the one rule: the whole interval above 1x
-    have = f"All {len(seen)}" if natives == len(seen) else f"{natives} of the {len(seen)}"
+    have = ("Both" if len(seen) == 2 else f"All {len(seen)}") if natives == len(seen) else \
+        f"{natives} of the {len(seen)}"
     on = "each" if slower == len(seen) else f"{slower} of them"
     return (f"{have} machines measured have native bf16; on {on} float32's step is slower than the default's (its "
             "whole 95% interval above 1x)")
@@ -346,10 +347,10 @@ def _forms_winners() -> str:
     recs = [r for dt in ("bfloat16", "float32") for _, r in machines_with(_results(), "decode_forms", dtype=dt)]
     won = sum(form_verdict(r)["winner"] == "flex_decode" for r in recs)
     if won == len(recs):
-        return "FlexAttention was the fastest compiled form in every row."
-    return (f"FlexAttention was the fastest compiled form in {won} of {len(recs)} rows: on CPU it is not always the "
-            "fastest. It is this PR's form because it keeps static shapes (one graph for a whole decode); what that "
-            "is worth on a GPU is not measured.")
+        return "FlexAttention was the fastest compiled variant in every row."
+    return (f"FlexAttention was the fastest compiled variant in {won} of {len(recs)} rows: on CPU it is not always the "
+            "fastest. This PR takes it because it keeps static shapes (one graph for a whole decode); what that is "
+            "worth on a GPU is not measured.")
 
 
 def fields() -> dict:
@@ -366,7 +367,8 @@ def fields() -> dict:
             "tests_live": "\n".join(tests["minicpm4_decode_attention"]), "repo": REPO,
             "dtype_table": dtype_machines(_results(), label).strip(), "dtype_seen": _dtype_seen(),
             "slice_evidence": _slice()[0], "live_bound": LIVE_ERROR_BOUND,
-            "forms_table": forms_machines(_results(), label, _form_words).strip(), "slice_table": _slice_table(),
+            "forms_table": forms_machines(_results(), label, _form_words, noun="variant").strip(),
+            "slice_table": _slice_table(),
             "forms_winners": _forms_winners(), "matrix_sizes": _matrix_sizes(), "fp32_weights_x": _fp32_weights_x(),
             "forms_geometry": _forms_geometry(), "bench_table": bench_table(none="(none yet)"),
             **{f"bench_{k.replace('-', '_')}": _bench_rehearsal(k) for k in KITS},

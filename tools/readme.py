@@ -254,14 +254,14 @@ def _folder_label(folder: Path, env: dict) -> str:
     return f"`{folder.name}`: {env.get('device_name', '')}"
 
 
-def forms_machines(results: Path, label=_folder_label, name=_code) -> str:
+def forms_machines(results: Path, label=_folder_label, name=_code, noun: str = "form") -> str:
     """The table of the compiled decode forms: per machine folder and dtype, the verdict; a line saying none
-    exists otherwise. ``label(folder, env)`` names the machine, ``name(form)`` a form."""
+    exists otherwise. ``label(folder, env)`` names the machine, ``name(form)`` a form, ``noun`` the header's word."""
     found = [x for dt in ("bfloat16", "float32") for x in machines_with(results, "decode_forms", dtype=dt)]
     if not found:
         return "No machine has a `decode_forms` record yet.\n"
     from fastattn.bench.forms import form_verdict
-    out = ["| machine | dtype | fastest compiled form, margin | its max error vs float64 (upstream's) |",
+    out = [f"| machine | dtype | fastest compiled {noun}, margin | its max error vs float64 (upstream's) |",
            "|---|---|---|---|"]
     for folder, rec in sorted(found, key=lambda x: (x[0].name, x[1]["params"]["dtype"])):
         verdict = form_verdict(rec)
@@ -281,9 +281,9 @@ def dtype_machines(results: Path, label=_folder_label) -> str:
         rows = {(x["dtype"], x["variant"]): x for x in dtype_table(rec)}
         key = next(k for k in next(iter(rows.values())) if k.startswith("x "))
         base = rows[(rec["params"]["dtypes"][0], "upstream")]
-        runs = len({r["repeat"] for r in rec["dtypes"][base["dtype"]]["decode"]["rows"]})
-        ci = lambda x, key=key, runs=runs: (  # noqa: E731 - n counts steps, pooled over the decodes
-            f"{x[key]:.2f}x ([{x['95% low']:.2f}, {x['95% high']:.2f}], n={x['n']} steps of {runs} decodes)")
+        ci = lambda x, key=key: (  # noqa: E731 - n counts decodes; the interval pools their steps
+            f"{x[key]:.2f}x ({len(x['per decode'])} decodes: {', '.join(f'{r:.2f}x' for r in x['per decode'])}; "
+            f"95% CI over their {x['n']} steps [{x['95% low']:.2f}, {x['95% high']:.2f}])")
         out.append(f"| {label(folder, rec['env'])} | "
                    f"{ {True: 'yes', False: 'no', None: 'n/a'}[native_bf16(rec.get('flags') or {})]} | "
                    f"{base['dtype']} {base['step s']:.2f} s | {ci(rows[('float32', 'upstream')])} | "

@@ -148,7 +148,8 @@ def quiet_steps(whole: dict, variant: str) -> tuple:
 
 
 def dtype_table(rec: dict) -> list:
-    """One row per dtype and variant of a ``dtype_decode`` record; ratios are to the first dtype's upstream step."""
+    """One row per dtype and variant of a ``dtype_decode`` record; ratios are to the first dtype's upstream step
+    (pooled over its decodes); ``per decode``: each decode's median step over that same pooled base."""
     base_dtype = rec["params"]["dtypes"][0]
     base = quiet_steps(rec["dtypes"][base_dtype]["decode"], "upstream")[0]
     out = []
@@ -156,8 +157,11 @@ def dtype_table(rec: dict) -> list:
         for variant in ("upstream", "patched"):
             s, n_disturbed = quiet_steps(o["decode"], variant)
             ci = ratio_ci(s, base, paired=False)
+            runs = sorted({r["repeat"] for r in o["decode"]["rows"] if r["variant"] == variant})
+            per = [statistics.median(quiet_steps({"rows": [r for r in o["decode"]["rows"] if r["repeat"] == k]},
+                                                 variant)[0]) / statistics.median(base) for k in runs]
             out.append({"dtype": dtype, "variant": variant, "step s": statistics.median(s), "n": len(s),
-                        "disturbed": n_disturbed,
+                        "disturbed": n_disturbed, "per decode": per,
                         f"x {base_dtype} upstream": statistics.median(s) / statistics.median(base),
                         "95% low": ci[0] if ci else None, "95% high": ci[1] if ci else None,
                         "steps": o["decode"]["params"]["steps"],
