@@ -270,19 +270,20 @@ def _machine_table() -> str:
 
 def _dtype_seen() -> str:
     from fastattn.bench.decode import dtype_table
-    from fastattn.devices import native_bf16
+    from fastattn.devices import cpu_features, native_bf16
 
     def fp32_ci(rec):  # float32's step over the default's, 95% interval
         row = next(x for x in dtype_table(rec) if (x["dtype"], x["variant"]) == ("float32", "upstream"))
         return row["95% low"], row["95% high"]
-    seen = [(native_bf16(r["dtypes"].get("flags") or {}), fp32_ci(r["dtypes"])) for _, r in _machines() if r["dtypes"]]
-    natives = sum(bool(n) for n, _ in seen)
+    seen = [(r["dtypes"].get("flags") or {}, fp32_ci(r["dtypes"])) for _, r in _machines() if r["dtypes"]]
+    natives = sum(bool(native_bf16(f)) for f, _ in seen)
     slower = sum(verdict(ci, lo=1.0) == YES for _, ci in seen)  # the one rule: the whole interval above 1x
     have = ("Both" if len(seen) == 2 else f"All {len(seen)}") if natives == len(seen) else \
         f"{natives} of the {len(seen)}"
     on = "each" if slower == len(seen) else f"{slower} of them"
-    return (f"{have} machines measured have native bf16; on {on} float32's step is slower than the default's (its "
-            "whole 95% interval above 1x)")
+    kinds = "; ".join(sorted({cpu_features(f) for f, _ in seen if native_bf16(f)}))
+    return (f"{have} machines measured have bf16 instructions ({kinds}); on {on} float32's step is slower than the "
+            "default's (its whole 95% interval above 1x)")
 
 
 def _slice_table() -> str:

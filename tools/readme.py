@@ -24,7 +24,7 @@ from fastattn.bench.metrics import (
 from fastattn.bench.records import find_row, load_run
 from fastattn.bench.targets import met_count
 from fastattn.claims import claims_ledger, math_fallback_reason
-from fastattn.devices import machine_label, native_bf16, runtime_dtype
+from fastattn.devices import cpu_features, machine_label, runtime_dtype
 from fastattn.ingest import bench_table
 from fastattn.paths import data_dir, repo_root
 
@@ -273,9 +273,9 @@ def forms_machines(results: Path, label=_folder_label, name=_code, noun: str = "
 
 
 def dtype_machines(results: Path, label=_folder_label) -> str:
-    """Per machine folder with a whole-decode dtype comparison: its CPU, native bf16, each dtype's median step
+    """Per machine folder with a whole-decode dtype comparison: its CPU, its bf16 features, each dtype's median step
     against voxcpm's default and the weights' memory. ``label(folder, env)`` names the machine."""
-    out = ["| machine | native bf16 | decode step, voxcpm's default | float32 / default (95% CI) | "
+    out = ["| machine | bf16 instructions | decode step, voxcpm's default | float32 / default (95% CI) | "
            "float32 + right-sized cache / default (95% CI) | weights GB |", "|---|---|---|---|---|---|"]
     for folder, rec in machines_with(results, "dtype_decode"):
         rows = {(x["dtype"], x["variant"]): x for x in dtype_table(rec)}
@@ -285,7 +285,7 @@ def dtype_machines(results: Path, label=_folder_label) -> str:
             f"{x[key]:.2f}x ({len(x['per decode'])} decodes: {', '.join(f'{r:.2f}x' for r in x['per decode'])}; "
             f"95% CI over their {x['n']} steps [{x['95% low']:.2f}, {x['95% high']:.2f}])")
         out.append(f"| {label(folder, rec['env'])} | "
-                   f"{ {True: 'yes', False: 'no', None: 'n/a'}[native_bf16(rec.get('flags') or {})]} | "
+                   f"{cpu_features(rec.get('flags') or {}, rec['env'].get('cpu_capability', 'n/a'))} | "
                    f"{base['dtype']} {base['step s']:.2f} s | {ci(rows[('float32', 'upstream')])} | "
                    f"{ci(rows[('float32', 'patched')])} | "
                    + ", ".join(f"{d} {x['weights GB']:.1f}" for (d, v), x in rows.items() if v == "upstream") + " |")
