@@ -16,6 +16,8 @@ import torch
 from .bench.metrics import kv_mb, patched_is_upstream, step_ratio, whole_ratio
 from .bench.records import find_row, load_run
 from .bench.stats import NO, YES, fmt_ci, quiet, ratio_ci, scaled_ci, verdict
+from .bench.stream import stream_trends
+from .bench.trend import describe
 from .devices import runtime_dtype
 from .paths import load_published
 
@@ -91,7 +93,7 @@ def _symptom(recs, finds):
     s = _first(recs, "stream_profile")
     if not s:
         return NOT_RUN, "01_root_cause measures it (bench.stream_profile)"
-    t, n = s.get("trend", {}).get("upstream"), s["params"]["chunks"]
+    t, n = stream_trends(s)["upstream"], s["params"]["chunks"]
     sp = s["params"]
     where = (f"upstream over {n} chunks ({sp.get('preset')} preset, {sp.get('dtype', 'bfloat16')}, "
              f"{sp.get('weights', 'random')} weights, {_device(s)})")
@@ -99,12 +101,10 @@ def _symptom(recs, finds):
         return NOT_SCALE, f"({n} of {SYMPTOM_CHUNKS}+ chunks) {where}: the claim is about chunk {SYMPTOM_CHUNKS} on"
     off = _off_scale(s, real_weights=True)
     if off:
-        return NOT_SCALE, f"{off}. What ran: {where}: {s['verdict']['upstream']}"
-    if t is None:  # a record from before the trend verdict: one run's sixths, which one burst decides
-        return NOT_RUN, f"{where}: this record has no trend verdict (one run's sixths cannot decide it); rerun 01"
+        return NOT_SCALE, f"{off}. What ran: {where}: {describe(t)}"
     if t["verdict"] == "inconclusive":
-        return NOT_HERE, f"{where}: {s['verdict']['upstream']}"
-    return (HOLDS if t["verdict"] == "grows" else FAILS), f"{where}: {s['verdict']['upstream']}"
+        return NOT_HERE, f"{where}: {describe(t)}"
+    return (HOLDS if t["verdict"] == "grows" else FAILS), f"{where}: {describe(t)}"
 
 
 def _mask_alloc(recs, finds):

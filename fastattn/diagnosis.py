@@ -7,6 +7,8 @@ from __future__ import annotations
 from typing import Optional
 
 from .bench.stats import fmt_ci
+from .bench.stream import stream_trends
+from .bench.trend import describe
 from .devices import machine_label
 
 __all__ = ["diagnosis", "reply_293", "measured_where", "RULES_OUT", "REPRODUCES", "NEEDS", "NOT_MEASURED", "ASK",
@@ -51,7 +53,7 @@ def diagnosis(stream: dict, consumers: Optional[dict] = None, device: str = "cpu
               prompts: Optional[dict] = None, contention: Optional[dict] = None,
               compiles: Optional[dict] = None) -> list:
     """Ranked rows ``{hypothesis, measured here, reading}``: what reproduces the shape first, what rules out last."""
-    up = stream.get("trend", {}).get("upstream", {})  # absent: the whole chunk was timed, not split or trended
+    up = stream_trends(stream)["upstream"]  # components only where the chunk was split
     comps = [c for c in ("base_lm", "residual_lm", "dit", "encoder", "vae", "other") if c in up]
     grows = [c for c in comps if up[c]["verdict"] == "grows"]
     unsure = [c for c in comps if up[c]["verdict"] == "inconclusive"]
@@ -110,9 +112,9 @@ def _attention_row(stream: dict, up: dict, comps: list) -> dict:
             f"{c}: {_trend_line(up[c])}" for c in ("base_lm", "residual_lm") if c in up),
             "brief": "the LM steps, where attention runs: " + _none_grew(up, [c for c in ("base_lm", "residual_lm")
                                                                               if c in up]), "reading": reading}
-    word = up.get("verdict") or stream["verdict"]["upstream"].split()[0]
+    word = up["verdict"]
     reading = RULES_OUT if word in ("flat", "shrinks") else (REPRODUCES if word == "grows" else NEEDS)
-    return {"hypothesis": hyp, "measured here": f"upstream's whole chunk: {stream['verdict']['upstream']}",
+    return {"hypothesis": hyp, "measured here": f"upstream's whole chunk: {describe(up)}",
             "reading": reading}
 
 
@@ -186,7 +188,7 @@ def measured_where(stream: dict, machine: Optional[str] = None) -> tuple:
     env, p = stream.get("env", {}), stream["params"]
     where = machine or (machine_label(env) if {"torch", "threads", "device_name"} <= set(env) else
                         f"{env.get('device', '?')} (torch {env.get('torch', '?')})")
-    split = bool(stream.get("trend", {}).get("upstream", {}).get("dit"))
+    split = bool(stream_trends(stream)["upstream"].get("dit"))
     six = stream.get("sixths", {}).get("upstream")
     en = (f"{p['chunks']} chunks of `generate_streaming`, the {p['preset']} VoxCPM2 architecture with "
           f"{p.get('weights', 'random')} weights, {p['dtype']}, inference_timesteps={p['inference_timesteps']}, "

@@ -357,7 +357,7 @@ def test_profiling_readings_are_arithmetic_on_the_records():
                     {"variant": "patched", "position": 256, "median_ms": 6.0}]}
     r = profiling.step_vs_call(dec, warm, cold, 256)
     assert r["decode step saving per layer ms"] == 3.5 and r["isolated call saving ms, K/V warm"] == 1.8
-    assert r["step saving / cold call saving"] == pytest.approx(1.0)
+    assert r["step saving / rotated call saving"] == pytest.approx(1.0)
     wc = {x["mode"]: x for x in profiling.warm_vs_cold(warm, cold)}
     assert wc["reference"]["cold / warm"] == 2.0 and "gemm_floor" not in wc  # no warm row to compare
     fl = profiling.floor_reading(cold, 4096)

@@ -77,7 +77,7 @@ def test_05s_readings_do_not_divide_by_a_saving_that_is_not_there(gpu):
     att = {"float32": recs["attention_float32"], "bfloat16": recs["attention_bfloat16"]}
     dec = {"bfloat16": recs["decode_step_bfloat16"], "float32": recs["decode_step_float32"]}
     r = profiling.step_vs_call(dec["float32"], att["float32"], recs["attention_float32_cold"], 256)
-    assert r["step saving / cold call saving"] is None and "upstream's own call" in r["note"]
+    assert r["step saving / rotated call saving"] is None and "upstream's own call" in r["note"]
     assert all(row["floor binds (K/V > LLC)"] is None for row in profiling.fast_table(att, [256, 4096]))
     assert profiling.patched_steps_identical(dec)
     assert "upstream's computation" in profiling.amdahl_line(recs["whole_decode_full"])

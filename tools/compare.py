@@ -9,6 +9,7 @@ from pathlib import Path
 
 from fastattn.bench.metrics import headlines, kv_mb
 from fastattn.bench.records import load_run
+from fastattn.bench.stream import stream_verdicts
 from fastattn.paths import atomic_write_text
 from fastattn.report import CSS
 from fastattn.tables import html_table, md_table
@@ -34,7 +35,7 @@ def _measures(run) -> dict:
     if kv:
         out["KV of a 300-token request, full model, bf16"] = "{:.3g} MB -> {:.3g} MB".format(*kv_mb(kv))
     for r in run.all("stream_profile"):
-        for v, text in r.get("verdict", {}).items():
+        for v, text in stream_verdicts(r).items():
             out[f"stream {r['params']['preset']} {r['params']['chunks']} chunks: {v}"] = text
     return out
 

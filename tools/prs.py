@@ -17,7 +17,8 @@ from typing import Optional
 
 from fastattn.bench.metrics import kv_mb, matrix_rows, newest, slice_backend, slice_evidence, whole_ratio
 from fastattn.bench.records import load_record
-from fastattn.bench.stats import YES, verdict
+from fastattn.bench.stats import YES, pct, verdict
+from fastattn.bench.stream import stream_trends
 from fastattn.ingest import bench_table
 from fastattn.paths import data_dir
 from fastattn.report import reply_for_293
@@ -249,11 +250,11 @@ def _stream_line() -> str:
             "holds": "#293's slowdown reproduced here, and this change does not remove it"}.get(
         verdict, f"It is not offered as a fix for #293's slowdown, which {device} with {p['weights']} weights cannot "
         "judge")
-    t = s["trend"]["upstream"]
+    t = stream_trends(s)["upstream"]
     return (f"{lead}: a {p['chunks']}-chunk stream on {machine_name(s['env'], ref)} takes "
             f"{six['upstream'][0] / 1e3:.2f} s per chunk upstream in its first sixth and "
-            f"{six['upstream'][-1] / 1e3:.2f} s in its last ({t['change']:+.0%} over the stream, 95% CI "
-            f"[{t['change_ci'][0]:+.0%}, {t['change_ci'][1]:+.0%}], {t['repeats']} repeats); patched, "
+            f"{six['upstream'][-1] / 1e3:.2f} s in its last ({pct(t['change'])} over the stream, 95% CI "
+            f"[{pct(t['change_ci'][0])}, {pct(t['change_ci'][1])}], {t['repeats']} repeats); patched, "
             f"{six['exact'][0] / 1e3:.2f} s and {six['exact'][-1] / 1e3:.2f} s")
 
 

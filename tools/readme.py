@@ -11,7 +11,7 @@ from typing import Optional
 
 from fastattn.bench.metrics import (
     HEADLINES,
-    amdahl_bound,
+    attention_free_ratio,
     attention_share,
     call_ratio,
     dtype_recommendation,
@@ -22,6 +22,7 @@ from fastattn.bench.metrics import (
     whole_ratio,
 )
 from fastattn.bench.records import find_row, load_run
+from fastattn.bench.stream import stream_verdicts
 from fastattn.bench.targets import met_count
 from fastattn.claims import claims_ledger, math_fallback_reason
 from fastattn.devices import cpu_features, machine_label, runtime_dtype
@@ -68,7 +69,7 @@ def _kernel(r: dict) -> tuple:
 def _symptom(r: dict) -> str:
     row = next(x for x in claims_ledger(r["run"].folder) if x["claim"].endswith("(#293)"))
     s = r["stream"]
-    return (f"{s['verdict']['upstream']} over {s['params']['chunks']} chunks ({s['params']['preset']} model, "
+    return (f"{stream_verdicts(s)['upstream']} over {s['params']['chunks']} chunks ({s['params']['preset']} model, "
             f"{s['params']['dtype']}): the claim "
             + ("was not measured at its scale" if row["verdict"] == "not measured at its scale" else row["verdict"])
             + f" here (its scale: {row['scale']})")
@@ -159,9 +160,10 @@ def _memory(r: dict) -> str:
 
 
 def _amdahl(r: dict) -> str:
-    share = time_shares(r["whole"])
+    share, free = time_shares(r["whole"]), attention_free_ratio(r["whole"])
     return (f"upstream's LM decode attention {share['lm_attention']:.0%} of its wall time, the local DiT "
-            f"{share['local_dit']:.0%}: removing all attention time would leave {amdahl_bound(r['whole']):.2f}")
+            f"{share['local_dit']:.0%}: were that attention free, the ratio would be about {free:.2f}, an estimate, "
+            f"not a bound (patched / upstream measured {whole_ratio(r['whole']).value:.3g})")
 
 
 def _compiled(r: dict) -> Optional[str]:

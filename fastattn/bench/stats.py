@@ -89,6 +89,11 @@ def judge_all(figures: list, bound: float) -> str:
     return NO if NO in verdicts else UNDECIDED if UNDECIDED in verdicts else YES
 
 
+def pct(x: float) -> str:
+    """A signed percentage, with a decimal below 1% so that a small nonzero change never reads ``+0%``."""
+    return f"{x:+.1%}" if 0 < abs(x) < 0.01 else f"{x:+.0%}"
+
+
 def fmt_ci(ci: Optional[tuple]) -> str:
     """``[low, high]`` at 3 significant digits, or ``n/a`` where there is no interval."""
     return "n/a" if not ci else f"[{ci[0]:.3g}, {ci[1]:.3g}]"

@@ -104,6 +104,40 @@ def variant_trend(rows: list, variant: str, component: str = "") -> dict:
                   for k in reps])
 
 
+_JUDGED: dict = {}  # a record's identity -> its trends: judged once per process
+
+
+def stream_trends(rec: dict) -> dict:
+    """``{variant: trend}`` of a ``stream_profile`` record, judged again from its rows by today's rule (a stored
+    ``verdict`` string is what the code of its day said; rows without ``disturbed`` count as quiet). A record that
+    carries its trends but no rows keeps them."""
+    if not rec.get("rows"):
+        return rec["trend"]
+    key = _identity(rec)
+    if key not in _JUDGED:
+        rows = [r if "disturbed" in r else {**r, "disturbed": False} for r in rec["rows"]]
+        _JUDGED[key] = _trends(rows, rec["params"]["modes"], rec["params"].get("components"))
+    return _JUDGED[key]
+
+
+def _identity(rec: dict) -> tuple:
+    """One record, however often it is read from disk."""
+    return (rec.get("env", {}).get("time_utc"), repr(sorted(rec["params"].items())), len(rec["rows"]),
+            sum(r["ms"] for r in rec["rows"]))
+
+
+def stream_verdicts(rec: dict) -> dict:
+    """``{variant: one line}``: :func:`stream_trends` in words."""
+    return {v: describe(t) for v, t in stream_trends(rec).items()}
+
+
+def _trends(rows: list, modes, components: bool) -> dict:
+    trends = {v: variant_trend(rows, v) for v in modes}
+    for v in modes if components else ():
+        trends[v].update(_component_trends(rows, v))
+    return trends
+
+
 def _component_trends(rows: list, variant: str) -> dict:
     keep = ("slope_ms_per_100", "ci", "verdict", "why", "change", "change_ci", "level_ms")
     return {c: {k: v for k, v in variant_trend(rows, variant, c).items() if k in keep} for c in COMPONENTS}
@@ -150,20 +184,19 @@ def stream_profile(preset: str, chunks: int, *, dtype="bfloat16", device="cpu",
                  for v, s in streams.items()}
     quiet = {v: [_chunk_median([x for x in rows if x["variant"] == v and x["chunk"] == i]) for i in range(chunks)]
              for v in modes}
-    trends = {v: variant_trend(rows, v) for v in modes}
-    if components:
-        for v in modes:
-            trends[v].update(_component_trends(rows, v))
+    trends = _trends(rows, modes, components)
     params = {"preset": preset, "chunks": chunks, "dtype": dtype, "modes": list(modes), "seed": seed,
               "components": components,
               "inference_timesteps": inference_timesteps, "repeats": repeats, "retries": retries,
               "repeats_run": dict(done), "text_chars": len(text),
               "weights": getattr(model, "fastattn_info", {}).get("weights", "random")}
-    return record("stream_profile", env=env_record(device, dtype), params=params, rows=rows, identical=identical,
-                  sixths={v: sixths(quiet[v]) for v in modes}, trend=trends,
-                  verdict={v: describe(t) for v, t in trends.items()},
-                  timer_overhead_us=timer_overhead_us() if components else None,
-                  disturbed={v: sum(x["disturbed"] for x in rows if x["variant"] == v) for v in modes})
+    rec = record("stream_profile", env=env_record(device, dtype), params=params, rows=rows, identical=identical,
+                 sixths={v: sixths(quiet[v]) for v in modes}, trend=trends,
+                 verdict={v: describe(t) for v, t in trends.items()},
+                 timer_overhead_us=timer_overhead_us() if components else None,
+                 disturbed={v: sum(x["disturbed"] for x in rows if x["variant"] == v) for v in modes})
+    _JUDGED[_identity(rec)] = trends  # judged just now, by today's rule
+    return rec
 
 
 def _chunk_median(samples: list) -> float:
@@ -175,10 +208,10 @@ def _chunk_median(samples: list) -> float:
 def stream_table(rec: dict) -> list:
     """One row per variant of a ``stream_profile`` record."""
     out = []
-    for v, t in rec["trend"].items():
+    for v, t in stream_trends(rec).items():
         six = rec["sixths"][v]
         out.append({"variant": v, "repeats": t["repeats"], "first sixth ms": six[0] if six else None,
-                    "last sixth ms": six[-1] if six else None, "trend": rec["verdict"][v],
+                    "last sixth ms": six[-1] if six else None, "trend": describe(t),
                     "disturbed chunks": ", ".join(f"{a}-{b}" for a, b in t["disturbed_chunks"]) or "none",
                     "stream equals upstream's": rec["identical"][v]})
     return out
@@ -187,7 +220,7 @@ def stream_table(rec: dict) -> list:
 def component_table(rec: dict) -> list:
     """One row per variant and component of a ``stream_profile(components=True)`` record."""
     out = []
-    for v, t in rec["trend"].items():
+    for v, t in stream_trends(rec).items():
         for c in COMPONENTS:
             ct = t.get(c)
             if ct:

@@ -6,6 +6,8 @@ import random
 import statistics
 from typing import Optional, Sequence
 
+from .stats import pct
+
 __all__ = ["resistant_slope", "trend", "stretches", "TOLERANCE"]
 
 #: relative change over the whole stream below which a stream is flat: a quiet 2-core box drifts by some 10% over
@@ -107,15 +109,15 @@ def _verdict(t: dict, n_repeats: int, tolerance: float, min_quiet: float) -> dic
         return {"verdict": "shrinks", "why": "the interval is below zero and every repeat shrinks"}
     if -tolerance <= lo and hi <= tolerance:
         return {"verdict": "flat", "why": f"the change over the stream lies within ±{tolerance:.0%}"}
-    return {"verdict": "inconclusive", "why": f"the interval of the change, [{lo:+.0%}, {hi:+.0%}], spans the "
+    return {"verdict": "inconclusive", "why": f"the interval of the change, [{pct(lo)}, {pct(hi)}], spans the "
                                               f"±{tolerance:.0%} tolerance"}
 
 
 def describe(t: dict) -> str:
     """A trend as one line: verdict, change over the stream with its interval, and the disturbed chunks."""
-    if t["change"] is None:
-        return f"{t['verdict']} ({t['why']})"
+    if t.get("change") is None:
+        return t["verdict"] + (f" ({t['why']})" if t.get("why") else "")
     lo, hi = t["change_ci"]
-    busy = f"; {t['disturbed']} disturbed chunks left out" if t["disturbed"] else ""
-    return (f"{t['verdict']} ({t['change']:+.0%} over the stream, 95% CI [{lo:+.0%}, {hi:+.0%}], "
-            f"{t['repeats']} repeats{busy}; {t['why']})")
+    busy = f"; {t['disturbed']} disturbed chunk{'s' if t['disturbed'] != 1 else ''} left out" if t["disturbed"] else ""
+    return (f"{t['verdict']} ({pct(t['change'])} over the stream, 95% CI [{pct(lo)}, {pct(hi)}], "
+            f"{t['repeats']} repeat{'s' if t['repeats'] != 1 else ''}{busy}; {t['why']})")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from ..bench.decode import whole_dtypes  # noqa: F401 (05 calls it through this module)
 from ..bench.metrics import (
-    amdahl_bound,
+    attention_free_ratio,
     call_ratio,
     dtype_recommendation,
     kv_mb,
@@ -54,9 +54,9 @@ def step_vs_call(dec: dict, warm: dict, cold: dict, position: int = 256) -> dict
             "K/V colder than an isolated call: the kernel's in-step saving is the one to compare")
     return {"position": position, "dtype": dec["params"]["dtype"],
             "decode step saving per layer ms": per_layer,
-            "isolated call saving ms, K/V warm": saved["warm"], "isolated call saving ms, K/V cold": saved["cold"],
+            "isolated call saving ms, K/V warm": saved["warm"], "isolated call saving ms, K/V rotated": saved["cold"],
             "attention kernel saving inside the step ms (profiled)": in_step,
-            "step saving / cold call saving": None if same_call else _ratio_or_none(per_layer, saved["cold"]),
+            "step saving / rotated call saving": None if same_call else _ratio_or_none(per_layer, saved["cold"]),
             "step saving / in-step kernel saving": None if same_call else _ratio_or_none(per_layer, in_step),
             "note": note}
 
@@ -142,13 +142,13 @@ def patched_steps_identical(dec: dict) -> bool:
 
 
 def amdahl_line(whole: dict) -> str:
-    """The whole decode in one sentence: ratio, identity, and Amdahl's bound from the LMs' attention share."""
-    share, bound, wall = time_shares(whole)["lm_attention"], amdahl_bound(whole), whole["median_wall_s"]
+    """The whole decode in one sentence: ratio, identity, and the attention-free estimate from the LMs' share."""
+    share, bound, wall = time_shares(whole)["lm_attention"], attention_free_ratio(whole), whole["median_wall_s"]
     ratio = whole_ratio(whole).value
     same = " (no exact window on this device: the patched decode is upstream's computation)" \
         if patched_is_upstream(whole) else ""
     return (f"patched / upstream wall: {ratio:.2f}, output bit-identical: {whole['identical']}{same}. "
-            f"Amdahl: upstream {wall['upstream']:.1f} s, of which LM decode attention {share:.0%}; if that "
+            f"Upstream {wall['upstream']:.1f} s, of which LM decode attention {share:.0%}; if that "
             f"attention cost nothing: {bound * wall['upstream']:.1f} s ({bound:.2f}x). Patched reaches "
             f"{wall['patched']:.1f} s ({ratio:.2f}x)" + (", below that estimate: the fix removed more than the timed "
                                                          "attention" if ratio < bound else "") + ".")
