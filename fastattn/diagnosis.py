@@ -11,8 +11,8 @@ from .bench.stream import stream_trends
 from .bench.trend import describe
 from .devices import machine_label
 
-__all__ = ["diagnosis", "reply_293", "measured_where", "RULES_OUT", "REPRODUCES", "NEEDS", "NOT_MEASURED", "ASK",
-           "SNIPPET"]
+__all__ = ["diagnosis", "diagnosis_findings", "reply_293", "measured_where", "RULES_OUT", "REPRODUCES", "NEEDS",
+           "NOT_MEASURED", "ASK", "SNIPPET"]
 
 RULES_OUT, REPRODUCES, NEEDS, NOT_MEASURED = ("rules out", "reproduces the shape", "needs the reporter's machine",
                                               "not measured in this run")
@@ -43,6 +43,13 @@ VRAM_LEAD = ("a fork measured a progressive 2.3x -> 3.3x slowdown on an 8 GB Win
              "cured by `torch.cuda.empty_cache()` between requests (#363/#366)")
 
 
+def diagnosis_findings(rows: list) -> dict:
+    """01's findings of #293 from :func:`diagnosis`'s rows: what reproduces its shape, what this run rules out."""
+    said = lambda reading, none: "; ".join(r["hypothesis"] for r in rows if r["reading"] == reading) or none  # noqa
+    return {"#293: what reproduces its shape here": said(REPRODUCES, "nothing on this device"),
+            "#293: ruled out here": said(RULES_OUT, "nothing")}
+
+
 def _trend_line(t: dict) -> str:
     ci = t.get("ci")
     return (f"{t['verdict']}, {t['slope_ms_per_100']:+.3g} ms per 100 chunks (95% CI [{ci[0]:+.3g}, {ci[1]:+.3g}]) "
@@ -53,7 +60,7 @@ def diagnosis(stream: dict, consumers: Optional[dict] = None, device: str = "cpu
               prompts: Optional[dict] = None, contention: Optional[dict] = None,
               compiles: Optional[dict] = None) -> list:
     """Ranked rows ``{hypothesis, measured here, reading}``: what reproduces the shape first, what rules out last."""
-    up = stream_trends(stream)["upstream"]  # components only where the chunk was split
+    up = stream_trends(stream).get("upstream", {})  # components only where the chunk was split
     comps = [c for c in ("base_lm", "residual_lm", "dit", "encoder", "vae", "other") if c in up]
     grows = [c for c in comps if up[c]["verdict"] == "grows"]
     unsure = [c for c in comps if up[c]["verdict"] == "inconclusive"]
@@ -112,9 +119,10 @@ def _attention_row(stream: dict, up: dict, comps: list) -> dict:
             f"{c}: {_trend_line(up[c])}" for c in ("base_lm", "residual_lm") if c in up),
             "brief": "the LM steps, where attention runs: " + _none_grew(up, [c for c in ("base_lm", "residual_lm")
                                                                               if c in up]), "reading": reading}
-    word = up["verdict"]
+    word = up.get("verdict") or stream["verdict"]["upstream"].split()[0]
     reading = RULES_OUT if word in ("flat", "shrinks") else (REPRODUCES if word == "grows" else NEEDS)
-    return {"hypothesis": hyp, "measured here": f"upstream's whole chunk: {describe(up)}",
+    return {"hypothesis": hyp, "measured here": "upstream's whole chunk: " + (describe(up) if up else
+                                                                             stream["verdict"]["upstream"]),
             "reading": reading}
 
 
@@ -188,7 +196,7 @@ def measured_where(stream: dict, machine: Optional[str] = None) -> tuple:
     env, p = stream.get("env", {}), stream["params"]
     where = machine or (machine_label(env) if {"torch", "threads", "device_name"} <= set(env) else
                         f"{env.get('device', '?')} (torch {env.get('torch', '?')})")
-    split = bool(stream_trends(stream)["upstream"].get("dit"))
+    split = bool(stream_trends(stream).get("upstream", {}).get("dit"))
     six = stream.get("sixths", {}).get("upstream")
     en = (f"{p['chunks']} chunks of `generate_streaming`, the {p['preset']} VoxCPM2 architecture with "
           f"{p.get('weights', 'random')} weights, {p['dtype']}, inference_timesteps={p['inference_timesteps']}, "

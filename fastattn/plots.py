@@ -256,7 +256,7 @@ def stream(rec: dict, *, ax=None, window: int = 25):
         color = COLORS.get(v, COLORS.get("patched") if v == "exact" else None)
         ax.plot(x, y, lw=0.5, alpha=0.35, color=color)
         roll = _rolling_median(y, window)
-        word = stream_trends(rec)[v]["verdict"]
+        word = stream_trends(rec).get(v, {}).get("verdict") or rec["verdict"][v].split(" (")[0]
         ax.plot(x, roll, lw=2, color=color, label=f"{v}: {word}")
         bad = [r for r in rec["rows"] if r["variant"] == v and r.get("disturbed") and r["chunk"] > 0]
         if bad:  # chunks another process disturbed: shown, left out of the verdict

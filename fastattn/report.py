@@ -12,9 +12,10 @@ from typing import Optional
 from .bench.metrics import slice_evidence
 from .bench.records import load_run
 from .bench.stats import fmt_ci
+from .bench.targets import TARGETS_MET, met_count, run_targets
 from .claims import claims_ledger
 from .devices import cpu_features
-from .diagnosis import diagnosis, reply_293
+from .diagnosis import diagnosis, diagnosis_findings, reply_293
 from .paths import atomic_write_text, data_dir
 from .tables import fmt, html_table, md_table, md_text, pairs_table, short
 
@@ -27,8 +28,20 @@ CSS = ("body{font-family:system-ui,sans-serif;max-width:1100px;margin:2em auto;p
 
 
 def _targets(run_dir: Path) -> list:
-    rec = load_run(run_dir).get("targets")
-    return rec["rows"] if rec else []
+    """The targets judged again from the run's records by this code; the stored record where none is left."""
+    run = load_run(run_dir)
+    rec = run.get("targets")
+    return run_targets(run) or (rec["rows"] if rec else [])
+
+
+def _fresh(run_dir: Path, targets: list) -> dict:
+    """``{notebook stem: {finding: value}}`` that this code derives again from the run's records, over what the
+    notebook printed when it ran: the targets met and #293's readings."""
+    out = {"05_profiling": {TARGETS_MET: met_count(targets)}} if targets else {}
+    rows = _diagnosis(run_dir)
+    if rows:
+        out["01_root_cause"] = diagnosis_findings(rows)
+    return out
 
 
 def _environment(summary: dict, run_dir: Path) -> dict:
@@ -55,9 +68,10 @@ def _verdict_rows(targets: list) -> list:
              "note": short(t.get("note", ""), 200)} for t in targets]
 
 
-def _split_findings(nb: dict) -> tuple:
-    """(key findings, the rest) of a notebook's entry, each as [(name, value)]."""
+def _split_findings(nb: dict, fresh: dict) -> tuple:
+    """(key findings, the rest) of a notebook's entry, each as [(name, value)]; ``fresh``: :func:`_fresh`."""
     items = nb.get("findings") or {}
+    items = {k: fresh.get(Path(nb["name"]).stem, {}).get(k, v) for k, v in items.items()}
     key = [k for k in nb.get("key_findings", list(items)[:4]) if k in items]
     return [(k, items[k]) for k in key], [(k, v) for k, v in items.items() if k not in key]
 
@@ -65,12 +79,13 @@ def _split_findings(nb: dict) -> tuple:
 def report_texts(run_dir, summary: dict) -> dict:
     """``{file name: text}`` of a run's ``claims_ledger.json``, ``index.html`` and ``summary.md``."""
     run_dir = Path(run_dir)
-    env, verdicts = _environment(summary, run_dir), _verdict_rows(_targets(run_dir))
+    targets = _targets(run_dir)
+    env, verdicts, fresh = _environment(summary, run_dir), _verdict_rows(targets), _fresh(run_dir, targets)
     full = claims_ledger(run_dir)
     ledger = [dict(r, evidence=short(r["evidence"], 220)) for r in full]
     return {"claims_ledger.json": json.dumps(full, indent=1),
-            "index.html": _index_html(run_dir, summary, env, verdicts, ledger),
-            "summary.md": _summary_md(run_dir, summary, env, verdicts, ledger)}
+            "index.html": _index_html(run_dir, summary, env, verdicts, ledger, fresh),
+            "summary.md": _summary_md(run_dir, summary, env, verdicts, ledger, fresh)}
 
 
 def write_report(run_dir, summary: dict) -> tuple:
@@ -89,7 +104,7 @@ def _params_line(summary: dict) -> str:
         or "defaults"
 
 
-def _index_html(run_dir: Path, summary: dict, env: dict, verdicts: list, ledger: list) -> str:
+def _index_html(run_dir: Path, summary: dict, env: dict, verdicts: list, ledger: list, fresh: dict) -> str:
     e = html.escape
     status = summary.get("status", "?")
     run = summary.get("run") or run_dir.name
@@ -115,7 +130,7 @@ def _index_html(run_dir: Path, summary: dict, env: dict, verdicts: list, ledger:
     if summary.get("plan"):
         out.append("<h2>What the time budget scaled</h2><ul>"
                    + "".join(f"<li>{e(line[2:])}</li>" for line in _plan_md(summary)) + "</ul>")
-    out.append("<h2>Notebooks</h2>")
+    out.append(f"<h2>Notebooks</h2><p>{e(_FINDINGS_NOTE)}</p>")
     for nb in summary.get("notebooks", []):
         link = nb.get("html") or nb.get("executed")
         cls = "ok" if nb.get("status") == "ok" else "bad"
@@ -123,7 +138,7 @@ def _index_html(run_dir: Path, summary: dict, env: dict, verdicts: list, ledger:
                    f"</span> ({fmt(nb.get('duration_s', float('nan')))} s)</h3>")
         if nb.get("error"):
             out.append(f"<p class='bad'>{e(short(nb['error'], 300))}</p>")
-        key, rest = _split_findings(nb)
+        key, rest = _split_findings(nb, fresh)
         if key:
             out.append(pairs_table(key, fmt))
         if rest:
@@ -135,7 +150,7 @@ def _index_html(run_dir: Path, summary: dict, env: dict, verdicts: list, ledger:
     return "\n".join(out)
 
 
-def _summary_md(run_dir: Path, summary: dict, env: dict, verdicts: list, ledger: list) -> str:
+def _summary_md(run_dir: Path, summary: dict, env: dict, verdicts: list, ledger: list, fresh: dict) -> str:
     lines = [f"## fastattn workbook: `{summary.get('run') or run_dir.name}` ({summary.get('status', '?')})", "",
              "Environment: " + ", ".join(f"{k} {fmt(v)}" for k, v in env.items()), ""]
     if verdicts:
@@ -152,13 +167,13 @@ def _summary_md(run_dir: Path, summary: dict, env: dict, verdicts: list, ledger:
         lines += ["### A reply for OpenBMB/VoxCPM #293 (from this run's 01)", "", reply, ""]
     if summary.get("plan"):
         lines += ["### What the time budget scaled", ""] + _plan_md(summary) + [""]
-    lines += ["### Notebooks", ""]
+    lines += ["### Notebooks", "", _FINDINGS_NOTE, ""]
     for nb in summary.get("notebooks", []):
         link = nb.get("html") or nb.get("executed")
         lines.append(f"* [{nb['name']}]({link}): {nb.get('status')} in {fmt(nb.get('duration_s', float('nan')))} s")
         if nb.get("error"):
             lines.append(f"  * error: {short(nb['error'], 300)}")
-        key, rest = _split_findings(nb)
+        key, rest = _split_findings(nb, fresh)
         lines += [f"  * {md_text(k)}: {fmt(v, k)}" for k, v in key]
         if rest:
             lines += ["", f"  <details><summary>{len(rest)} more findings</summary>", ""]
@@ -166,15 +181,26 @@ def _summary_md(run_dir: Path, summary: dict, env: dict, verdicts: list, ledger:
     return "\n".join(lines) + "\n"
 
 
-def reply_for_293(run_dir: Path) -> Optional[str]:
-    """The #293 reply from a run's 01 records and the committed torch matrix; None without a stream."""
+_FINDINGS_NOTE = ("Each notebook's findings are as it printed them when it ran, except the targets met and #293's "
+                  "readings, which this page derives again from the records, as it does the verdicts and the ledger.")
+
+
+def _diagnosis(run_dir: Path) -> Optional[list]:
+    """#293's diagnosis rows from a run's 01 records; None without a stream."""
     run = load_run(run_dir)
     kind = lambda k: run.get(k, notebook="01_root_cause")  # noqa: E731
     stream = kind("stream_profile")
-    if stream is None:
+    return None if stream is None else diagnosis(stream, kind("consumer_matrix"), stream.get("env", {}).get(
+        "device", "cpu"), kind("prompt_growth"), kind("consumer_contention"))
+
+
+def reply_for_293(run_dir: Path) -> Optional[str]:
+    """The #293 reply from a run's 01 records and the committed torch matrix; None without a stream."""
+    rows = _diagnosis(run_dir)
+    if rows is None:
         return None
-    rows = diagnosis(stream, kind("consumer_matrix"), stream.get("env", {}).get("device", "cpu"), kind("prompt_growth"),
-                     kind("consumer_contention"))
+    run = load_run(run_dir)
+    stream = run.get("stream_profile", notebook="01_root_cause")
     return reply_293(rows, stream, slice_evidence(data_dir() / "results" / "torch-matrix"),
                      machine=run.machine(stream.get("env")))
 

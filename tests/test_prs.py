@@ -107,3 +107,25 @@ def test_the_script_line_follows_its_records(monkeypatch):
            in line
     u["scripts"] = {}
     assert prs._script_line("cpu-dtype") == "Upstream's check scripts were not run here."
+
+
+def test_the_landing_page_derives_the_targets_met_and_293s_readings_again():
+    """What a notebook printed when it ran is shown as it printed it, except what this code derives again from the
+    records: a stale 'targets met' or #293 reading never sits beside verdicts judged anew."""
+    import json
+
+    from fastattn.bench.records import load_run
+    from fastattn.bench.targets import TARGETS_MET, met_count, run_targets
+    from fastattn.report import report_texts
+    ref = data_dir() / "results" / "cpu-xeon-amx-2threads-torch2.13.0"
+    summary = json.loads((ref / "summary.json").read_text())
+    for nb in summary["notebooks"]:
+        if nb["name"].startswith("05_"):
+            nb["findings"][TARGETS_MET] = "99/99"
+        if nb["name"].startswith("01_"):
+            nb["findings"]["#293: ruled out here"] = "a stale reading"
+    texts = report_texts(ref, summary)
+    for name in ("summary.md", "index.html"):
+        assert "99/99" not in texts[name] and "a stale reading" not in texts[name], name
+        assert met_count(run_targets(load_run(ref))) in texts[name]
+        assert "as it printed them when it ran" in texts[name]

@@ -110,9 +110,9 @@ _JUDGED: dict = {}  # a record's identity -> its trends: judged once per process
 def stream_trends(rec: dict) -> dict:
     """``{variant: trend}`` of a ``stream_profile`` record, judged again from its rows by today's rule (a stored
     ``verdict`` string is what the code of its day said; rows without ``disturbed`` count as quiet). A record that
-    carries its trends but no rows keeps them."""
+    carries its trends but no rows keeps them (none: ``{}``)."""
     if not rec.get("rows"):
-        return rec["trend"]
+        return rec.get("trend", {})
     key = _identity(rec)
     if key not in _JUDGED:
         rows = [r if "disturbed" in r else {**r, "disturbed": False} for r in rec["rows"]]

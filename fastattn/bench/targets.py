@@ -202,6 +202,10 @@ def _cache_targets(records, add, not_applicable):
         not_applicable("kv_bytes", GOALS["kv_bytes"][0], kv.get("note", "no exact window here"))
 
 
+#: the finding that counts :func:`met_count` (05 prints it; a report derives it again)
+TARGETS_MET = "targets met"
+
+
 def met_count(targets: list) -> str:
     """``"met/judged"`` over the targets that apply here, and how many are undecided."""
     v = [t.get("verdict", {True: "yes", False: "no"}.get(t["passed"])) for t in targets]

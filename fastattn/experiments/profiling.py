@@ -14,7 +14,7 @@ from ..bench.metrics import (
     whole_ratio,
 )
 from ..bench.records import find_row
-from ..bench.targets import met_count
+from ..bench.targets import TARGETS_MET, met_count
 
 __all__ = ["headline", "headline_key", "floor_reading", "warm_vs_cold", "step_vs_call", "dtype_reading", "fast_table",
            "fast_chose", "patched_steps_identical", "amdahl_line", "memory_summary", "growth_table", "whole_dtypes",
@@ -113,7 +113,7 @@ def headline(att: dict, dec: dict, whole: dict, targets: list, position: int = 2
         "whole decode output bit-identical": whole["identical"],
         "LM decode attention share of wall time (upstream, patched)":
             f"{share['upstream']:.2f}, {share['patched']:.2f}",
-        "targets met": met_count(targets),
+        TARGETS_MET: met_count(targets),
     }
 
 
