@@ -2,7 +2,15 @@
 
 from __future__ import annotations
 
-from .metrics import attention_free_ratio, call_ratio, floor_x, step_ratio, time_shares, whole_ratio
+from .metrics import (
+    attention_free_ratio,
+    attention_share_line,
+    call_ratio,
+    floor_x,
+    step_ratio,
+    time_shares,
+    whole_ratio,
+)
 from .records import find_row
 from .stats import judge, judge_all, quiet_pairs, quiet_ratio  # noqa: F401 (re-exported)
 
@@ -101,7 +109,7 @@ def check_targets(records: dict) -> list[dict]:
         rec = records.get(gid)
         if rec:
             add_ratio(gid, f"decode step p=256 ({rec['params']['dtype']}, hidden {rec['params']['hidden']}): "
-                      "patched / upstream", step_ratio(rec, 256))
+                      "patched / upstream", step_ratio(rec, 256), attention_share_line(rec, 256))
     _whole_targets(records.get("whole"), add)
     _dtype_target(records.get("dtypes"), add, not_applicable)
     return out
@@ -114,8 +122,10 @@ def _dtype_target(rec, add, not_applicable):
     from ..devices import native_bf16
     from .metrics import dtype_table
     target = GOALS["dtype_opt_in"][0]
-    if str(rec.get("env", {}).get("device", "cpu")) != "cpu" or native_bf16(rec.get("flags") or {}) is not False:
-        not_applicable("dtype_opt_in", target, "this CPU has native bf16 (or this is not a CPU run)")
+    device, native = str(rec.get("env", {}).get("device", "cpu")), native_bf16(rec.get("flags") or {})
+    if device != "cpu" or native is not False:
+        not_applicable("dtype_opt_in", target, f"a {device} run" if device != "cpu" else
+                       "this CPU has bf16 instructions" if native else "this CPU's features were not recorded")
         return
     row = next((r for r in dtype_table(rec) if r["dtype"] == "float32" and r["variant"] == "patched"), None)
     if row:
@@ -186,8 +196,9 @@ def _cache_targets(records, add, not_applicable):
         what = f"{gp['prefill']} + {gp['steps']}-step request, {gp['preset']} base LM, {gp['dtype']}"
         if gs.get("right_sized", True):
             add("growth_time", f"cache growth ({what}): total time in step(), s", gs["step_total_s"],
-                f"one pass, not repeated; upstream zero-fills {gp['max_length']} slots per request instead: "
-                f"{gs['upstream_fill_ms']:.1f} ms")
+                "one pass, not repeated" + (f"; its longest step {gs['max_step_ms']:.0f} ms" if gs.get("max_step_ms")
+                                            else "") + f"; upstream's zero-fill of "
+                f"{gp['max_length']} slots, once per request, took {gs['upstream_fill_ms']:.1f} ms in the same pass")
             add("growth_moves", f"cache growth ({what}): storage moves", gs["moves"])
             add("capacity_bound", MUST_HOLD["capacity_bound"], gs["bound_held_every_step"])
         else:
