@@ -283,8 +283,10 @@ def _default_exact(recs, finds):
     if sweep:
         rows = sweep[0]["rows"]
         dts = sorted({r["dtype"] for r in rows})
+        ps = sorted({r["position"] for r in rows})
         parts.append(f"exact == reference in {sum(r['exact_identical'] for r in rows)} of {len(rows)} calls "
-                     f"({len(rows) // max(len(dts), 1)} positions x {', '.join(dts)})")
+                     f"({len(ps)} positions {ps[0]}-{ps[-1]} x {', '.join(dts)}, capacity "
+                     f"{sweep[0]['params'].get('capacity', '?')})")
     if gen is not None:
         parts.append(f"whole generate() torch.equal to upstream: {gen}")
     ok = (not sweep or all(r["exact_identical"] for r in sweep[0]["rows"])) and gen is not False
@@ -300,8 +302,9 @@ def position_cost(att: dict, mode: str = "reference") -> dict:
     verdict = {HOLDS: "flat", FAILS: "grows", UNDECIDED: "undecided"}[within(ci, 0, 1.5)]
     word = {"flat": "stays flat", "grows": "grows with the position",
             "undecided": "neither stays within 1.5x nor clearly grows"}[verdict]
-    line = (f"{mode}'s call costs {first['median_ms']:.3g} ms at p={ps[0]} and {last['median_ms']:.3g} ms at "
-            f"p={ps[-1]} ({growth:.3g}x, 95% CI {fmt_ci(ci)}, capacity {att['params']['capacity']}): it {word}")
+    line = (f"{mode}'s {att['params'].get('dtype', '')} call costs {first['median_ms']:.3g} ms at p={ps[0]} and "
+            f"{last['median_ms']:.3g} ms at p={ps[-1]} ({growth:.3g}x, 95% CI {fmt_ci(ci)}, capacity "
+            f"{att['params']['capacity']}): it {word}")
     return {"first_ms": first["median_ms"], "last_ms": last["median_ms"], "growth": growth, "ci": ci,
             "verdict": verdict, "line": line}
 
@@ -408,7 +411,8 @@ CLAIMS = [
     ("seed 000", "MPS needs .contiguous() on sliced views", "an MPS device", _mps),
     ("seed 000", "torch.compile(fullgraph) inlines forward_step: a later monkeypatch is ignored", "optimize()",
      _compile_hides),
-    ("seed 002", "The default mode never changes results", "every position, whole decodes", _default_exact),
+    ("seed 002", "The default mode never changes results", "every position and whole decodes, on the device",
+     _default_exact),
     ("seed 002", "sdpa_kernel switches SDPA's kernel for all threads (process-wide)", "any torch",
      _sdpa_kernel_process_wide),
     ("seed 003", "Decode attention cost scales with max_length, not with the sequence", "positions up to 8192",
