@@ -286,7 +286,7 @@ def _default_exact(recs, finds):
         ps = sorted({r["position"] for r in rows})
         parts.append(f"exact == reference in {sum(r['exact_identical'] for r in rows)} of {len(rows)} calls "
                      f"({len(ps)} positions {ps[0]}-{ps[-1]} x {', '.join(dts)}, capacity "
-                     f"{sweep[0]['params'].get('capacity', '?')})")
+                     f"{sweep[0]['params']['capacity']})")
     if gen is not None:
         parts.append(f"whole generate() torch.equal to upstream: {gen}")
     ok = (not sweep or all(r["exact_identical"] for r in sweep[0]["rows"])) and gen is not False

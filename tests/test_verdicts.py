@@ -175,8 +175,9 @@ def test_the_exactness_row_counts_calls_as_positions_by_dtypes(flags, verdict, c
     from fastattn.claims import _default_exact
     rows = [{"dtype": dt, "position": p, "exact_identical": f}
             for (dt, p), f in zip([(dt, p) for dt in ("bfloat16", "float32") for p in (0, 256, 511)], flags)]
-    got, evidence = _default_exact({"exactness_sweep": [{"rows": rows}]}, {})
-    assert got == verdict and f"exact == reference in {count} calls (3 positions x bfloat16, float32)" in evidence
+    got, evidence = _default_exact({"exactness_sweep": [{"rows": rows, "params": {"capacity": 2048}}]}, {})
+    assert got == verdict and f"exact == reference in {count} calls (3 positions 0-511 x bfloat16, float32, " \
+        "capacity 2048)" in evidence
 
 
 @pytest.mark.parametrize("ci, want", [((1.1, 1.3), YES), ((1.6, 2.0), NO), ((0.2, 0.4), NO), ((1.4, 1.6), UNDECIDED),
