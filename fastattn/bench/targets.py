@@ -79,7 +79,8 @@ def check_targets(records: dict) -> list[dict]:
     verdict, passed, ci_low, ci_high, n, decided, note}``; ``verdict``: yes / no / undecided (:func:`.stats.judge`),
     None for a target that does not apply here (shown, never counted)."""
     out = []
-    add_goal = lambda gid: f"<= {GOALS[gid][1]:g}" if gid in GOALS else "True"  # noqa: E731
+    add_goal = lambda gid: (f"<= {GOALS[gid][1]:g}" + (f" ({HISTORY[gid].split(' from ')[0]})" if gid in HISTORY  # noqa
+                                                        else "")) if gid in GOALS else "True"
 
     def add(gid, target, measured, note="", ci=None, n=None, at=None, points=None):
         """One judged row: a MUST_HOLD bool, or :func:`.stats.judge` (over all ``points``: ``judge_all``)."""
@@ -87,7 +88,7 @@ def check_targets(records: dict) -> list[dict]:
         verdict = ("yes" if measured else "no") if bound is None else \
             judge_all(points, bound) if points else judge(measured, ci, bound, n)
         out.append({"id": gid if at is None else f"{gid}@{at}", "target": target, "measured": measured,
-                    "goal": f"<= {bound:g}" if bound is not None else "True", "verdict": verdict,
+                    "goal": add_goal(gid), "verdict": verdict,
                     "passed": {"yes": True, "no": False}.get(verdict), "ci_low": ci[0] if ci else None,
                     "ci_high": ci[1] if ci else None, "n": n, "decided": verdict != "undecided", "note": note})
 
