@@ -153,18 +153,21 @@ def memory(kv: dict, *, published: Optional[list] = None, ax=None):
 
 
 def published_vs_ours(published: Sequence[dict], ours: Optional[dict] = None, *, ax=None):
-    """Seed 000's per-position ms/step (GPU) beside our decode-step sweep (this device)."""
+    """Seed 000's per-position ms/step (GPU) beside our decode-step sweep (this device): its "slice fix" beside our
+    ``slice_fix`` (like for like), with our ``patched`` step dotted where the record has it."""
     fig, ax = (ax.figure, ax) if ax is not None else plt.subplots(figsize=(7, 4))
     for v, style in (("upstream", "-"), ("slice fix", "-")):
         rows = [r for r in published if r["variant"] == v]
         ax.plot([int(r["position"]) for r in rows], [float(r["ms_per_step"]) for r in rows], ls=style, marker="s",
-                color=COLORS["upstream" if v == "upstream" else "fast"], label=f"seed 000 ({rows[0]['platform']}): {v}")
+                color=COLORS["upstream" if v == "upstream" else "slice_fix"],
+                label=f"seed 000 ({rows[0]['platform']}): {v}")
     if ours is not None:
-        for v in ("upstream", "patched"):
+        for v, style in (("upstream", "--"), ("slice_fix", "--"), ("patched", ":")):
             rows = _rows(ours, variant=v)
-            ax.plot([r["position"] for r in rows], [r["median_ms"] for r in rows], ls=":", marker="o",
-                    color=COLORS[v], label=f"ours ({ours['env'].get('device_name', '')[:28]}, "
-                                           f"{ours['params']['layers']} layers): {v}")
+            if rows:
+                ax.plot([r["position"] for r in rows], [r["median_ms"] for r in rows], ls=style, marker="o",
+                        color=COLORS[v], label=f"ours ({ours['env'].get('device_name', '')[:28]}, "
+                                               f"{ours['params']['layers']} layers): {v}")
     ax.set_xlabel("position")
     ax.set_ylabel("ms per decode step")
     ax.set_yscale("log")
