@@ -1,4 +1,4 @@
-"""``python -m fastattn {doctor,bench,workbook,budget,diff,ingest,gpu-check} ...``"""
+"""``python -m fastattn {doctor,bench,workbook,budget,diff,gpu-check} ...``"""
 
 from __future__ import annotations
 
@@ -11,7 +11,6 @@ COMMANDS = {
     "workbook": ("workbook", "run the notebooks headless into a new reports/ folder"),
     "budget": ("budget", "probe this machine and print the workbook's plan"),
     "diff": ("upstream", "print (or --write) the upstream-ready diff against the installed voxcpm"),
-    "ingest": ("ingest", "read a scripts/voxcpm_decode_bench.py JSON back as a machine row (--dry-run: print it)"),
     "gpu-check": ("gpucheck", "validate the CUDA path in one command (--device cpu --quick tests the kit)"),
 }
 

@@ -1,4 +1,4 @@
-"""scripts/voxcpm_decode_bench.py, the bench a maintainer runs on their own machine, and ``fastattn ingest``, which
+"""scripts/voxcpm_decode_bench.py, the bench a maintainer runs on their own machine, and ``tools.ingest``, which
 reads its JSON back: the bench imports no fastattn, compares two voxcpm trees (installed 2.0.3 and the right-sized
 diff) side by side on random weights and on a saved checkpoint, and its CUDA branches are read from a GPU-shaped
 record."""
@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from fastattn import ingest as ing
 from fastattn.devices import cpu_features, cpu_flags
+from tools import ingest as ing
 
 pytestmark = pytest.mark.usefixtures("seeded_fast_choice")  # fast's probe, cheap (conftest)
 

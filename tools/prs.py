@@ -19,10 +19,10 @@ from fastattn.bench.metrics import kv_mb, matrix_rows, newest, slice_backend, sl
 from fastattn.bench.records import load_record
 from fastattn.bench.stats import YES, pct, verdict
 from fastattn.bench.stream import stream_trends
-from fastattn.ingest import bench_table
 from fastattn.paths import data_dir
 from fastattn.report import reply_for_293
 from fastattn.upstream import KITS
+from tools.ingest import bench_table
 from tools.readme import REFERENCE, machine_name, records
 
 __all__ = ["machine_rows", "matrix_rows", "upstream_check", "slice_evidence", "math_versions", "fields",

@@ -26,8 +26,8 @@ from fastattn.bench.stream import stream_verdicts
 from fastattn.bench.targets import met_count, run_targets
 from fastattn.claims import claims_ledger, math_fallback_reason
 from fastattn.devices import cpu_features, machine_label, runtime_dtype
-from fastattn.ingest import bench_table
 from fastattn.paths import data_dir, repo_root
+from tools.ingest import bench_table
 
 BEGIN, END = "<!-- findings:begin -->", "<!-- findings:end -->"
 DTYPE_BEGIN, DTYPE_END = "<!-- dtype:begin -->", "<!-- dtype:end -->"
@@ -218,7 +218,7 @@ def reference_findings(ref: Path, other: Optional[Path] = None) -> str:
                       f"data/results/{Path(other).name}`):", "", compare_markdown(compare([ref, other])).rstrip("\n")]
     lines += ["", "Why the bf16 step ratio differs between machines: the attention's share of upstream's step, from "
               "each machine's decode-step record.", "", attention_shares(ref.parent).rstrip("\n")]
-    lines += ["", "Runs of `scripts/voxcpm_decode_bench.py` on other machines (`python -m fastattn ingest FILE`):", "",
+    lines += ["", "Runs of `scripts/voxcpm_decode_bench.py` on other machines (`python -m tools.ingest FILE`):", "",
               bench_table()]
     return "\n".join(lines) + "\n"
 

@@ -1,7 +1,7 @@
 """A run of ``scripts/voxcpm_decode_bench.py`` on someone else's machine, read back as a machine row.
 
-``python -m fastattn ingest FILE`` checks it (a malformed file is refused), stores it under ``data/results/bench/``
-and prints its row of the ``docs/results.md`` and PR 1 table (:func:`bench_table`)."""
+``python -m tools.ingest FILE`` (in this repository) checks it (a malformed file is refused), stores it under
+``data/results/bench/`` and prints its row of the ``docs/results.md`` and PR 1 table (:func:`bench_table`)."""
 
 from __future__ import annotations
 
@@ -10,9 +10,9 @@ import json
 from pathlib import Path
 from typing import Optional
 
-from .bench.records import save_record
-from .devices import machine_label
-from .paths import data_dir
+from fastattn.bench.records import save_record
+from fastattn.devices import machine_label
+from fastattn.paths import data_dir
 
 __all__ = ["KIND", "check_bench", "bench_row", "bench_table", "ingest", "main"]
 
@@ -100,7 +100,7 @@ HEADER = ["| machine | weights, dtype | variant / baseline | decode step at each
 
 
 NONE = ("No run of `scripts/voxcpm_decode_bench.py` is recorded yet: its JSON becomes a row here through "
-        "`python -m fastattn ingest FILE`.")
+        "`python -m tools.ingest FILE`.")
 
 
 def bench_table(folder: Optional[Path] = None, *, none: str = NONE) -> str:
@@ -132,7 +132,7 @@ def ingest(path, *, dry_run: bool = False, into: Optional[Path] = None) -> tuple
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m fastattn ingest", description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(prog="python -m tools.ingest", description=__doc__.split("\n\n")[0])
     ap.add_argument("file", help="the JSON scripts/voxcpm_decode_bench.py --out wrote")
     ap.add_argument("--dry-run", action="store_true", help="print the row, write nothing")
     args = ap.parse_args(argv)
