@@ -1,4 +1,5 @@
-"""Sizing the default workbook to this machine: probe, plan, re-plan; ``-p`` parameters are never changed."""
+"""Sizing the default workbook to this machine: a probe, one plan, 05's own deadline; ``-p`` parameters are never
+changed."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ from .devices import cpu_flags, resolve_device
 from .models import build_voxcpm2, silence_progress
 from .paths import data_dir, notebooks_dir
 
-__all__ = ["BUDGET_S", "SCALABLE", "probe", "calibration", "plan", "replan", "profile_estimate", "notebook_budget",
+__all__ = ["BUDGET_S", "SCALABLE", "probe", "calibration", "plan", "profile_estimate", "notebook_budget",
            "plan_lines", "stream_seconds", "whole_seconds"]
 
 BUDGET_S = 600.0
@@ -123,12 +124,12 @@ def _estimates(probe_rec: dict, cal: dict) -> dict:
 
 
 def plan(probe_rec: dict, notebooks, *, given: Optional[dict] = None, budget_s: float = BUDGET_S,
-         cal: Optional[dict] = None, drift: float = 1.0, stream_preset: str = "small", whole_repeats: int = 2) -> dict:
-    """The parameters that fit ``budget_s`` for ``notebooks`` (stems); ``given`` ones are kept; ``drift`` scales.
+         cal: Optional[dict] = None, stream_preset: str = "small", whole_repeats: int = 2) -> dict:
+    """The parameters that fit ``budget_s`` for ``notebooks`` (stems); ``given`` ones are kept.
     Returns {budget_s, params, scaled: [{param, default, value, why}], estimate_s: {stem: s}, total_s, sizes, ...}."""
     given = dict(given or {})
     cal = cal or calibration(probe_rec.get("kernel_class"))
-    est = _scaled(_estimates(probe_rec, cal), drift)
+    est = _estimates(probe_rec, cal)
     if stream_preset == "full":  # 01 streams the full model: its chunk is a full decode step, not the probe's
         est["chunk_ms"] *= cal["full_over_small"]["bfloat16"]
     stems = [Path(n).stem for n in notebooks]
@@ -149,7 +150,7 @@ def plan(probe_rec: dict, notebooks, *, given: Optional[dict] = None, budget_s: 
         per_nb[SCALABLE[n][0]] += cost(n, v)
     return {"budget_s": budget_s, "params": {s["param"]: s["value"] for s in scaled}, "scaled": scaled,
             "estimate_s": per_nb, "total_s": sum(per_nb.values()), "speed": est["speed"], "sizes": sizes,
-            "whole_s": cost("steps", sizes["steps"]) if "steps" in sizes else 0.0, "drift": drift,
+            "whole_s": cost("steps", sizes["steps"]) if "steps" in sizes else 0.0,
             "calibration": est["calibration"], "for_class": est["for_class"],
             "at_minimum": bool(sizes) and all(sizes[n] == SCALABLE[n][2] for n in free) and bool(free)}
 
@@ -160,24 +161,6 @@ def profile_estimate(probe_rec: dict, notebooks, sizes: dict, cal: Optional[dict
     preset = sizes.get("01_root_cause", {}).get("preset", "small")
     return plan(probe_rec, notebooks, given=given, budget_s=1e9, cal=cal, stream_preset=preset,
                 whole_repeats=sizes.get("05_profiling", {}).get("whole_repeats", 2))["estimate_s"]
-
-
-def _scaled(est: dict, drift: float) -> dict:
-    """Every estimate of :func:`_estimates` times ``drift``."""
-    if drift == 1.0:
-        return est
-    times = lambda d: {k: v * drift for k, v in d.items()}  # noqa: E731
-    return dict(est, fixed_s=times(est["fixed_s"]), sweep_s=est["sweep_s"] * drift, chunk_ms=est["chunk_ms"] * drift,
-                full_step_s=times(est["full_step_s"]), full_build_s=est["full_build_s"] * drift)
-
-
-def replan(first: dict, done: dict, notebooks, *, given: Optional[dict] = None) -> dict:
-    """The plan for the notebooks left after ``done`` ({stem: s}): budget less time spent, scaled by drift (0.5-3)."""
-    planned = sum(first["estimate_s"].get(s, 0.0) for s in done)
-    drift = min(3.0, max(0.5, sum(done.values()) / planned)) if planned > 0 else 1.0
-    out = plan(first["probe"], notebooks, given=given, budget_s=first["budget_s"] - sum(done.values()),
-               drift=drift)
-    return dict(out, probe=first["probe"], budget_s=first["budget_s"], left_s=first["budget_s"] - sum(done.values()))
 
 
 def _fit(free: set, sizes: dict, cost, room: float) -> tuple:
@@ -240,7 +223,7 @@ def _source(p: dict) -> str:
     if cal == want or not want:
         return f"  estimates: the {cal} calibration (this machine's kernel class), scaled by this machine's probe"
     return (f"  estimates: no calibration for this machine's kernel class ({want}); the {cal} one scaled by this "
-            "machine's probe, so expect a wider error (each notebook is re-planned from the time left)")
+            "machine's probe, so expect a wider error (05 sizes its whole decodes to the time left)")
 
 
 def notebook_budget(p: dict, elapsed_s: float, stem: str = "05_profiling") -> float:

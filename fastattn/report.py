@@ -210,7 +210,7 @@ def _plan_md(summary: dict) -> list:
     plan = summary["plan"]
     out = [f"* {s['param']} {s['default']} -> {s['value']}: {s['why']}" for s in plan.get("scaled", [])] or \
         [f"* nothing: every measurement ran at its default within {fmt(plan['budget_s'])} s"]
-    for nb in summary.get("notebooks", []):  # the estimate at its start, after re-planning from the time left
+    for nb in summary.get("notebooks", []):
         est = nb.get("planned_s", plan.get("estimate_s", {}).get(Path(nb["name"]).stem))
         out.append(f"* {Path(nb['name']).stem}: planned about {fmt(est)} s, took {fmt(nb.get('duration_s'))} s")
     return out

@@ -16,7 +16,7 @@ from . import budget
 from . import models as _models
 from .bench import cli as bench_cli
 from .bench import save_record
-from .budget import BUDGET_S, SCALABLE, notebook_budget, replan, unplannable
+from .budget import BUDGET_S, SCALABLE, notebook_budget, unplannable
 from .devices import DTYPES
 from .devices import resolve_device as resolve
 from .doctor import doctor
@@ -358,21 +358,20 @@ def _run_all(nbs, per_nb: dict, run_dir: Path, device: str, kernel: str, keep_go
     params = next(iter(per_nb.values()), {})
     summary = {"run": run_dir.name, "parameters": params, "device": device, "started_utc":
                datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"), "notebooks": [], "plan": plan}
-    failed, elapsed, done = False, 0.0, {}
-    for i, nb in enumerate(nbs):
+    failed, elapsed = False, 0.0
+    for nb in nbs:
         declared, params = pm.inspect_notebook(str(nb)), per_nb[nb.stem]
         nb_params = {k: v for k, v in params.items() if k in declared}
-        now = replan(plan, done, [n.stem for n in nbs[i:]], given=params) if plan and done else plan
-        nb_params.update(_planned(now, params, declared, elapsed, nb.stem))
+        nb_params.update(_planned(plan, params, declared, elapsed, nb.stem))
         nb_out = run_dir / nb.stem
         nb_out.mkdir()
         if "out_dir" in declared:
             nb_params["out_dir"] = str(nb_out)
         executed = run_dir / nb.name
         entry = {"name": nb.name, "executed": executed.name, "html": None, "parameters": nb_params,
-                 "planned_s": now["estimate_s"].get(nb.stem) if now else None}
+                 "planned_s": plan["estimate_s"].get(nb.stem) if plan else None}
         left = f" (plan: about {entry['planned_s']:.0f} s; {plan['budget_s'] - elapsed:.0f} s of " \
-            f"the budget left)" if now else ""
+            f"the budget left)" if plan else ""
         log(f"[fastattn] running {nb.name}{left} ...")
         t0 = time.perf_counter()
         try:
@@ -390,7 +389,6 @@ def _run_all(nbs, per_nb: dict, run_dir: Path, device: str, kernel: str, keep_go
             failed = True
         entry["duration_s"] = time.perf_counter() - t0
         elapsed += entry["duration_s"]
-        done[nb.stem] = entry["duration_s"]
         if executed.exists():
             try:
                 _findings_up_front(executed, nb_out)
