@@ -3,11 +3,9 @@
 from __future__ import annotations
 
 import functools
-import gc
 import statistics
 import time
 from contextlib import contextmanager
-from pathlib import Path
 from typing import Callable, Optional
 
 import torch
@@ -19,6 +17,7 @@ from ..patch import cache_bytes, patch_voxcpm
 from .metrics import dtype_table, patched_is_upstream, quiet_steps, time_shares  # noqa: F401 (re-exported)
 from .noise import delta, disturbed, host_counters, others_busy
 from .records import env_record, record
+from .rss_probe import peak, reset_peak, trim
 from .timing import progress_bar, sync_device, time_interleaved
 
 
@@ -177,44 +176,6 @@ def whole_decode(preset: str = "tiny", *, steps: int = 12, dtype="bfloat16", dev
                   median_wall_s=med, ratio=med["patched"] / med["upstream"], patched_granularity=granularity)
 
 
-def _peak_reset(device) -> bool:
-    """Reset CUDA's allocator peak, or the process's peak RSS (Linux); False where the CPU peak cannot be reset."""
-    if torch.device(device).type == "cuda":
-        torch.cuda.reset_peak_memory_stats()
-        return True
-    try:
-        with open("/proc/self/clear_refs", "w") as f:
-            f.write("5")
-        return True
-    except OSError:
-        return False
-
-
-def _release_memory() -> None:
-    """Return a deleted model's memory, so the next dtype's peak does not start from this one's retention."""
-    gc.collect()
-    if torch.cuda.is_available():
-        torch.cuda.empty_cache()
-    try:
-        import ctypes
-        ctypes.CDLL("libc.so.6").malloc_trim(0)
-    except (OSError, AttributeError):
-        pass
-
-
-def _peak_read(device) -> Optional[int]:
-    """Bytes: CUDA's allocator peak, or the process's peak RSS (VmHWM) where Linux reports it."""
-    if torch.device(device).type == "cuda":
-        return int(torch.cuda.max_memory_allocated())
-    try:
-        for line in Path("/proc/self/status").read_text().splitlines():
-            if line.startswith("VmHWM:"):
-                return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return None
-
-
 def steps_for(step_s: float, budget_s: float, *, steps: int, minimum: int = 3, repeats: int = 2) -> int:
     """Decode steps per ``generate`` that fit ``budget_s`` (2 x ``repeats`` runs), in ``[minimum, steps]``."""
     fit = int(budget_s / (2 * repeats * step_s)) - 1
@@ -234,7 +195,7 @@ def dtype_decode(preset: str = "full", *, dtypes=("bfloat16", "float32"), steps:
         model = build_voxcpm2(preset, seed=seed, device=str(device), dtype=dtype)
         build_s = time.perf_counter() - t0
         silence_progress()
-        reset = _peak_reset(device)  # the run's peak, not the build's (voxcpm builds in fp32, then casts)
+        reset = reset_peak(device)  # the run's peak, not the build's (voxcpm builds in fp32, then casts)
         n = steps
         if budget_s is not None:
             t1 = time.perf_counter()  # one step and its prefill: an upper bound of a step
@@ -248,10 +209,12 @@ def dtype_decode(preset: str = "full", *, dtypes=("bfloat16", "float32"), steps:
         measured += sum(r["wall_s"] for r in rec["rows"])
         out[dtype] = {"build_s": build_s, "weights_bytes": sum(p.numel() * p.element_size() for p in
                                                                model.parameters()),
-                      "parameters": count_parameters(model), "peak_bytes": _peak_read(device),
+                      "parameters": count_parameters(model), "peak_bytes": peak(device),
                       "peak_since": "this dtype's decodes" if reset else "the process's start", "decode": rec}
         del model
-        _release_memory()
+        trim()  # hand the model's memory back: the next dtype's peak starts clean
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
         spent += time.perf_counter() - t0
     step_s = {d: statistics.median(quiet_steps(o["decode"], "upstream")[0]) for d, o in out.items()}
     params = {"preset": preset, "dtypes": list(dtypes), "steps": steps, "min_steps": min_steps,

@@ -1,6 +1,7 @@
-"""Peak RSS of one request above a built model's resting RSS (run in a fresh process by ``peak_rss``). Linux only.
-``python -m fastattn.bench.rss_probe PRESET DTYPE VARIANT STEPS`` prints ``built resting trimmed peak cache`` bytes:
-RSS after building, after patch and warm-up, after ``malloc_trim`` (retention gone), the request's VmHWM, KV bytes."""
+"""Peak memory, the one home: a process's RSS and high-water mark (Linux) or CUDA's allocator peak, and handing
+retained memory back. ``python -m fastattn.bench.rss_probe PRESET DTYPE VARIANT STEPS`` (a fresh process, run by
+``peak_rss``) prints ``built resting trimmed peak cache`` bytes: RSS after building, after patch and warm-up, after
+``malloc_trim`` (retention gone), the request's VmHWM, KV bytes."""
 
 import ctypes
 import gc
@@ -38,6 +39,29 @@ def trim() -> None:
         MALLOC_TRIM(0)
 
 
+def reset_peak(device="cpu") -> bool:
+    """Reset CUDA's allocator peak, or the process's VmHWM (Linux); False where the CPU peak cannot be reset."""
+    if torch.device(device).type == "cuda":
+        torch.cuda.reset_peak_memory_stats()
+        return True
+    try:
+        with open("/proc/self/clear_refs", "w") as f:  # the high-water mark (VmHWM) drops to the current RSS
+            f.write("5")
+        return True
+    except OSError:
+        return False
+
+
+def peak(device="cpu"):
+    """Bytes: CUDA's allocator peak, or the process's VmHWM where Linux reports it (else None)."""
+    if torch.device(device).type == "cuda":
+        return int(torch.cuda.max_memory_allocated())
+    try:
+        return status("VmHWM:")
+    except (OSError, KeyError):
+        return None
+
+
 def main(preset: str, dtype: str, variant: str, steps: int) -> None:
     m = build_voxcpm2(preset, dtype=dtype)
     silence_progress()
@@ -49,8 +73,7 @@ def main(preset: str, dtype: str, variant: str, steps: int) -> None:
     resting = status("VmRSS:")
     trim()
     trimmed = status("VmRSS:")
-    with open("/proc/self/clear_refs", "w") as f:  # reset the high-water mark (VmHWM) to the current RSS
-        f.write("5")
+    reset_peak()
     torch.manual_seed(0)
     m.generate("The quick brown fox jumps over the lazy dog.", min_len=steps, max_len=steps, inference_timesteps=2)
     print(built, resting, trimmed, status("VmHWM:"), cache_bytes(m)["total"])
