@@ -21,7 +21,7 @@ from ..static import (
     stack_data,
 )
 from .records import env_record, record
-from .stats import fmt_ci, quiet, quiet_ratio, ratio_ci
+from .stats import YES, fmt_ci, quiet, quiet_ratio, ratio_ci, verdict
 from .timing import progress_bar, stats_ms, time_interleaved
 
 __all__ = ["form_sweep", "stack_sweep", "form_verdict", "form_lines", "check_lines", "kit_lines", "choice_lines"]
@@ -134,7 +134,7 @@ def form_verdict(rec: dict) -> dict:
         r, ci, _, _ = quiet_ratio(_row(rec, runner, p, compiled), _row(rec, winner, p, compiled))  # paired rounds
         pp[p] = {"winner": min(ok, key=lambda f: medians[f][p]), "ratio": r, "ci": ci}
     margin = geomean(v["ratio"] for v in pp.values())
-    decided_at = [p for p, v in pp.items() if v["ci"] is not None and v["ci"][0] > 1 and v["winner"] == winner]
+    decided_at = [p for p, v in pp.items() if verdict(v["ci"], lo=1) == YES and v["winner"] == winner]
     others = {p: v["winner"] for p, v in pp.items() if v["winner"] != winner}
     decided = len(decided_at) == len(positions)
     line = (f"{winner} wins ({'compiled' if compiled else 'eager'}, {out['dtype']}): {runner} takes {margin:.2f}x its "

@@ -6,7 +6,7 @@ import random
 import statistics
 from typing import Optional, Sequence
 
-from .stats import pct
+from .stats import YES, pct, verdict
 
 __all__ = ["resistant_slope", "trend", "stretches", "TOLERANCE"]
 
@@ -107,7 +107,7 @@ def _verdict(t: dict, n_repeats: int, tolerance: float, min_quiet: float) -> dic
         return {"verdict": "grows", "why": "the interval is above zero and every repeat grows"}
     if hi < 0 and t["change"] < -tolerance and every and max(t["per_repeat_change"]) < -tolerance / 2:
         return {"verdict": "shrinks", "why": "the interval is below zero and every repeat shrinks"}
-    if -tolerance <= lo and hi <= tolerance:
+    if verdict((lo, hi), -tolerance, tolerance) == YES:  # the one interval rule (stats.verdict)
         return {"verdict": "flat", "why": f"the change over the stream lies within ±{tolerance:.0%}"}
     return {"verdict": "inconclusive", "why": f"the interval of the change, [{pct(lo)}, {pct(hi)}], spans the "
                                               f"±{tolerance:.0%} tolerance"}
