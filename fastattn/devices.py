@@ -137,7 +137,8 @@ def cpu_features(flags: Optional[dict] = None, capability: str = "?") -> str:
         return "AVX512-BF16, no AMX"
     if flags.get("bf16"):
         return "Arm BF16"
-    return ("AVX512" if flags.get("avx512f") else "AVX2" if flags.get("avx2") else capability) + ", no native bf16"
+    isa = "AVX512" if flags.get("avx512f") else "AVX2" if flags.get("avx2") else capability
+    return f"{isa}, no bf16 instructions"
 
 
 def machine_label(env: dict, flags: Optional[dict] = None) -> str:

@@ -9,9 +9,11 @@ import json
 from pathlib import Path
 from typing import Optional
 
+from . import profiling
 from .bench.metrics import slice_evidence
 from .bench.records import load_run
 from .bench.stats import fmt_ci
+from .bench.stream import stream_verdicts
 from .bench.targets import TARGETS_MET, met_count, run_targets
 from .claims import claims_ledger
 from .devices import cpu_features
@@ -35,12 +37,20 @@ def _targets(run_dir: Path) -> list:
 
 
 def _fresh(run_dir: Path, targets: list) -> dict:
-    """``{notebook stem: {finding: value}}`` that this code derives again from the run's records, over what the
-    notebook printed when it ran: the targets met and #293's readings."""
-    out = {"05_profiling": {TARGETS_MET: met_count(targets)}} if targets else {}
-    rows = _diagnosis(run_dir)
-    if rows:
-        out["01_root_cause"] = diagnosis_findings(rows)
+    """``{notebook stem: ({finding: value}, key or None)}`` that this code derives again from the run's records,
+    over what the notebook printed when it ran: 05's findings (else its targets met), 01's streams and #293."""
+    run, out = load_run(run_dir), {}
+    try:
+        found = profiling.findings(run)
+        out["05_profiling"] = (found, profiling.headline_key(found))
+    except (TypeError, KeyError, StopIteration):  # a run without 05's records (or of an older shape)
+        if targets:
+            out["05_profiling"] = ({TARGETS_MET: met_count(targets)}, None)
+    stream, rows = run.get("stream_profile", notebook="01_root_cause"), _diagnosis(run_dir)
+    if stream:  # 01's keys, as its findings cell names them
+        found = {f"stream, {v}: per-chunk cost along {stream['params']['chunks']} chunks": line
+                 for v, line in stream_verdicts(stream).items()}
+        out["01_root_cause"] = ({**found, **diagnosis_findings(rows)}, None)
     return out
 
 
@@ -65,14 +75,15 @@ def _verdict_rows(targets: list) -> list:
         return fmt(t["measured"]) + ci + (f" (n={t['n']})" if t.get("n") else "")
     return [{"claim": t["target"], "measured (95% CI)": measured(t), "goal": t["goal"],
              "met": t.get("verdict", {True: "yes", False: "no"}.get(t["passed"])),
-             "note": short(t.get("note", ""), 200)} for t in targets]
+             "note": short(t.get("note", ""), None)} for t in targets]
 
 
 def _split_findings(nb: dict, fresh: dict) -> tuple:
-    """(key findings, the rest) of a notebook's entry, each as [(name, value)]; ``fresh``: :func:`_fresh`."""
-    items = nb.get("findings") or {}
-    items = {k: fresh.get(Path(nb["name"]).stem, {}).get(k, v) for k, v in items.items()}
-    key = [k for k in nb.get("key_findings", list(items)[:4]) if k in items]
+    """(key findings, the rest) of a notebook's entry, each as [(name, value)]; ``fresh``: :func:`_fresh` (a whole
+    set with its key replaces what the notebook printed; a partial one overrides the findings it names)."""
+    found, key = fresh.get(Path(nb["name"]).stem, ({}, None))
+    items = found if key else {k: found.get(k, v) for k, v in (nb.get("findings") or {}).items()}
+    key = [k for k in key or nb.get("key_findings", list(items)[:4]) if k in items]
     return [(k, items[k]) for k in key], [(k, v) for k, v in items.items() if k not in key]
 
 
@@ -82,7 +93,7 @@ def report_texts(run_dir, summary: dict) -> dict:
     targets = _targets(run_dir)
     env, verdicts, fresh = _environment(summary, run_dir), _verdict_rows(targets), _fresh(run_dir, targets)
     full = claims_ledger(run_dir)
-    ledger = [dict(r, evidence=short(r["evidence"], 220)) for r in full]
+    ledger = [dict(r, evidence=short(r["evidence"], None)) for r in full]  # whole: an interval is never cut
     return {"claims_ledger.json": json.dumps(full, indent=1),
             "index.html": _index_html(run_dir, summary, env, verdicts, ledger, fresh),
             "summary.md": _summary_md(run_dir, summary, env, verdicts, ledger, fresh)}
@@ -181,8 +192,9 @@ def _summary_md(run_dir: Path, summary: dict, env: dict, verdicts: list, ledger:
     return "\n".join(lines) + "\n"
 
 
-_FINDINGS_NOTE = ("Each notebook's findings are as it printed them when it ran, except the targets met and #293's "
-                  "readings, which this page derives again from the records, as it does the verdicts and the ledger.")
+_FINDINGS_NOTE = ("05's findings, 01's streams and #293's readings are derived again from the records by this code, "
+                  "as the verdicts and the ledger are; the other findings are as each notebook printed them when it "
+                  "ran.")
 
 
 def _diagnosis(run_dir: Path) -> Optional[list]:

@@ -1,4 +1,4 @@
-"""Static-shape decode attention: the forms a compiled or CUDA-graph decode can use (docs/design.md).
+"""Decode attention forms a compiled or CUDA-graph decode can use (docs/design.md).
 
 A form is ``(q, k, v, pos) -> out``, ``pos`` the newest key's position as a one-element int device tensor (Lq = 1)."""
 
@@ -94,7 +94,8 @@ class Form(NamedTuple):
 
 FORMS = {f.name: f for f in (
     Form("slice_live", slice_live, "(a) SDPA over the exact slice (the public fix)", False, True,
-         "1 dynamo graph with capture_scalar_outputs (a host read per step: no CUDA graph)"),
+         "one dynamo graph only with capture_scalar_outputs, which upstream's optimize() does not set (fullgraph "
+         "refuses the host read without it); a host read per step, so no CUDA graph"),
     Form("bucketed_window", bucketed_window, "(b) bucketed window, mask kept", True, False,
          "at most 2 dynamo graphs; a CUDA graph per window (capacity / bucket at most)"),
     Form("flex_decode", flex_decode, "(c) FlexAttention, block mask from the position", False, False,
@@ -370,5 +371,5 @@ def choose_graph_form(device="cpu", dtype=torch.float32, *, hq: int, hkv: int, h
             "lq_class": "lq=1", "length_class": "graph", "capacity": capacity, "bucket": bucket,
             "probe_lengths": positions, "reference_max_err": max((r["reference_err"] or 0) for r in rows),
             "candidates": rows, "winner": form_winner(medians), "compile_mode": mode, "layers": layers,
-            "note": f"graph class: static-shape forms compiled with fullgraph=True ({backend}, {how}), timed as "
+            "note": f"graph class: decode forms compiled with fullgraph=True ({backend}, {how}), timed as "
                     f"stacks of {layers} layer(s); within twice upstream's error vs float64"}

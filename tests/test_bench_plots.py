@@ -347,7 +347,7 @@ def test_peak_rss_separates_the_caches_from_the_noise():
 
 
 def test_profiling_readings_are_arithmetic_on_the_records():
-    from fastattn.experiments import profiling
+    from fastattn import profiling
     row = lambda m, p, ms, **kw: {"mode": m, "position": p, "median_ms": ms, "n": 9, **kw}  # noqa: E731
     warm = {"rows": [row("reference", 256, 2.0), row("exact", 256, 0.2), row("fast", 4096, 0.5)]}
     cold = {"rows": [row("reference", 256, 4.0), row("exact", 256, 0.5), row("fast", 4096, 1.0, x_floor=4.0),
@@ -365,7 +365,7 @@ def test_profiling_readings_are_arithmetic_on_the_records():
 
 
 def test_dtype_reading_says_what_it_read():
-    from fastattn.experiments import profiling
+    from fastattn import profiling
     ops = ("masked SDPA over the capacity (upstream)", "SDPA over the slice", "bare GEMM q @ k^T")
     costs = {"params": {"length": 4096}, "ratios": dict(zip(ops, (3.0, 6.0, 2.0))), "flags": {"avx512_bf16": False},
              "rows": [{"op": "bf16 -> fp32 conversion of K", "dtype": "bfloat16", "median_ms": 0.1}]}

@@ -15,7 +15,7 @@ import pytest
 
 from fastattn import budget
 from fastattn.bench.decode import dtype_table, steps_for
-from fastattn.experiments.profiling import dtype_findings, dtype_recommendation, sizing_line, whole_dtypes
+from fastattn.profiling import dtype_findings, dtype_recommendation, sizing_line, whole_dtypes
 from fastattn.workbook import _planned, check_params, notebooks
 
 pytestmark = pytest.mark.usefixtures("seeded_fast_choice")  # fast's probe, cheap (conftest)
@@ -203,7 +203,7 @@ def test_cpu_without_native_bf16_is_told_to_opt_into_fp32_with_its_price():
     r = dtype_recommendation(rec, NO_BF16_FLAGS)
     assert r["decided"] and r["dtype"] == "float32" and r["patched"] and r["changes_results"]
     assert r["ratio"] < 0.4 and r["ci"][1] < 1 and r["native_bf16"] is False
-    assert "opt-in" in r["line"] and "VOXCPM_CPU_DTYPE=float32" in r["line"] and "no native bf16" in r["line"]
+    assert "opt-in" in r["line"] and "VOXCPM_CPU_DTYPE=float32" in r["line"] and "no bf16 instructions" in r["line"]
     assert "weights 4.9 -> 9.8 GB" in r["line"] and "peak 6.0 -> 11.0 GB" in r["line"]
     f = dtype_findings(r)
     assert f["fastest configuration here (opt-in where its dtype is not voxcpm's default)"] == "float32 + patch"

@@ -199,7 +199,7 @@ def test_a_cpu_is_named_by_the_features_that_pick_its_kernels():
     assert ing._machine({**env, "cpu_flags": amx}) == "2-core Intel(R) Xeon(R) Processor (AMX), torch 2.13.0"
     no_amx = {**amx, "amx_bf16": False}
     assert ing._machine({**env, "cpu_flags": no_amx}).endswith("(AVX512-BF16, no AMX), torch 2.13.0")
-    assert ing._machine({**env, "cpu_flags": {"avx2": True}}).endswith("(AVX2, no native bf16), torch 2.13.0")
+    assert ing._machine({**env, "cpu_flags": {"avx2": True}}).endswith("(AVX2, no bf16 instructions), torch 2.13.0")
     assert ing._machine(env).endswith("(ATen AVX512), torch 2.13.0"), "a JSON without flags: ATen's capability"
 
 

@@ -109,9 +109,10 @@ def test_the_script_line_follows_its_records(monkeypatch):
     assert prs._script_line("cpu-dtype") == "Upstream's check scripts were not run here."
 
 
-def test_the_landing_page_derives_the_targets_met_and_293s_readings_again():
+def test_the_landing_page_derives_05s_findings_and_01s_streams_and_293s_readings_again():
     """What a notebook printed when it ran is shown as it printed it, except what this code derives again from the
-    records: a stale 'targets met' or #293 reading never sits beside verdicts judged anew."""
+    records: 05's findings, 01's stream verdicts and #293's readings. A stale label (an old key, a stale value) never
+    sits beside verdicts judged anew."""
     import json
 
     from fastattn.bench.records import load_run
@@ -122,10 +123,16 @@ def test_the_landing_page_derives_the_targets_met_and_293s_readings_again():
     for nb in summary["notebooks"]:
         if nb["name"].startswith("05_"):
             nb["findings"][TARGETS_MET] = "99/99"
+            nb["findings"]["fast at p=4096, fp32, K/V stale label: x DRAM floor"] = 1.0
         if nb["name"].startswith("01_"):
             nb["findings"]["#293: ruled out here"] = "a stale reading"
+            key = next(k for k in nb["findings"] if k.startswith("stream, upstream: per-chunk cost"))
+            nb["findings"][key] = "a stale stream verdict"
+        if nb["name"].startswith("03_"):
+            nb["findings"]["a finding as 03 printed it"] = "kept as printed"
     texts = report_texts(ref, summary)
     for name in ("summary.md", "index.html"):
-        assert "99/99" not in texts[name] and "a stale reading" not in texts[name], name
-        assert met_count(run_targets(load_run(ref))) in texts[name]
-        assert "as it printed them when it ran" in texts[name]
+        for stale in ("99/99", "a stale reading", "K/V stale label", "a stale stream verdict"):
+            assert stale not in texts[name], (name, stale)
+        assert met_count(run_targets(load_run(ref))) in texts[name] and "kept as printed" in texts[name]
+        assert "as each notebook printed them when it ran" in texts[name]

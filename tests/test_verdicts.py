@@ -163,21 +163,24 @@ def _whole_decode(up_s, pa_s, attention_share=0.5):
 
 @pytest.mark.parametrize("patched_s, below", [(4.0, True), (6.0, False)])  # Amdahl's estimate: 5.0 s of 10 s
 def test_the_amdahl_line_says_below_its_estimate_only_when_patched_is(patched_s, below):
-    from fastattn.experiments.profiling import amdahl_line
+    from fastattn.profiling import amdahl_line
     line = amdahl_line(_whole_decode(10.0, patched_s))
     assert "if that attention cost nothing: 5.0 s (0.50x)" in line
     assert ("below that estimate" in line) is below
 
 
-@pytest.mark.parametrize("flags, verdict, count", [((True,) * 6, HOLDS, "6 of 6"), ((True,) * 5 + (False,), FAILS,
-                                                                                      "5 of 6")])
-def test_the_exactness_row_counts_calls_as_positions_by_dtypes(flags, verdict, count):
+@pytest.mark.parametrize("flags, capacity, verdict, count", [
+    ((True,) * 6, 8192, HOLDS, "6 of 6"), ((True,) * 6, 2048, PARTLY, "6 of 6"),
+    ((True,) * 5 + (False,), 2048, FAILS, "5 of 6")])
+def test_the_exactness_row_counts_calls_and_holds_only_at_the_claims_scale(flags, capacity, verdict, count):
+    """"Every position" is every one below voxcpm's 8192: a sweep of a smaller cache holds in part, and says so."""
     from fastattn.claims import _default_exact
     rows = [{"dtype": dt, "position": p, "exact_identical": f}
             for (dt, p), f in zip([(dt, p) for dt in ("bfloat16", "float32") for p in (0, 256, 511)], flags)]
-    got, evidence = _default_exact({"exactness_sweep": [{"rows": rows, "params": {"capacity": 2048}}]}, {})
+    got, evidence = _default_exact({"exactness_sweep": [{"rows": rows, "params": {"capacity": capacity}}]}, {})
     assert got == verdict and f"exact == reference in {count} calls (3 positions 0-511 x bfloat16, float32, " \
-        "capacity 2048)" in evidence
+        f"capacity {capacity})" in evidence
+    assert ("were not swept here" in evidence) is (verdict == PARTLY)
 
 
 @pytest.mark.parametrize("ci, want", [((1.1, 1.3), YES), ((1.6, 2.0), NO), ((0.2, 0.4), NO), ((1.4, 1.6), UNDECIDED),

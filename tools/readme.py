@@ -12,8 +12,10 @@ from typing import Optional
 from fastattn.bench.metrics import (
     HEADLINES,
     attention_free_ratio,
+    attention_record,
     attention_share,
     call_ratio,
+    dtype_ratio_text,
     dtype_recommendation,
     dtype_table,
     kv_mb,
@@ -27,6 +29,7 @@ from fastattn.bench.targets import met_count, run_targets
 from fastattn.claims import claims_ledger, math_fallback_reason
 from fastattn.devices import cpu_features, machine_label, runtime_dtype
 from fastattn.paths import data_dir, repo_root
+from fastattn.static import FORMS
 from tools.ingest import bench_table
 
 BEGIN, END = "<!-- findings:begin -->", "<!-- findings:end -->"
@@ -41,8 +44,7 @@ MATRIX_CASE = "upstream: bool mask over full cache + GQA"
 def records(ref: Path) -> dict:
     """The reference run's records by role (None where the run lacks one)."""
     run = load_run(ref)
-    att = lambda dt, cold: next((r for r in run.all("attention", dtype=dt) if "fast" in r["params"]["modes"]  # noqa: E731
-                                 and (r["params"].get("caches", 1) > 1) == cold), None)
+    att = lambda dt, cold: attention_record(run, dt, cold)  # noqa: E731
     growth = sorted(run.all("cache_growth"), key=lambda r: r["params"]["steps"])
     stored = run.get("targets")  # its env names the machine; its rows are judged again by this code
     return {"run": run, "targets": stored and {**stored, "rows": run_targets(run) or stored["rows"]},
@@ -254,8 +256,9 @@ def forms_answer(rec: dict, verdict: dict | None = None, name=_code) -> str:
     where = ("decided at every position" if v["decided"] else
              f"decided at {', '.join(map(str, v['decided_at'])) or 'no position'}"
              + "".join(f"; {name(f)} faster at {p}" for p, f in v["other_winners"].items()))
+    caveat = f"; {name(v['winner'])}: {FORMS[v['winner']].graphs}" if FORMS[v["winner"]].scalar_outputs else ""
     return (f"{name(v['winner'])}; {name(v['runner_up'])} takes {v['margin']:.2f}x its time (geometric mean; "
-            f"{lo:.2f}x-{hi:.2f}x over positions {ps[0]}-{ps[-1]}), {where}")
+            f"{lo:.2f}x-{hi:.2f}x over positions {ps[0]}-{ps[-1]}), {where}{caveat}")
 
 
 def machines_with(results: Path, kind: str, **params) -> list:
@@ -265,7 +268,8 @@ def machines_with(results: Path, kind: str, **params) -> list:
 
 
 def _folder_label(folder: Path, env: dict) -> str:
-    return f"`{folder.name}`: {env.get('device_name', '')}"
+    """A committed machine folder by its name and the machine its records name, CPU features included."""
+    return f"`{folder.name}`: {load_run(folder).machine(env)}"
 
 
 def forms_machines(results: Path, label=_folder_label, name=_code, noun: str = "form") -> str:
@@ -293,15 +297,11 @@ def dtype_machines(results: Path, label=_folder_label) -> str:
            "float32 + right-sized cache / default (95% CI) | weights GB |", "|---|---|---|---|---|---|"]
     for folder, rec in machines_with(results, "dtype_decode"):
         rows = {(x["dtype"], x["variant"]): x for x in dtype_table(rec)}
-        key = next(k for k in next(iter(rows.values())) if k.startswith("x "))
         base = rows[(rec["params"]["dtypes"][0], "upstream")]
-        ci = lambda x, key=key: (  # noqa: E731 - n counts decodes; the interval pools their steps
-            f"{x[key]:.2f}x ({len(x['per decode'])} decodes: {', '.join(f'{r:.2f}x' for r in x['per decode'])}; "
-            f"95% CI over their {x['n']} steps [{x['95% low']:.2f}, {x['95% high']:.2f}])")
         out.append(f"| {label(folder, rec['env'])} | "
                    f"{cpu_features(rec.get('flags') or {}, rec['env'].get('cpu_capability', 'n/a'))} | "
-                   f"{base['dtype']} {base['step s']:.2f} s | {ci(rows[('float32', 'upstream')])} | "
-                   f"{ci(rows[('float32', 'patched')])} | "
+                   f"{base['dtype']} {base['step s']:.2f} s | {dtype_ratio_text(rows[('float32', 'upstream')])} | "
+                   f"{dtype_ratio_text(rows[('float32', 'patched')])} | "
                    + ", ".join(f"{d} {x['weights GB']:.1f}" for (d, v), x in rows.items() if v == "upstream") + " |")
     return "\n".join(out) + "\n"
 

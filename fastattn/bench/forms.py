@@ -1,4 +1,4 @@
-"""The static-shape decode forms (:mod:`fastattn.static`) timed as a decode runs them, and the verdict on them."""
+"""The compiled decode forms (:mod:`fastattn.static`) timed as a decode runs them, and the verdict on them."""
 
 from __future__ import annotations
 

@@ -18,8 +18,10 @@ class Figure(NamedTuple):
     dropped: int = 0
 
     def text(self, unit: str = "x") -> str:
-        """``0.361x (95% CI [0.316, 0.373], n=15)``: 3 significant digits, the interval and n where there are."""
-        return f"{self.value:.3g}{unit}" + ("" if self.ci is None else f" (95% CI {fmt_ci(self.ci)}, n={self.n})")
+        """``0.361x (95% CI [0.316, 0.373], n=15)``: 3 significant digits, the interval, n and the disturbed rounds
+        left out where there are."""
+        left = f", {self.dropped} disturbed left out" if self.dropped else ""
+        return f"{self.value:.3g}{unit}" + ("" if self.ci is None else f" (95% CI {fmt_ci(self.ci)}, n={self.n}{left})")
 
 
 def ratio(num: dict, den: dict) -> Figure:
@@ -104,11 +106,16 @@ def patched_is_upstream(whole: dict) -> bool:
     return "patched_granularity" in whole and whole["patched_granularity"] is None
 
 
-def _att(run: Run, dtype: str, cold: bool = False) -> Optional[dict]:
-    """05's attention sweep (all modes; 01's sweep times the reference alone) at 8192 slots; ``cold``: the one
-    that rotates K/V over many caches."""
+def attention_record(run: Run, dtype: str, cold: bool = False, capacity: Optional[int] = None) -> Optional[dict]:
+    """The one selector of 05's attention sweep (all modes; 01's times the reference alone); ``cold``: the one that
+    rotates K/V over many caches; ``capacity``: only at that many slots."""
     return next((r for r in run.all("attention", dtype=dtype) if (r["params"].get("caches", 1) > 1) == cold
-                 and r["params"].get("capacity") == 8192 and "fast" in r["params"].get("modes", ("fast",))), None)
+                 and capacity in (None, r["params"].get("capacity")) and "fast" in r["params"].get("modes", ("fast",))),
+                None)
+
+
+def _att(run: Run, dtype: str, cold: bool = False) -> Optional[dict]:
+    return attention_record(run, dtype, cold, capacity=8192)  # the headlines compare 8192-slot sweeps only
 
 
 def _dec(run: Run, dtype: str) -> Optional[dict]:
@@ -176,7 +183,7 @@ def dtype_table(rec: dict) -> list:
 def dtype_recommendation(rec: dict, flags: Optional[dict] = None) -> dict:
     """Which dtype (and patch) to run, from a ``dtype_decode`` record: voxcpm's default (the first dtype) unless
     another's whole 95% interval is below 1. A dtype change alters the output, so ``line`` calls it an opt-in."""
-    from ..devices import native_bf16
+    from ..devices import cpu_features, native_bf16
     rows = dtype_table(rec)
     default = rows[0]
     best = min(rows, key=lambda r: r["step s"])
@@ -188,14 +195,18 @@ def dtype_recommendation(rec: dict, flags: Optional[dict] = None) -> dict:
     native = native_bf16(flags) if flags else None
     out = {"dtype": pick["dtype"], "patched": pick["variant"] == "patched", "ratio": pick[default_key(rows)],
            "ci": ci if decided else None, "decided": decided, "default": default["dtype"], "native_bf16": native,
+           "cpu_features": cpu_features(flags) if flags else None, "ratio_text": dtype_ratio_text(pick),
            "peak_gb": mem, "weights_gb": weights, "changes_results": pick["dtype"] != default["dtype"],
            "others": {x["dtype"]: x[default_key(rows)] for x in rows if x["variant"] == "upstream"}}
     out["line"] = _recommendation_line(out, best, rows)
     return out
 
 
-def _ci_text(row: dict) -> str:
-    return "n/a" if row["95% low"] is None else f"{row['95% low']:.2f}-{row['95% high']:.2f}"
+def dtype_ratio_text(row: dict) -> str:
+    """A :func:`dtype_table` row's ratio as every text prints it: n counts decodes, the interval pools their steps."""
+    ci = "n/a" if row["95% low"] is None else f"[{row['95% low']:.2f}, {row['95% high']:.2f}]"
+    return (f"{row[next(k for k in row if k.startswith('x '))]:.2f}x ({len(row['per decode'])} decodes: "
+            f"{', '.join(f'{r:.2f}x' for r in row['per decode'])}; 95% CI over their {row['n']} steps {ci})")
 
 
 def default_key(rows: list) -> str:
@@ -204,15 +215,15 @@ def default_key(rows: list) -> str:
 
 
 def _recommendation_line(r: dict, best: dict, rows: list) -> str:
-    why = {True: "this CPU has native bf16", False: "this CPU has no native bf16 (no avx512_bf16, amx_bf16 or "
-           "Arm bf16): torch's bf16 kernels convert to fp32 and back", None: ""}[r["native_bf16"]]
+    why = {True: f"this CPU's bf16 instructions: {r.get('cpu_features')}", None: "",
+           False: "this CPU has no bf16 instructions (no avx512_bf16, amx_bf16 or Arm bf16): torch's bf16 kernels "
+                  "convert to fp32 and back"}[r["native_bf16"]]
     why = f" ({why})" if why else ""
     cfg = f"{r['dtype']}{' with the patch' if r['patched'] else ''}"
     if not r["decided"]:
         alt = f"{best['dtype']}{' patched' if best['variant'] == 'patched' else ''}"
         return (f"Keep voxcpm's default ({r['default']}){why}: no other configuration's decode step is faster with its "
-                f"whole 95% interval below 1 (the fastest, {alt}, {best[default_key(rows)]:.2f}x, "
-                f"interval {_ci_text(best)}).")
+                f"whole 95% interval below 1 (the fastest, {alt}, {dtype_ratio_text(best)}).")
     price = ""
     if r["changes_results"]:
         price = (f" Price: weights {r['weights_gb'][r['default']]:.1f} -> {r['weights_gb'][r['dtype']]:.1f} GB"
@@ -221,8 +232,8 @@ def _recommendation_line(r: dict, best: dict, rows: list) -> str:
                  + f"; {r['dtype']} rounds differently from {r['default']}, so the audio changes: an opt-in "
                  f"(VOXCPM_CPU_DTYPE={r['dtype']} with the proposed upstream override), never a silent default.")
     others = ", ".join(f"{d} {x:.2f}x" for d, x in r["others"].items() if d != r["default"])
-    return (f"Run {cfg}{why}: its decode step takes {r['ratio']:.2f}x of voxcpm's default ({r['default']}, "
-            f"upstream), 95% interval {r['ci'][0]:.2f}-{r['ci'][1]:.2f} (upstream in {others}).{price}")
+    return (f"Run {cfg}{why}: its decode step takes {r['ratio_text']} of voxcpm's default ({r['default']}, "
+            f"upstream) (upstream in {others}).{price}")
 
 
 def _cpu(env: dict) -> str:

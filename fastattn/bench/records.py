@@ -81,11 +81,12 @@ def _read(path: Path) -> Optional[dict]:
 
 
 class Run:
-    """The records of a run folder (``<notebook>/records/*.json``) or a committed one, matched by kind and params."""
+    """The records of a run folder (``<notebook>/records/*.json``), a notebook's (``records/*.json``) or a committed
+    one (``*.json``), matched by kind and params."""
 
     def __init__(self, folder):
         self.folder = Path(folder)
-        paths = sorted(self.folder.glob("*.json")) + sorted(self.folder.glob("*/records/*.json"))
+        paths = [p for g in ("*.json", "records/*.json", "*/records/*.json") for p in sorted(self.folder.glob(g))]
         self.paths = {}
         for p in paths:
             rec = _read(p)

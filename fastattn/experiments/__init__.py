@@ -1,1 +1,1 @@
-"""What exactly one notebook (02 to 05) needs and no library user calls."""
+"""What exactly one notebook (02 to 04) needs and no library user calls."""

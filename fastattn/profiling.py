@@ -1,10 +1,12 @@
-"""Notebook 05's readings of its records (headline, warm vs cold, step vs call, bf16 vs fp32); they measure nothing."""
+"""Notebook 05's readings of its records (headline, warm vs cold, step vs call, bf16 vs fp32, its findings), which
+the run report reads too; they measure nothing."""
 
 from __future__ import annotations
 
-from ..bench.decode import whole_dtypes  # noqa: F401 (05 calls it through this module)
-from ..bench.metrics import (
+from .bench.decode import whole_dtypes  # noqa: F401 (05 calls it through this module)
+from .bench.metrics import (
     attention_free_ratio,
+    attention_record,
     call_ratio,
     dtype_recommendation,
     kv_mb,
@@ -13,12 +15,12 @@ from ..bench.metrics import (
     time_shares,
     whole_ratio,
 )
-from ..bench.records import find_row
-from ..bench.targets import TARGETS_MET, met_count
+from .bench.records import Run, find_row
+from .bench.targets import TARGETS_MET, met_count, run_targets
 
-__all__ = ["headline", "headline_key", "floor_reading", "warm_vs_cold", "step_vs_call", "dtype_reading", "fast_table",
-           "fast_chose", "patched_steps_identical", "amdahl_line", "memory_summary", "growth_table", "whole_dtypes",
-           "dtype_recommendation", "dtype_findings", "sizing_line"]
+__all__ = ["findings", "headline", "headline_key", "floor_reading", "warm_vs_cold", "step_vs_call", "dtype_reading",
+           "fast_table", "fast_chose", "patched_steps_identical", "amdahl_line", "memory_summary", "growth_table",
+           "whole_dtypes", "dtype_recommendation", "dtype_findings", "sizing_line"]
 
 
 def warm_vs_cold(warm: dict, cold: dict) -> list[dict]:
@@ -90,6 +92,28 @@ def floor_reading(cold: dict, position: int = 4096) -> dict:
     return {"position": position, "x_dram_floor": fa["x_floor"],
             "x_gemm_floor": x_gemm.value if x_gemm else float("nan"),
             "gemm_x_dram_floor": gm["x_floor"] if gm else float("nan")}
+
+
+def findings(run: Run) -> dict:
+    """05's findings, each from its records (a run folder or a notebook's own): what 05 prints and what a report
+    derives again from a committed run, by this code."""
+    att = {dt: attention_record(run, dt) for dt in ("float32", "bfloat16")}
+    cold = attention_record(run, "float32", cold=True)
+    dec = {dt: run.get("decode_step", dtype=dt) for dt in ("bfloat16", "float32")}
+    whole, costs, rss = run.get("whole_decode"), run.get("dtype_costs"), run.get("peak_rss")
+    dd = run.get("dtype_decode")
+    cold_ps = cold["params"]["positions"]
+    p0 = 256 if 256 in cold_ps else cold_ps[0]
+    h = headline(att, dec, whole, run_targets(run), position=p0)
+    fl = floor_reading(cold, 4096 if 4096 in cold_ps else cold_ps[-1])
+    h[f"fast at p={fl['position']}, fp32, K/V rotated over caches: x DRAM floor"] = fl["x_dram_floor"]
+    h[f"fast at p={fl['position']}, fp32, K/V rotated over caches: x the bare GEMMs' time"] = fl["x_gemm_floor"]
+    h["decode step fp32 saving per layer / rotated call saving"] = step_vs_call(
+        dec["float32"], att["float32"], cold, p0)["step saving / rotated call saving"]
+    h["peak RSS patched - upstream (MB)"] = rss["summary"]["peak_difference_bytes"] / 1e6
+    h["bf16 / fp32 cost of SDPA over the slice"] = costs["ratios"]["SDPA over the slice"]
+    h.update(dtype_findings(dtype_recommendation(dd, dd.get("flags"))))
+    return h
 
 
 def headline_key(items: dict) -> list[str]:
@@ -182,13 +206,12 @@ def growth_table(growth: dict) -> list[dict]:
 def dtype_findings(r: dict) -> dict:
     """05's findings from :func:`dtype_recommendation`: the dtype to run, its ratio and interval, its memory."""
     cfg = r["dtype"] + (" + patch" if r["patched"] else "")
-    ci = f" [{r['ci'][0]:.2f}, {r['ci'][1]:.2f}]" if r["ci"] else ""
     gb = lambda d: ", ".join(f"{k} {v:.1f}" for k, v in d.items() if v)  # noqa: E731
     return {"fastest configuration here (opt-in where its dtype is not voxcpm's default)": cfg,
-            f"its decode step / voxcpm's default ({r['default']}, upstream), 95% interval": f"{r['ratio']:.2f}{ci}",
+            f"its decode step / voxcpm's default ({r['default']}, upstream), 95% interval": r["ratio_text"],
             "upstream decode step per dtype / default": ", ".join(f"{k} {v:.2f}x" for k, v in r["others"].items()),
             "weights GB per dtype": gb(r["weights_gb"]), "peak GB per dtype, decoding": gb(r["peak_gb"]) or "n/a",
-            "native bf16 on this CPU": r["native_bf16"]}
+            "bf16 instructions on this CPU": r.get("cpu_features") or "not recorded"}
 
 
 def sizing_line(rec: dict) -> str:
