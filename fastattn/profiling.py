@@ -211,7 +211,7 @@ def dtype_findings(r: dict) -> dict:
             f"its decode step / voxcpm's default ({r['default']}, upstream), 95% interval": r["ratio_text"],
             "upstream decode step per dtype / default": ", ".join(f"{k} {v:.2f}x" for k, v in r["others"].items()),
             "weights GB per dtype": gb(r["weights_gb"]), "peak GB per dtype, decoding": gb(r["peak_gb"]) or "n/a",
-            "bf16 instructions on this CPU": r.get("cpu_features") or "not recorded"}
+            "bf16 instructions on this CPU": r.get("cpu_features") or "n/a: no CPU flags in the record"}
 
 
 def sizing_line(rec: dict) -> str:

@@ -8,11 +8,12 @@ Nothing may crash, and every verdict must be the right one for that GPU: kernel 
 
 import pytest
 
+from fastattn import profiling
 from fastattn.backends import SDPAReport
 from fastattn.bench.records import find_row
 from fastattn.bench.targets import met_count
 from fastattn.claims import FAILS, HOLDS, NOT_HERE, NOT_RUN, claims_ledger
-from fastattn.experiments import backend_selection, profiling
+from fastattn.experiments import backend_selection
 
 from .gpu_shapes import PROFILES, REF, gpu_records, write_reference_folder, write_run_folder
 
@@ -73,7 +74,8 @@ def test_02s_findings_agree_with_the_ledger(gpu):
 
 
 def test_05s_readings_do_not_divide_by_a_saving_that_is_not_there(gpu):
-    _, recs, _, _ = gpu
+    from fastattn.bench.records import load_run
+    _, recs, _, run = gpu
     att = {"float32": recs["attention_float32"], "bfloat16": recs["attention_bfloat16"]}
     dec = {"bfloat16": recs["decode_step_bfloat16"], "float32": recs["decode_step_float32"]}
     r = profiling.step_vs_call(dec["float32"], att["float32"], recs["attention_float32_cold"], 256)
@@ -87,6 +89,9 @@ def test_05s_readings_do_not_divide_by_a_saving_that_is_not_there(gpu):
     assert mem["patched KV right-sized on this device"] is False
     h = profiling.headline(att, dec, recs["whole_decode_full"], recs["targets"]["rows"], position=256)
     assert h["targets met"] == met_count(recs["targets"]["rows"])
+    found = profiling.findings(load_run(run))  # what 05 prints and the report derives again, from the records
+    assert found["decode step fp32 saving per layer / rotated call saving"] is None
+    assert found["bf16 instructions on this CPU"].startswith("n/a") and set(profiling.headline_key(found)) <= set(found)
 
 
 def test_index_summary_compare_and_readme_findings(gpu):
