@@ -9,7 +9,7 @@ from typing import Callable, Optional
 
 import torch
 
-__all__ = ["interleaved", "medians", "sync", "stamp", "elapsed_s"]
+__all__ = ["interleaved", "rotated", "medians", "sync", "stamp", "elapsed_s"]
 
 
 def sync(device) -> None:
@@ -68,6 +68,13 @@ def interleaved(fns: dict, *, repeats: int = 7, warmup: int = 2, device="cpu", s
         if end_round:
             end_round()
     return out
+
+
+def rotated(names, r: int) -> list:
+    """Round ``r``'s order for runs too long to shuffle call by call (whole decodes, streams): rotated by one each
+    round, so each variant leads in turn (A B, B A for two)."""
+    names = list(names)
+    return names[r % len(names):] + names[:r % len(names)]
 
 
 def medians(fns: dict, **kw) -> dict:

@@ -321,35 +321,6 @@ def test_no_time_plan_on_a_gpu_from_cpu_calibrations():
     assert why.startswith("no time plan on cuda:0") and "GPU compile time" in why
 
 
-def test_the_timing_loop_on_cuda_reads_one_reused_event_pair(monkeypatch):
-    """clock.interleaved's CUDA branch, fed fake events on CPU: each sample is the time between its pair's
-    records, and one pair serves every sample (no event made inside a timed call)."""
-    from fastattn import clock
-    made = []
-
-    class Event:
-        now = [0.0]
-
-        def __init__(self, enable_timing=True):
-            made.append(self)
-
-        def record(self):
-            Event.now[0] += 2.0
-            self.t = Event.now[0]
-
-        def synchronize(self):
-            pass
-
-        def elapsed_time(self, other):
-            return other.t - self.t
-
-    monkeypatch.setattr(clock.torch.cuda, "Event", Event)
-    monkeypatch.setattr(clock.torch.cuda, "synchronize", lambda *device: None)
-    out = clock.interleaved({"a": lambda: None, "b": lambda: None}, repeats=3, warmup=1, device="cuda")
-    assert out == {"a": [0.002] * 3, "b": [0.002] * 3} and len(made) == 2
-    assert clock.elapsed_s(clock.stamp(False), clock.stamp(False)) >= 0
-
-
 def test_calibration_script_writes_a_calibration_the_planner_reads(tmp_path):
     """scripts/calibrate_budget.py on the committed reference run (01-05): the fixed seconds per notebook, the sweeps'
     seconds and the full model's cost over the probe's, in the form ``budget.calibration`` reads."""

@@ -11,6 +11,7 @@ from typing import Optional, Sequence
 
 import numpy as np
 
+from ..clock import rotated
 from ..models import build_voxcpm2, silence_progress
 from .records import env_record, record
 from .stats import ratio_ci
@@ -174,7 +175,7 @@ def consumer_contention(preset: str = "small", chunks: int = 60, *, pattern: str
         pass  # untimed: the first stream after a build pays one-off costs that would bias "alone"
     rows, consumer_ms = [], []
     for r in range(repeats):
-        for beside in ((False, True) if r % 2 == 0 else (True, False)):
+        for beside in rotated((False, True), r):
             torch.manual_seed(seed)
             gen = model.generate_streaming(text_for(chunks), min_len=chunks, max_len=chunks, inference_timesteps=2)
             rows += [{"repeat": r, "beside": beside, "chunk": i, "ms": ms} for i, ms in

@@ -10,7 +10,7 @@ from typing import Callable, Optional
 
 import torch
 
-from ..clock import elapsed_s, stamp
+from ..clock import elapsed_s, rotated, stamp
 from ..devices import cpu_flags, resolve_device, runtime_dtype
 from ..models import build_voxcpm2, count_parameters, silence_progress
 from ..patch import cache_bytes, patch_voxcpm
@@ -140,7 +140,7 @@ def whole_decode(preset: str = "tiny", *, steps: int = 12, dtype="bfloat16", dev
     runs, wav, granularity = [], {}, None
     order = ["upstream", "patched"]
     for r in progress_bar(range(repeats), progress, "whole decode"):
-        for variant in (order if r % 2 == 0 else order[::-1]):
+        for variant in rotated(order, r):
             timers = Timers(device)
             handle = patch_voxcpm(model, mode=mode) if variant == "patched" else None
             try:

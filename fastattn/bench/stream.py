@@ -9,6 +9,7 @@ from typing import Sequence
 
 import torch
 
+from ..clock import rotated
 from ..devices import resolve_device
 from .decode import Timers, instrumented, timer_overhead_us
 from .noise import delta, disturbed, host_counters, others_busy
@@ -171,9 +172,8 @@ def stream_profile(preset: str, chunks: int, *, dtype="bfloat16", device="cpu",
         rows.extend({"variant": variant, "repeat": done[variant], "chunk": i, **r} for i, r in enumerate(chunk_rows))
         done[variant] += 1
 
-    order = list(modes)
     for r in progress_bar(range(repeats), progress, "stream profile"):
-        for variant in order[r % len(order):] + order[:r % len(order)]:
+        for variant in rotated(modes, r):
             run(variant)
     for _ in range(retries):  # a busy stretch: measure again rather than judge the noise
         busy = [v for v in modes if variant_trend(rows, v)["why"].startswith("the machine was busy")]
