@@ -141,7 +141,7 @@ def _index_html(run_dir: Path, summary: dict, env: dict, verdicts: list, ledger:
     if summary.get("plan"):
         out.append("<h2>What the time budget scaled</h2><ul>"
                    + "".join(f"<li>{e(line[2:])}</li>" for line in _plan_md(summary)) + "</ul>")
-    out.append(f"<h2>Notebooks</h2><p>{e(_FINDINGS_NOTE)}</p>")
+    out.append(f"<h2>Notebooks</h2><p>{e(_findings_note(summary))}</p>")
     for nb in summary.get("notebooks", []):
         link = nb.get("html") or nb.get("executed")
         cls = "ok" if nb.get("status") == "ok" else "bad"
@@ -178,7 +178,7 @@ def _summary_md(run_dir: Path, summary: dict, env: dict, verdicts: list, ledger:
         lines += ["### A reply for OpenBMB/VoxCPM #293 (from this run's 01)", "", reply, ""]
     if summary.get("plan"):
         lines += ["### What the time budget scaled", ""] + _plan_md(summary) + [""]
-    lines += ["### Notebooks", "", _FINDINGS_NOTE, ""]
+    lines += ["### Notebooks", "", _findings_note(summary), ""]
     for nb in summary.get("notebooks", []):
         link = nb.get("html") or nb.get("executed")
         lines.append(f"* [{nb['name']}]({link}): {nb.get('status')} in {fmt(nb.get('duration_s', float('nan')))} s")
@@ -192,9 +192,13 @@ def _summary_md(run_dir: Path, summary: dict, env: dict, verdicts: list, ledger:
     return "\n".join(lines) + "\n"
 
 
-_FINDINGS_NOTE = ("05's findings, 01's streams and #293's readings are derived again from the records by this code, "
-                  "as the verdicts and the ledger are; the other findings are as each notebook printed them when it "
-                  "ran.")
+def _findings_note(summary: dict) -> str:
+    """Which findings this page derives again, and whose code wrote each notebook's own page."""
+    commit = (summary.get("environment") or {}).get("git_commit") or "unknown"
+    return ("05's findings, 01's streams and #293's readings are derived again from the records by this code, as the "
+            "verdicts and the ledger are; the other findings are as each notebook printed them when it ran. Each "
+            f"notebook's own page is the notebook as it ran, at commit {commit}: where its text differs from this "
+            "page, this page is the current code's reading of the same records.")
 
 
 def _diagnosis(run_dir: Path) -> Optional[list]:
