@@ -24,14 +24,15 @@ __all__ = ["findings", "headline", "headline_key", "floor_reading", "warm_vs_col
 
 
 def warm_vs_cold(warm: dict, cold: dict) -> list[dict]:
-    """Per mode and position, one call with K/V warm (one cache, re-read) vs cold (rotated over many)."""
+    """Per mode and position, one call with K/V warm (one cache, re-read) vs rotated over many caches (colder; whether
+    they leave the last-level cache, the floor's note says)."""
     rows = []
     for c in cold["rows"]:
         w = find_row(warm["rows"], mode=c["mode"], position=c["position"])
         if w:
             rows.append({"mode": c["mode"], "position": c["position"], "warm ms": w["median_ms"],
-                         "cold ms": c["median_ms"], "cold / warm": c["median_ms"] / w["median_ms"],
-                         "cold x floor": c.get("x_floor"), "n": min(w["n"], c["n"])})
+                         "rotated ms": c["median_ms"], "rotated / warm": c["median_ms"] / w["median_ms"],
+                         "rotated x floor": c.get("x_floor"), "n": min(w["n"], c["n"])})
     return rows
 
 

@@ -359,7 +359,7 @@ def test_profiling_readings_are_arithmetic_on_the_records():
     assert r["decode step saving per layer ms"] == 3.5 and r["isolated call saving ms, K/V warm"] == 1.8
     assert r["step saving / rotated call saving"] == pytest.approx(1.0)
     wc = {x["mode"]: x for x in profiling.warm_vs_cold(warm, cold)}
-    assert wc["reference"]["cold / warm"] == 2.0 and "gemm_floor" not in wc  # no warm row to compare
+    assert wc["reference"]["rotated / warm"] == 2.0 and "gemm_floor" not in wc  # no warm row to compare
     fl = profiling.floor_reading(cold, 4096)
     assert fl["x_dram_floor"] == 4.0 and fl["x_gemm_floor"] == pytest.approx(1.25) and fl["gemm_x_dram_floor"] == 3.2
 
