@@ -15,7 +15,7 @@ from typing import Optional, Sequence
 from . import budget
 from . import models as _models
 from .bench import cli as bench_cli
-from .bench import save_record
+from .bench import env_record, record, save_record
 from .budget import BUDGET_S, SCALABLE, notebook_budget, unplannable
 from .devices import DTYPES
 from .devices import resolve_device as resolve
@@ -26,7 +26,8 @@ from .paths import atomic_write_text, data_dir, notebooks_dir, reports_dir, with
 from .report import write_report
 from .tables import fmt, html_table, md_text
 
-__all__ = ["check_params", "resolve_device", "time_left", "provenance", "save_figure", "save", "table", "findings",
+__all__ = ["check_params", "resolve_device", "time_left", "provenance", "save_figure", "save", "save_rows", "table",
+           "findings",
            "run_workbook",
            "notebooks", "PRESETS", "DTYPE_NAMES"]
 
@@ -138,6 +139,12 @@ def table(rows: list):
 def save(record: dict, out_dir, name: str) -> Path:
     """Save a record (JSON + CSV of rows) into the notebook's output folder, never overwriting."""
     return save_record(record, Path(out_dir) / "records", name)
+
+
+def save_rows(P: dict, kind: str, rows: list, params: Optional[dict] = None, name: Optional[str] = None) -> Path:
+    """Rows a notebook measured, as a ``kind`` record of ``P["device"]`` saved into ``P["out_dir"]`` (as ``name``,
+    default ``kind``)."""
+    return save(record(kind, env=env_record(P["device"]), params=params or {}, rows=rows), P["out_dir"], name or kind)
 
 
 def findings(out_dir, items: dict, key: Optional[Sequence[str]] = None) -> None:

@@ -13,6 +13,7 @@ import papermill as pm
 import pytest
 
 from fastattn import workbook as wb
+from fastattn.bench.records import load_run
 from fastattn.paths import repo_root
 
 pytestmark = pytest.mark.usefixtures("seeded_fast_choice")  # fast's probe, cheap (conftest)
@@ -82,6 +83,9 @@ def test_runner_executes_all_notebooks(tmp_path):
         if stem == "04_patch_application":
             assert "'weights': 'checkpoint'" in text
             assert nb["findings"]["exact patch, generate(): waveform torch.equal to upstream"] is True
+        if stem == "03_causality_checks":  # a record names the sizes it ran at, never a default's
+            ladder = load_run(run_dir).get("exactness_calibration")
+            assert ladder["params"]["capacity"] == params["ladder_capacity"] and ladder["env"]["device"] == "cpu"
     assert len({p.name for p in tmp_path.iterdir()}) == len(SMOKE), "a run folder was reused"  # 4 runs + ckpt
 
 
