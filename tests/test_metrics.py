@@ -66,3 +66,15 @@ def test_the_attention_share_explains_the_step_ratio():
     line = attention_share_line(rec(1.71, 7.71, 5.8))
     assert "(22%)" in line and "0.75x" in line
     assert "did not time" in attention_share_line({"rows": [], "params": {"positions": [256], "dtype": "bfloat16"}})
+
+
+def test_a_run_reads_the_latest_save_of_a_record_first(tmp_path):
+    """A cell run again in JupyterLab saves ``x-2``, ``x-3`` beside ``x`` (save_record never overwrites): a run's
+    ``get`` and 05's findings read the latest save, ``-10`` after ``-9`` included."""
+    from fastattn.bench.records import load_run, record, save_record
+    for i in range(1, 11):
+        save_record(record("attention", env={"device": "cpu"}, params={"dtype": "float32"}, rows=[{"i": i}]),
+                    tmp_path / "records", "attention_float32")
+    run = load_run(tmp_path)
+    assert run.get("attention", dtype="float32")["rows"] == [{"i": 10}]
+    assert [r["rows"][0]["i"] for r in run.all("attention")] == list(range(10, 0, -1))

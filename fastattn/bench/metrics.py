@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import NamedTuple, Optional
 
 from ..devices import machine_label
-from .records import Run, find_row, load_record
+from .records import Run, find_row, load_record, save_order
 from .stats import YES, fmt_ci, judge, quiet_ratio, ratio_ci, scaled_ci
 
 
@@ -242,12 +242,9 @@ def _cpu(env: dict) -> str:
 
 def newest(folder: Path, pattern: str) -> list:
     """The newest record per stem in ``folder``, by ``save_record``'s ``-N`` suffix (a checkout keeps no file times)."""
-    def key(p):
-        base, _, n = p.stem.rpartition("-")
-        return (base, int(n)) if n.isdigit() and base else (p.stem, 1)
     best = {}
-    for p in sorted(folder.glob(pattern), key=key):
-        best[key(p)[0]] = p
+    for p in sorted(folder.glob(pattern), key=save_order):
+        best[save_order(p)[0]] = p
     return [load_record(p) for _, p in sorted(best.items())]
 
 

@@ -63,6 +63,12 @@ def record_texts(record: dict) -> tuple:
     return without_machine_paths(json.dumps(record, indent=1, default=str)), table
 
 
+def save_order(path: Path) -> tuple:
+    """``(stem, n)``: a record file's stem and which save of it this is (:func:`save_record`'s ``-N``; 1 for none)."""
+    base, _, n = Path(path).stem.rpartition("-")
+    return (base, int(n)) if n.isdigit() and base else (Path(path).stem, 1)
+
+
 def find_row(rows, **match) -> Optional[dict]:
     """The first row whose fields equal ``match`` (``find_row(rec["rows"], mode="fast", position=256)``), or None."""
     return next((r for r in rows if all(r.get(k) == v for k, v in match.items())), None)
@@ -86,7 +92,9 @@ class Run:
 
     def __init__(self, folder):
         self.folder = Path(folder)
-        paths = [p for g in ("*.json", "records/*.json", "*/records/*.json") for p in sorted(self.folder.glob(g))]
+        newest_first = lambda p: (str(p.parent), save_order(p)[0], -save_order(p)[1])  # noqa: E731 - get(): latest
+        paths = [p for g in ("*.json", "records/*.json", "*/records/*.json")
+                 for p in sorted(self.folder.glob(g), key=newest_first)]
         self.paths = {}
         for p in paths:
             rec = _read(p)
