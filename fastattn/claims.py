@@ -19,6 +19,7 @@ from .bench.stats import NO, YES, fmt_ci, quiet, ratio_ci, scaled_ci, verdict
 from .bench.stream import stream_trends
 from .bench.trend import describe
 from .devices import runtime_dtype
+from .models import MAX_LENGTH
 from .paths import load_published
 
 __all__ = ["claims_ledger", "math_fallback_reason", "math_fallback_verdict", "MATH_OP", "HOLDS", "FAILS", "NOT_HERE",
@@ -28,8 +29,6 @@ HOLDS, FAILS, NOT_HERE, NOT_RUN = "holds", "does not hold", "not measurable here
 UNDECIDED, PARTLY, NOT_SCALE = "undecided", "holds in part", "not measured at its scale"
 #: the chunk count #293's decay is reported after
 SYMPTOM_CHUNKS = 400
-#: voxcpm's cache length: "every position" of a claim is every one below it
-MAX_LENGTH = 8192
 
 
 MATH_OP = "aten::_scaled_dot_product_attention_math"
@@ -233,7 +232,7 @@ def _end_to_end(recs, finds):
     w = recs.get("whole_decode")
     if not w:
         return NOT_RUN, "05_profiling measures it"
-    w = w[-1]
+    w = w[0]  # the latest save (records.Run's order)
     if patched_is_upstream(w):
         return NOT_RUN, (f"this run's patched decode is upstream's own computation on {_device(w)} (no exact "
                          "window); the slice fix's whole decode was not timed")
@@ -293,10 +292,24 @@ def _default_exact(recs, finds):
         parts.append(f"whole generate() torch.equal to upstream: {gen}")
     ok = (not sweep or all(r["exact_identical"] for r in sweep[0]["rows"])) and gen is not False
     cap = sweep[0]["params"]["capacity"] if sweep else None
-    if ok and (cap is None or cap < MAX_LENGTH):  # the positions past the sweep rest on the construction alone
-        parts.append(f"positions {cap} to {MAX_LENGTH - 1} were not swept here" if cap else "no position sweep ran")
-        return PARTLY, "; ".join(parts)
+    if ok and (cap is None or cap < MAX_LENGTH):  # past the sweep: 03's calibration at the block edges, else nothing
+        edges = _ladder_edges(recs.get("exactness_calibration"))
+        if edges is None:
+            parts.append(f"positions {cap} to {MAX_LENGTH - 1} were not swept here" if cap else "no position sweep ran")
+            return PARTLY, "; ".join(parts)
+        parts.append(edges)
     return (HOLDS if ok else FAILS), "; ".join(parts)
+
+
+def _ladder_edges(ladders: Optional[list]) -> Optional[str]:
+    """03's calibration at every block edge up to voxcpm's capacity, in words, where its chosen window stayed
+    bit-identical there in every dtype (one query per step); None otherwise."""
+    rec = ladders[0] if ladders else None
+    rows = [r for r in (rec or {}).get("rows", []) if r["lq"] == 1 and r["candidate"] == r["chosen"]]
+    if not rows or rec["params"]["capacity"] < MAX_LENGTH or not all(r["bit_identical"] for r in rows):
+        return None
+    return (f"03's calibration found the chosen {rows[0]['chosen']}-key window bit-identical to the full call at "
+            f"every block edge up to {rec['params']['capacity']} ({', '.join(r['dtype'] for r in rows)})")
 
 
 def position_cost(att: dict, mode: str = "reference") -> dict:
@@ -360,24 +373,25 @@ def _bit_identical(recs, finds):
     w = recs.get("whole_decode")
     if not w:
         return NOT_RUN, "05_profiling measures it"
-    return (HOLDS if w[-1]["identical"] else FAILS), \
-        f"{w[-1]['params']['preset']} preset whole decode, patched torch.equal to upstream: {w[-1]['identical']}"
+    return (HOLDS if w[0]["identical"] else FAILS), \
+        f"{w[0]['params']['preset']} preset whole decode, patched torch.equal to upstream: {w[0]['identical']}"
 
 
 def _zero_fill_cost(recs, finds):
     """Two parts: the zero-fill takes ~0.1-0.2 s, and that is a small share of a request."""
     fc, w = recs.get("fill_cost"), recs.get("whole_decode")
-    up = find_row(fc[-1]["rows"], variant="upstream") if fc else None
+    fc, w = (fc or [None])[0], (w or [None])[0]  # the latest saves
+    up = find_row(fc["rows"], variant="upstream") if fc else None
     if not up or not w:
         return NOT_RUN, "01_root_cause (fill_cost) and 05_profiling (the whole decode) measure it"
-    if _device(w[-1]) != "cpu":
-        return NOT_HERE, f"a CPU claim; this run measured on {_device(w[-1])}"
+    if _device(w) != "cpu":
+        return NOT_HERE, f"a CPU claim; this run measured on {_device(w)}"
     ci = scaled_ci(quiet(up["samples_ms"], up.get("disturbed_flags")), 1e3) if "samples_ms" in up else None
-    fill, wall = up["median_ms"] / 1e3, w[-1]["median_wall_s"]["upstream"]
+    fill, wall = up["median_ms"] / 1e3, w["median_wall_s"]["upstream"]
     size = within(ci, 0.05, 0.3)
-    text = (f"upstream's per-request zero-fill of the full base LM cache ({fc[-1]['params']['layers']} layers): "
+    text = (f"upstream's per-request zero-fill of the full base LM cache ({fc['params']['layers']} layers): "
             f"{fill * 1e3:.3g} ms (95% CI {fmt_ci(ci and (ci[0] * 1e3, ci[1] * 1e3))} ms), {fill / wall:.2%} of a "
-            f"{wall:.3g} s, {w[-1]['params']['steps']}-step request here (their 0.1-0.2 s counts "
+            f"{wall:.3g} s, {w['params']['steps']}-step request here (their 0.1-0.2 s counts "
             f"{_published('seed003_per_request.csv', 'KV path per request incl. import scratch')} MB incl. import "
             "scratch)")
     return (HOLDS if size == HOLDS else PARTLY if size == FAILS and fill / wall < 0.01 else size), text
@@ -392,8 +406,8 @@ def _default_dtype(recs, finds):
     d = recs.get("dtype_decode")
     if not d:
         return NOT_RUN, "05_profiling measures it (bench.dtype_decode)"
-    flags = d[-1].get("flags")
-    r = dtype_recommendation(d[-1], flags)
+    flags = d[0].get("flags")
+    r = dtype_recommendation(d[0], flags)
     return (FAILS if r["decided"] and r["dtype"] != r["default"] else HOLDS), r["line"]
 
 

@@ -23,6 +23,8 @@ __all__ = ["PRESETS", "DTYPES", "architecture", "voxcpm2_config", "build_voxcpm2
            "count_parameters"]
 
 PRESETS = ("tiny", "small", "full")
+#: voxcpm's ``max_length``: the slots every LM's cache holds, and "every position" of a claim
+MAX_LENGTH = 8192
 
 
 def architecture() -> dict:
@@ -37,7 +39,7 @@ def _merge(base: dict, over: dict) -> dict:
     return out
 
 
-def voxcpm2_config(preset: str = "tiny", *, max_length: int = 8192, dtype: str = "bfloat16",
+def voxcpm2_config(preset: str = "tiny", *, max_length: int = MAX_LENGTH, dtype: str = "bfloat16",
                    device: str = "cpu") -> dict:
     """The ``VoxCPMConfig`` dict for a preset (validated by voxcpm's pydantic model when built)."""
     if preset not in PRESETS:
@@ -79,7 +81,7 @@ def _check_device(device: str) -> str:
 
 
 def build_voxcpm2(preset: str = "tiny", *, seed: int = 0, device: str = "cpu", dtype: str = "bfloat16",
-                  max_length: int = 8192):
+                  max_length: int = MAX_LENGTH):
     """A real ``VoxCPM2Model`` with random weights from ``preset``, offline; the same preset, seed and dtype give the
     same weights (AudioVAE float32). ValueError for a bad dtype or ``max_length``."""
     if dtype not in DTYPES:

@@ -97,12 +97,18 @@ def floor_reading(cold: dict, position: int = 4096) -> dict:
 
 def findings(run: Run) -> dict:
     """05's findings, each from its records (a run folder or a notebook's own): what 05 prints and what a report
-    derives again from a committed run, by this code."""
+    derives again from a committed run, by this code. ValueError naming the records a run lacks."""
     att = {dt: attention_record(run, dt) for dt in ("float32", "bfloat16")}
     cold = attention_record(run, "float32", cold=True)
     dec = {dt: run.get("decode_step", dtype=dt) for dt in ("bfloat16", "float32")}
     whole, costs, rss = run.get("whole_decode"), run.get("dtype_costs"), run.get("peak_rss")
     dd = run.get("dtype_decode")
+    have = {"attention float32": att["float32"], "attention bfloat16": att["bfloat16"], "attention rotated": cold,
+            "decode_step bfloat16": dec["bfloat16"], "decode_step float32": dec["float32"], "whole_decode": whole,
+            "dtype_costs": costs, "peak_rss": rss, "dtype_decode": dd}
+    missing = [k for k, rec in have.items() if rec is None]
+    if missing:
+        raise ValueError(f"05's findings rest on its records; {run.folder} lacks: {', '.join(missing)}")
     cold_ps = cold["params"]["positions"]
     p0 = 256 if 256 in cold_ps else cold_ps[0]
     h = headline(att, dec, whole, run_targets(run), position=p0)
@@ -212,7 +218,8 @@ def dtype_findings(r: dict) -> dict:
             f"its decode step / voxcpm's default ({r['default']}, upstream), 95% interval": r["ratio_text"],
             "upstream decode step per dtype / default": ", ".join(f"{k} {v:.2f}x" for k, v in r["others"].items()),
             "weights GB per dtype": gb(r["weights_gb"]), "peak GB per dtype, decoding": gb(r["peak_gb"]) or "n/a",
-            "bf16 instructions on this CPU": r.get("cpu_features") or "n/a: no CPU flags in the record"}
+            "bf16 instructions on this CPU": r.get("cpu_features") or (
+                f"n/a: a {r['device']} run" if not r["device"].startswith("cpu") else "not recorded")}
 
 
 def sizing_line(rec: dict) -> str:

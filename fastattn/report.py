@@ -43,7 +43,7 @@ def _fresh(run_dir: Path, targets: list) -> dict:
     try:
         found = profiling.findings(run)
         out["05_profiling"] = (found, profiling.headline_key(found))
-    except (TypeError, KeyError, StopIteration):  # a run without 05's records (or of an older shape)
+    except ValueError:  # a run without 05's records (05 not run, or stopped): its targets met, where any
         if targets:
             out["05_profiling"] = ({TARGETS_MET: met_count(targets)}, None)
     stream, rows = run.get("stream_profile", notebook="01_root_cause"), _diagnosis(run_dir)
@@ -52,6 +52,20 @@ def _fresh(run_dir: Path, targets: list) -> dict:
                  for v, line in stream_verdicts(stream).items()}
         out["01_root_cause"] = ({**found, **diagnosis_findings(rows)}, None)
     return out
+
+
+def _findings_note(summary: dict, fresh: dict) -> str:
+    """Which findings this page derives again (``fresh``: :func:`_fresh`), and whose code wrote each notebook's page."""
+    commit = (summary.get("environment") or {}).get("git_commit") or "unknown"
+    said = {"05_profiling": "05's findings" if (fresh.get("05_profiling") or ({}, None))[1] else "05's targets met",
+            "01_root_cause": "01's streams and #293's readings"}
+    again = ", ".join(said[s] for s in said if s in fresh)
+    head = (f"{again[0].upper()}{again[1:]} are derived again from the records by this code, as the verdicts and the "
+            "ledger are; the other findings are" if again else "The verdicts and the ledger are derived again from the "
+            "records by this code; the findings are")
+    return (f"{head} as each notebook printed them when it ran. Each notebook's own page is the notebook as it ran, "
+            f"at commit {commit}: where its text differs from this page, this page is the current code's reading of "
+            "the same records.")
 
 
 def _environment(summary: dict, run_dir: Path) -> dict:
@@ -141,7 +155,7 @@ def _index_html(run_dir: Path, summary: dict, env: dict, verdicts: list, ledger:
     if summary.get("plan"):
         out.append("<h2>What the time budget scaled</h2><ul>"
                    + "".join(f"<li>{e(line[2:])}</li>" for line in _plan_md(summary)) + "</ul>")
-    out.append(f"<h2>Notebooks</h2><p>{e(_findings_note(summary))}</p>")
+    out.append(f"<h2>Notebooks</h2><p>{e(_findings_note(summary, fresh))}</p>")
     for nb in summary.get("notebooks", []):
         link = nb.get("html") or nb.get("executed")
         cls = "ok" if nb.get("status") == "ok" else "bad"
@@ -178,7 +192,7 @@ def _summary_md(run_dir: Path, summary: dict, env: dict, verdicts: list, ledger:
         lines += ["### A reply for OpenBMB/VoxCPM #293 (from this run's 01)", "", reply, ""]
     if summary.get("plan"):
         lines += ["### What the time budget scaled", ""] + _plan_md(summary) + [""]
-    lines += ["### Notebooks", "", _findings_note(summary), ""]
+    lines += ["### Notebooks", "", _findings_note(summary, fresh), ""]
     for nb in summary.get("notebooks", []):
         link = nb.get("html") or nb.get("executed")
         lines.append(f"* [{nb['name']}]({link}): {nb.get('status')} in {fmt(nb.get('duration_s', float('nan')))} s")
@@ -192,13 +206,7 @@ def _summary_md(run_dir: Path, summary: dict, env: dict, verdicts: list, ledger:
     return "\n".join(lines) + "\n"
 
 
-def _findings_note(summary: dict) -> str:
-    """Which findings this page derives again, and whose code wrote each notebook's own page."""
-    commit = (summary.get("environment") or {}).get("git_commit") or "unknown"
-    return ("05's findings, 01's streams and #293's readings are derived again from the records by this code, as the "
-            "verdicts and the ledger are; the other findings are as each notebook printed them when it ran. Each "
-            f"notebook's own page is the notebook as it ran, at commit {commit}: where its text differs from this "
-            "page, this page is the current code's reading of the same records.")
+
 
 
 def _diagnosis(run_dir: Path) -> Optional[list]:

@@ -1,4 +1,4 @@
-"""The static-shape decode forms of a compiled decode (fastattn.static): each within its error bound against float64
+"""The decode forms of a compiled decode (fastattn.static): each within its error bound against float64
 over every block and bucket edge, compiled with fullgraph=True into its stated number of graphs, deterministic; timed
 as static layer stacks at fresh positions; one winner rule for fast's graph class and the records' verdict (read from
 CPU- and GPU-shaped records); the gpu-check section that names the winner and its margin."""

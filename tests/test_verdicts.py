@@ -183,6 +183,21 @@ def test_the_exactness_row_counts_calls_and_holds_only_at_the_claims_scale(flags
     assert ("were not swept here" in evidence) is (verdict == PARTLY)
 
 
+@pytest.mark.parametrize("capacity, identical, verdict", [(8192, True, HOLDS), (8192, False, PARTLY),
+                                                          (2048, True, PARTLY)])
+def test_past_the_sweep_the_default_mode_rests_on_03s_calibration_at_the_block_edges(capacity, identical, verdict):
+    """A 2048-slot sweep holds for every position below 8192 only where 03's calibration ran to 8192 and found its
+    chosen window bit-identical at every block edge, in every dtype."""
+    from fastattn.claims import _default_exact
+    sweep = {"rows": [{"dtype": "float32", "position": p, "exact_identical": True} for p in (0, 511)],
+             "params": {"capacity": 2048}}
+    ladder = {"params": {"capacity": capacity}, "rows": [
+        {"dtype": dt, "lq": lq, "candidate": c, "chosen": 512, "bit_identical": identical or c != 512}
+        for dt in ("float32", "bfloat16") for lq in (1, 5) for c in (256, 512, 1024)]}
+    got, evidence = _default_exact({"exactness_sweep": [sweep], "exactness_calibration": [ladder]}, {})
+    assert got == verdict and ("block edge up to 8192" in evidence) is (verdict == HOLDS)
+
+
 @pytest.mark.parametrize("ci, want", [((1.1, 1.3), YES), ((1.6, 2.0), NO), ((0.2, 0.4), NO), ((1.4, 1.6), UNDECIDED),
                                       (None, UNDECIDED)])
 def test_one_rule_judges_every_interval_and_the_ledger_speaks_it(ci, want):

@@ -7,7 +7,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from fastattn.bench.metrics import headlines, kv_mb
+from fastattn.bench.metrics import attention_record, headlines, kv_mb
 from fastattn.bench.records import load_run
 from fastattn.bench.stream import stream_verdicts
 from fastattn.paths import atomic_write_text
@@ -21,7 +21,7 @@ def _measures(run) -> dict:
     out = {k: f.text() for k, f in headlines(run).items()}
     for dt in ("float32", "bfloat16"):
         warm = [r for r in run.all("attention", dtype=dt) if r["params"].get("caches", 1) == 1]
-        att = next((r for r in warm if r.get("fast_choice")), warm[0] if warm else None)  # 05's sweep, not 01's
+        att = attention_record(run, dt) or (warm[0] if warm else None)  # 05's sweep, else 01's (its granularity)
         fc = run.get("fast_choice")  # 02's record of the choice per key-count class, where no sweep kept one
         won = {c["winner"] for c in att["fast_choice"]} if att and att.get("fast_choice") else \
             {r["candidate"] for r in (fc or {}).get("rows", []) if r.get("winner") and r["class"].startswith(dt)}

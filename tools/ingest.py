@@ -145,3 +145,7 @@ def main(argv=None) -> int:
     if where:
         print(f"stored {where}; make docs puts it in docs/results.md and PR 1")
     return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -20,6 +20,7 @@ from fastattn.bench.metrics import (
     dtype_table,
     kv_mb,
     matrix_rows,
+    others_line,
     time_shares,
     whole_ratio,
 )
@@ -45,14 +46,14 @@ def records(ref: Path) -> dict:
     """The reference run's records by role (None where the run lacks one)."""
     run = load_run(ref)
     att = lambda dt, cold: attention_record(run, dt, cold)  # noqa: E731
-    growth = sorted(run.all("cache_growth"), key=lambda r: r["params"]["steps"])
+    growth = max(run.all("cache_growth"), key=lambda r: r["params"]["steps"], default=None)  # latest save
     stored = run.get("targets")  # its env names the machine; its rows are judged again by this code
     return {"run": run, "targets": stored and {**stored, "rows": run_targets(run) or stored["rows"]},
             "stream": run.get("stream_profile"),
             "whole": run.get("whole_decode"), "kv": run.get("kv_memory", dtype="bfloat16"),
             "matrix": run.get("backend_matrix"), "ladder": run.get("exactness_calibration"),
             "att32": att("float32", False), "cold": att("float32", True), "costs": run.get("dtype_costs"),
-            "rss": run.get("peak_rss"), "growth": growth[-1] if growth else None, "comp": run.get("compiled_step"),
+            "rss": run.get("peak_rss"), "growth": growth, "comp": run.get("compiled_step"),
             "dec32": run.get("decode_step", dtype="float32"), "dtypes": run.get("dtype_decode"),
             "forms": run.get("decode_forms", dtype="bfloat16")}
 
@@ -101,9 +102,8 @@ def _dtype(r: dict) -> Optional[str]:
     if not dd:
         return None
     rec = dtype_recommendation(dd, dd.get("flags"))
-    others = ", ".join(f"{d} {x:.2f}x" for d, x in rec["others"].items() if d != rec["default"])
-    return (f"{rec['dtype']}{' with the fix' if rec['patched'] else ''} ({rec['ratio']:.2f}x of voxcpm's default "
-            f"step; upstream in {others})")
+    return (f"{rec['dtype']}{' with the fix' if rec['patched'] else ''}: {rec['ratio_text']} of voxcpm's default "
+            f"step; {others_line(rec)}")
 
 
 def findings_table(ref: Path) -> str:

@@ -20,7 +20,7 @@ class Figure(NamedTuple):
     def text(self, unit: str = "x") -> str:
         """``0.361x (95% CI [0.316, 0.373], n=15)``: 3 significant digits, the interval, n and the disturbed rounds
         left out where there are."""
-        left = f", {self.dropped} disturbed left out" if self.dropped else ""
+        left = f", {self.dropped} disturbed rounds left out" if self.dropped else ""
         return f"{self.value:.3g}{unit}" + ("" if self.ci is None else f" (95% CI {fmt_ci(self.ci)}, n={self.n}{left})")
 
 
@@ -197,7 +197,9 @@ def dtype_recommendation(rec: dict, flags: Optional[dict] = None) -> dict:
            "ci": ci if decided else None, "decided": decided, "default": default["dtype"], "native_bf16": native,
            "cpu_features": cpu_features(flags) if flags else None, "ratio_text": dtype_ratio_text(pick),
            "peak_gb": mem, "weights_gb": weights, "changes_results": pick["dtype"] != default["dtype"],
-           "others": {x["dtype"]: x[default_key(rows)] for x in rows if x["variant"] == "upstream"}}
+           "others": {x["dtype"]: x[default_key(rows)] for x in rows if x["variant"] == "upstream"},
+           "others_text": {x["dtype"]: dtype_ratio_text(x) for x in rows if x["variant"] == "upstream"},
+           "device": str(rec.get("env", {}).get("device", "cpu"))}
     out["line"] = _recommendation_line(out, best, rows)
     return out
 
@@ -231,9 +233,13 @@ def _recommendation_line(r: dict, best: dict, rows: list) -> str:
                     if r["peak_gb"].get(r["dtype"]) and r["peak_gb"].get(r["default"]) else "")
                  + f"; {r['dtype']} rounds differently from {r['default']}, so the audio changes: an opt-in "
                  f"(VOXCPM_CPU_DTYPE={r['dtype']} with the proposed upstream override), never a silent default.")
-    others = ", ".join(f"{d} {x:.2f}x" for d, x in r["others"].items() if d != r["default"])
     return (f"Run {cfg}{why}: its decode step takes {r['ratio_text']} of voxcpm's default ({r['default']}, "
-            f"upstream) (upstream in {others}).{price}")
+            f"upstream); {others_line(r)}.{price}")
+
+
+def others_line(r: dict) -> str:
+    """:func:`dtype_recommendation`'s other dtypes, upstream, each as :func:`dtype_ratio_text` prints it."""
+    return "; ".join(f"upstream in {d} takes {t}" for d, t in r["others_text"].items() if d != r["default"])
 
 
 def _cpu(env: dict) -> str:

@@ -106,7 +106,8 @@ class Run:
             self.findings.update(json.loads(p.read_text()))
 
     def all(self, kind: str, notebook: Optional[str] = None, **params) -> list:
-        """Every record of ``kind`` whose params equal ``params`` (and that ``notebook`` wrote), in name order."""
+        """Every record of ``kind`` whose params equal ``params`` (and that ``notebook`` wrote), in name order, the
+        latest save of a name first (so :meth:`get` reads it)."""
         return [r for p, r in self.paths.items() if r["kind"] == kind and (notebook is None or notebook in p.parts)
                 and all(r.get("params", {}).get(k) == v for k, v in params.items())]
 

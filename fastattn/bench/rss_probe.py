@@ -73,7 +73,8 @@ def main(preset: str, dtype: str, variant: str, steps: int) -> None:
     resting = status("VmRSS:")
     trim()
     trimmed = status("VmRSS:")
-    reset_peak()
+    if not reset_peak():
+        raise SystemExit("cannot reset the peak RSS (/proc/self/clear_refs): the peak would include the build")
     torch.manual_seed(0)
     m.generate("The quick brown fox jumps over the lazy dog.", min_len=steps, max_len=steps, inference_timesteps=2)
     print(built, resting, trimmed, status("VmHWM:"), cache_bytes(m)["total"])

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+from ..devices import native_bf16
 from .metrics import (
     attention_free_ratio,
     attention_record,
     attention_share_line,
     call_ratio,
+    dtype_ratio_text,
+    dtype_table,
     floor_x,
     step_ratio,
     time_shares,
@@ -65,11 +68,11 @@ def target_goals() -> list[dict]:
 def run_targets(run) -> list[dict]:
     """:func:`check_targets` over a :class:`.records.Run`'s records, found as notebook 05 passes them."""
     att = lambda dt, cold: attention_record(run, dt, cold)  # noqa: E731
-    growth = sorted(run.all("cache_growth"), key=lambda r: r["params"]["steps"])
+    growth = max(run.all("cache_growth"), key=lambda r: r["params"]["steps"], default=None)  # latest save
     found = {"attention_fp32": att("float32", False), "attention_bf16": att("bfloat16", False),
              "attention_fp32_cold": att("float32", True), "decode_bf16": run.get("decode_step", dtype="bfloat16"),
              "decode_fp32": run.get("decode_step", dtype="float32"), "kv": run.get("kv_memory", dtype="bfloat16"),
-             "growth": growth[-1] if growth else None, "whole": run.get("whole_decode"),
+             "growth": growth, "whole": run.get("whole_decode"),
              "dtypes": run.get("dtype_decode")}
     return check_targets({k: v for k, v in found.items() if v is not None})
 
@@ -120,8 +123,6 @@ def _dtype_target(rec, add, not_applicable):
     """fp32 with the fix vs voxcpm's default, judged only on a CPU without bf16 instructions."""
     if not rec:
         return
-    from ..devices import native_bf16
-    from .metrics import dtype_table
     target = GOALS["dtype_opt_in"][0]
     device, native = str(rec.get("env", {}).get("device", "cpu")), native_bf16(rec.get("flags") or {})
     if device != "cpu" or native is not False:
@@ -131,7 +132,8 @@ def _dtype_target(rec, add, not_applicable):
     row = next((r for r in dtype_table(rec) if r["dtype"] == "float32" and r["variant"] == "patched"), None)
     if row:
         key = next(k for k in row if k.startswith("x "))
-        add("dtype_opt_in", target, row[key], f"{row['n']} quiet steps, {row['disturbed']} disturbed left out",
+        busy = f"; {row['disturbed']} disturbed steps left out" if row["disturbed"] else ""
+        add("dtype_opt_in", target, row[key], dtype_ratio_text(row) + busy,
             (row["95% low"], row["95% high"]) if row["95% low"] is not None else None, row["n"])
 
 
