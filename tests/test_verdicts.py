@@ -209,3 +209,27 @@ def test_one_rule_judges_every_interval_and_the_ledger_speaks_it(ci, want):
     assert within(ci, 1.0, 1.5) == {YES: HOLDS, NO: FAILS, UNDECIDED: LEDGER_UNDECIDED}[want]
     if ci and ci[0] >= 1.0:  # a goal ``<= 1.5``: the same interval, the same verdict
         assert judge(statistics.median(ci), ci, 1.5) == want
+
+
+def test_fast_over_its_gemms_is_shown_at_the_position_that_decides_it():
+    """Judged at every position: the row shows the one whose interval crosses the goal (undecided), not the worst
+    value that stays inside it, and names the others' verdicts."""
+    import random
+    rng = random.Random(0)
+
+    def rows(p, fast_ms, spread):
+        gemm = [1.0 * rng.uniform(0.99, 1.01) for _ in range(9)]
+        fast = [fast_ms * rng.uniform(1 - spread, 1 + spread) for _ in range(9)]
+        return [{"mode": m, "position": p, "samples_ms": s, "median_ms": statistics.median(s), "n": 9,
+                 "floor_ms": 0.5, "x_floor": statistics.median(s) / 0.5, "floor_meaningful": True}
+                for m, s in (("fast", fast), ("gemm_floor", gemm))]
+    att = {"params": {"caches": 36, "dtype": "float32"}, "rows": rows(1024, 1.3, 0.25) + rows(2048, 1.4, 0.02)}
+    row = next(t for t in check_targets({"attention_fp32_cold": att}) if t["id"] == "fast_floor_far")
+    assert row["verdict"] == UNDECIDED and "shown: p=1024" in row["target"] and row["ci_high"] > 1.5
+    assert "p=2048: yes" in row["note"]
+
+
+def test_a_dtype_ratio_names_its_decodes_beside_the_pooled_interval():
+    from fastattn.bench.metrics import dtype_ratio_text
+    row = {"x bfloat16 upstream": 1.8, "per decode": [1.86, 1.79], "n": 22, "95% low": 1.77, "95% high": 1.82}
+    assert dtype_ratio_text(row) == "1.80x (2 decodes: 1.86x, 1.79x; 95% CI over their 22 steps [1.77, 1.82])"
