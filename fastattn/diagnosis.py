@@ -7,12 +7,12 @@ from __future__ import annotations
 from typing import Optional
 
 from .bench.stats import fmt_ci
-from .bench.stream import stream_trends
+from .bench.stream import stream_trends, stream_verdicts
 from .bench.trend import describe
 from .devices import machine_label
 
-__all__ = ["diagnosis", "diagnosis_findings", "reply_293", "measured_where", "RULES_OUT", "REPRODUCES", "NEEDS",
-           "NOT_MEASURED", "ASK", "SNIPPET"]
+__all__ = ["diagnosis", "diagnosis_findings", "stream_findings", "reply_293", "measured_where", "RULES_OUT",
+           "REPRODUCES", "NEEDS", "NOT_MEASURED", "ASK", "SNIPPET"]
 
 RULES_OUT, REPRODUCES, NEEDS, NOT_MEASURED = ("rules out", "reproduces the shape", "needs the reporter's machine",
                                               "not measured in this run")
@@ -48,6 +48,15 @@ def diagnosis_findings(rows: list) -> dict:
     said = lambda reading, none: "; ".join(r["hypothesis"] for r in rows if r["reading"] == reading) or none  # noqa
     return {"#293: what reproduces its shape here": said(REPRODUCES, "nothing on this device"),
             "#293: ruled out here": said(RULES_OUT, "nothing")}
+
+
+def stream_findings(stream: dict) -> dict:
+    """01's findings of a ``stream_profile`` record: each variant's trend (judged by today's rule) and its first and
+    last sixth; 01 prints them and a report derives them again."""
+    n = stream["params"]["chunks"]
+    return {**{f"stream, {v}: per-chunk cost along {n} chunks": line for v, line in stream_verdicts(stream).items()},
+            **{f"stream, {v}: first / last sixth median ms": f"{s[0]:.1f} / {s[-1]:.1f}"
+               for v, s in stream["sixths"].items()}}
 
 
 def _trend_line(t: dict) -> str:

@@ -13,11 +13,10 @@ from . import profiling
 from .bench.metrics import slice_evidence
 from .bench.records import load_run
 from .bench.stats import fmt_ci
-from .bench.stream import stream_verdicts
 from .bench.targets import TARGETS_MET, met_count, run_targets
 from .claims import claims_ledger
 from .devices import cpu_features
-from .diagnosis import diagnosis, diagnosis_findings, reply_293
+from .diagnosis import diagnosis, diagnosis_findings, reply_293, stream_findings
 from .paths import atomic_write_text, data_dir
 from .tables import fmt, html_table, md_table, md_text, pairs_table, short
 
@@ -47,19 +46,17 @@ def _fresh(run_dir: Path, targets: list) -> dict:
         if targets:
             out["05_profiling"] = ({TARGETS_MET: met_count(targets)}, None)
     stream, rows = run.get("stream_profile", notebook="01_root_cause"), _diagnosis(run_dir)
-    if stream:  # 01's keys, as its findings cell names them
-        found = {f"stream, {v}: per-chunk cost along {stream['params']['chunks']} chunks": line
-                 for v, line in stream_verdicts(stream).items()}
-        out["01_root_cause"] = ({**found, **diagnosis_findings(rows)}, None)
+    if stream:
+        out["01_root_cause"] = ({**stream_findings(stream), **diagnosis_findings(rows)}, None)
     return out
 
 
 def _findings_note(summary: dict, fresh: dict) -> str:
     """Which findings this page derives again (``fresh``: :func:`_fresh`), and whose code wrote each notebook's page."""
     commit = (summary.get("environment") or {}).get("git_commit") or "unknown"
-    said = {"05_profiling": "05's findings" if (fresh.get("05_profiling") or ({}, None))[1] else "05's targets met",
+    said = {"05_profiling": "05's findings" if fresh.get("05_profiling", ({}, None))[1] else "05's targets met",
             "01_root_cause": "01's streams and #293's readings"}
-    again = ", ".join(said[s] for s in said if s in fresh)
+    again = ", ".join(words for stem, words in said.items() if stem in fresh)
     head = (f"{again[0].upper()}{again[1:]} are derived again from the records by this code, as the verdicts and the "
             "ledger are; the other findings are" if again else "The verdicts and the ledger are derived again from the "
             "records by this code; the findings are")

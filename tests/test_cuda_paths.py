@@ -220,3 +220,15 @@ def test_cudnn_on_a_bool_mask_is_named_before_the_where_it_also_shows(monkeypatc
     q, k, v = (torch.randn(1, 2, n, 8) for n in (1, 16, 16))
     notes = backends.explain_sdpa(q, k, v, attn_mask=torch.ones(1, 1, 1, 16, dtype=torch.bool)).notes
     assert "cuDNN converts the bool mask" in notes[0] and not any("aten::where" in n for n in notes)
+
+
+def test_peak_memory_reads_cudas_allocator_on_cuda(monkeypatch):
+    """bench.rss_probe's CUDA branch, fed a fake allocator on CPU: the peak is reset and read from torch.cuda, never
+    from the process's RSS."""
+    from fastattn.bench import rss_probe
+    calls = []
+    monkeypatch.setattr(rss_probe.torch.cuda, "reset_peak_memory_stats", lambda *a: calls.append("reset"))
+    monkeypatch.setattr(rss_probe.torch.cuda, "max_memory_allocated", lambda *a: 123)
+    assert rss_probe.reset_peak("cuda:0") is True and calls == ["reset"]
+    assert rss_probe.peak("cuda:0") == 123
+    assert rss_probe.peak("cpu") != 123  # the CPU reads the process's VmHWM (None off Linux)

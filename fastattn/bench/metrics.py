@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import NamedTuple, Optional
 
 from ..devices import machine_label
+from ..models import MAX_LENGTH
 from .records import Run, find_row, load_record, save_order
 from .stats import YES, fmt_ci, judge, quiet_ratio, ratio_ci, scaled_ci
 
@@ -114,9 +115,6 @@ def attention_record(run: Run, dtype: str, cold: bool = False, capacity: Optiona
                 None)
 
 
-def _att(run: Run, dtype: str, cold: bool = False) -> Optional[dict]:
-    return attention_record(run, dtype, cold, capacity=8192)  # the headlines compare 8192-slot sweeps only
-
 
 def _dec(run: Run, dtype: str) -> Optional[dict]:
     return run.get("decode_step", dtype=dtype)
@@ -124,6 +122,10 @@ def _dec(run: Run, dtype: str) -> Optional[dict]:
 
 def _maybe(fn, *recs):
     return fn(*recs) if all(r is not None for r in recs) else None
+
+
+def _att(run: Run, dtype: str, cold: bool = False) -> Optional[dict]:
+    return attention_record(run, dtype, cold, capacity=MAX_LENGTH)  # headlines compare full-cache sweeps only
 
 
 #: name -> fn(run): the figures every report quotes, from a run's or a committed folder's records

@@ -69,6 +69,12 @@ def save_order(path: Path) -> tuple:
     return (base, int(n)) if n.isdigit() and base else (Path(path).stem, 1)
 
 
+def _latest_first(path: Path) -> tuple:
+    """Name order, the latest save of a name first (so :meth:`Run.get` reads it)."""
+    stem, n = save_order(path)
+    return str(path.parent), stem, -n
+
+
 def find_row(rows, **match) -> Optional[dict]:
     """The first row whose fields equal ``match`` (``find_row(rec["rows"], mode="fast", position=256)``), or None."""
     return next((r for r in rows if all(r.get(k) == v for k, v in match.items())), None)
@@ -92,9 +98,8 @@ class Run:
 
     def __init__(self, folder):
         self.folder = Path(folder)
-        newest_first = lambda p: (str(p.parent), save_order(p)[0], -save_order(p)[1])  # noqa: E731 - get(): latest
         paths = [p for g in ("*.json", "records/*.json", "*/records/*.json")
-                 for p in sorted(self.folder.glob(g), key=newest_first)]
+                 for p in sorted(self.folder.glob(g), key=_latest_first)]
         self.paths = {}
         for p in paths:
             rec = _read(p)
