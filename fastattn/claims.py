@@ -62,6 +62,8 @@ def _gather(run_dir: Optional[Path]) -> tuple:
 
 
 def _first(recs, kind, **params):
+    """The record of ``kind`` (with ``params``) a claim reads: the first in :class:`records.Run`'s order, the latest
+    save."""
     return next((r for r in recs.get(kind, []) if all(r["params"].get(k) == v for k, v in params.items())), None)
 
 
@@ -112,8 +114,8 @@ def _symptom(recs, finds):
 
 
 def _mask_alloc(recs, finds):
-    m = recs.get("backend_matrix")
-    up = find_row(m[0]["rows"], case="upstream: bool mask over full cache + GQA") if m else None
+    m = _first(recs, "backend_matrix")
+    up = find_row(m["rows"], case="upstream: bool mask over full cache + GQA") if m else None
     if not up:
         return NOT_RUN, "02_backend_selection measures it"
     return (HOLDS if up["mask"].startswith("bool") else FAILS,
@@ -135,11 +137,11 @@ def _device(rec: dict) -> str:
 
 def _matrix_rows(recs) -> tuple:
     """``(rows, dtype)`` of 02's recorded matrix in voxcpm's runtime dtype on its device; ``([], None)`` without."""
-    m = recs.get("backend_matrix")
+    m = _first(recs, "backend_matrix")
     if not m:
         return [], None
-    dt = runtime_dtype(_device(m[0]))
-    rows = [r for r in m[0]["rows"] if r["dtype"] == dt] or m[0]["rows"]
+    dt = runtime_dtype(_device(m))
+    rows = [r for r in m["rows"] if r["dtype"] == dt] or m["rows"]
     return rows, rows[0]["dtype"] if rows else None
 
 
@@ -190,19 +192,18 @@ ROUNDING_BOUND = 1e-5
 
 def _rounding(recs, finds):
     """The sliced call vs float64 (head_dim 128) within ROUNDING_BOUND: in every dtype HOLDS, in float32 only PARTLY."""
-    m = recs.get("backend_matrix")
+    m, sweep = _first(recs, "backend_matrix"), _first(recs, "exactness_sweep")
     if not m:
         return NOT_RUN, "02_backend_selection measures it"
-    worst = {r["dtype"]: r["max_abs_err"] for r in m[0]["rows"] if r["case"].startswith("fast") and
+    worst = {r["dtype"]: r["max_abs_err"] for r in m["rows"] if r["case"].startswith("fast") and
              r["head_dim"] == 128}
     small = {dt: e <= ROUNDING_BOUND for dt, e in worst.items()}
     verdict = HOLDS if all(small.values()) else PARTLY if small.get("float32") else FAILS
     text = "; ".join(f"{dt} {e:.2g}" for dt, e in worst.items())
-    sweep = recs.get("exactness_sweep")
     if sweep:
         text += "; across 03's sweep, max |fast - upstream|: " + "; ".join(
-            f"{dt} {max(r['fast_max_abs'] for r in sweep[0]['rows'] if r['dtype'] == dt):.2g}"
-            for dt in sorted({r["dtype"] for r in sweep[0]["rows"]}))
+            f"{dt} {max(r['fast_max_abs'] for r in sweep['rows'] if r['dtype'] == dt):.2g}"
+            for dt in sorted({r["dtype"] for r in sweep["rows"]}))
     return verdict, (f"the sliced call vs float64: {text} (the stop-token shift is not measurable with random "
                      "weights)")
 
@@ -229,10 +230,9 @@ def _per_position(recs, finds):
 
 
 def _end_to_end(recs, finds):
-    w = recs.get("whole_decode")
+    w = _first(recs, "whole_decode")
     if not w:
         return NOT_RUN, "05_profiling measures it"
-    w = w[0]  # the latest save (records.Run's order)
     if patched_is_upstream(w):
         return NOT_RUN, (f"this run's patched decode is upstream's own computation on {_device(w)} (no exact "
                          "window); the slice fix's whole decode was not timed")
@@ -277,23 +277,23 @@ def _sdpa_kernel_process_wide(recs, finds):
 
 
 def _default_exact(recs, finds):
-    sweep, gen = recs.get("exactness_sweep"), finds.get("exact patch, generate(): waveform torch.equal to upstream")
+    sweep, gen = _first(recs, "exactness_sweep"), finds.get("exact patch, generate(): waveform torch.equal to upstream")
     if not sweep and gen is None:
         return NOT_RUN, "03_causality_checks and 04_patch_application measure it"
     parts = []
     if sweep:
-        rows = sweep[0]["rows"]
+        rows = sweep["rows"]
         dts = sorted({r["dtype"] for r in rows})
         ps = sorted({r["position"] for r in rows})
         parts.append(f"exact == reference in {sum(r['exact_identical'] for r in rows)} of {len(rows)} calls "
                      f"({len(ps)} positions {ps[0]}-{ps[-1]} x {', '.join(dts)}, capacity "
-                     f"{sweep[0]['params']['capacity']})")
+                     f"{sweep['params']['capacity']})")
     if gen is not None:
         parts.append(f"whole generate() torch.equal to upstream: {gen}")
-    ok = (not sweep or all(r["exact_identical"] for r in sweep[0]["rows"])) and gen is not False
-    cap = sweep[0]["params"]["capacity"] if sweep else None
+    ok = (not sweep or all(r["exact_identical"] for r in sweep["rows"])) and gen is not False
+    cap = sweep["params"]["capacity"] if sweep else None
     if ok and (cap is None or cap < MAX_LENGTH):  # past the sweep: 03's calibration at the block edges, else nothing
-        edges = _ladder_edges(recs.get("exactness_calibration"))
+        edges = _ladder_edges(_first(recs, "exactness_calibration"))
         if edges is None:
             parts.append(f"positions {cap} to {MAX_LENGTH - 1} were not swept here" if cap else "no position sweep ran")
             return PARTLY, "; ".join(parts)
@@ -301,10 +301,9 @@ def _default_exact(recs, finds):
     return (HOLDS if ok else FAILS), "; ".join(parts)
 
 
-def _ladder_edges(ladders: Optional[list]) -> Optional[str]:
+def _ladder_edges(rec: Optional[dict]) -> Optional[str]:
     """03's calibration at every block edge up to voxcpm's capacity, in words, where its chosen window stayed
     bit-identical there in every dtype (one query per step); None otherwise."""
-    rec = ladders[0] if ladders else None
     rows = [r for r in (rec or {}).get("rows", []) if r["lq"] == 1 and r["candidate"] == r["chosen"]]
     if not rows or rec["params"]["capacity"] < MAX_LENGTH or not all(r["bit_identical"] for r in rows):
         return None
@@ -370,17 +369,16 @@ def _kv_sizes(recs, finds):
 
 
 def _bit_identical(recs, finds):
-    w = recs.get("whole_decode")
+    w = _first(recs, "whole_decode")
     if not w:
         return NOT_RUN, "05_profiling measures it"
-    return (HOLDS if w[0]["identical"] else FAILS), \
-        f"{w[0]['params']['preset']} preset whole decode, patched torch.equal to upstream: {w[0]['identical']}"
+    return (HOLDS if w["identical"] else FAILS), \
+        f"{w['params']['preset']} preset whole decode, patched torch.equal to upstream: {w['identical']}"
 
 
 def _zero_fill_cost(recs, finds):
     """Two parts: the zero-fill takes ~0.1-0.2 s, and that is a small share of a request."""
-    fc, w = recs.get("fill_cost"), recs.get("whole_decode")
-    fc, w = (fc or [None])[0], (w or [None])[0]  # the latest saves
+    fc, w = _first(recs, "fill_cost"), _first(recs, "whole_decode")
     up = find_row(fc["rows"], variant="upstream") if fc else None
     if not up or not w:
         return NOT_RUN, "01_root_cause (fill_cost) and 05_profiling (the whole decode) measure it"
@@ -403,11 +401,10 @@ def _published(name: str, metric: str) -> str:
 
 def _default_dtype(recs, finds):
     from .bench.metrics import dtype_recommendation
-    d = recs.get("dtype_decode")
+    d = _first(recs, "dtype_decode")
     if not d:
         return NOT_RUN, "05_profiling measures it (bench.dtype_decode)"
-    flags = d[0].get("flags")
-    r = dtype_recommendation(d[0], flags)
+    r = dtype_recommendation(d, d.get("flags"))
     return (FAILS if r["decided"] and r["dtype"] != r["default"] else HOLDS), r["line"]
 
 
