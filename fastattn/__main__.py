@@ -17,13 +17,12 @@ COMMANDS = {
 
 def main(argv=None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    if not argv or argv[0] in ("-h", "--help") or argv[0] not in COMMANDS:
+    if not argv or argv[0] not in COMMANDS:
         print(f"usage: python -m fastattn {{{','.join(COMMANDS)}}} [options]\n")
         for name, (_, help_) in COMMANDS.items():
             print(f"  {name:<9} {help_}")
         return 0 if argv and argv[0] in ("-h", "--help") else 2
-    mod = import_module(f"fastattn.{COMMANDS[argv[0]][0]}")
-    return mod.main(argv[1:])
+    return import_module(f"fastattn.{COMMANDS[argv[0]][0]}").main(argv[1:])
 
 
 if __name__ == "__main__":

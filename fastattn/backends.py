@@ -8,6 +8,7 @@ import sys
 import tempfile
 import warnings
 from dataclasses import asdict, dataclass, field
+from functools import partial
 from html import escape
 from typing import Optional
 
@@ -20,8 +21,6 @@ from .devices import dtype_name, dtype_of, quiet_native_stderr, resolve_device
 from .exactness import exact_window
 from .tables import html_table
 
-__all__ = ["SDPAReport", "explain_sdpa", "backend_matrix", "decode_inputs", "device_backends", "KERNEL_OPS"]
-
 #: aten ops that are attention kernels, by backend.
 KERNEL_OPS = {
     "aten::_scaled_dot_product_flash_attention_for_cpu": "FLASH_ATTENTION (CPU)",
@@ -33,11 +32,6 @@ KERNEL_OPS = {
 }
 _HELPER_OPS = ("aten::where", "aten::repeat_interleave", "aten::masked_fill", "aten::logical_not",
                "aten::_safe_softmax", "aten::softmax", "aten::_softmax", "aten::bmm", "aten::matmul", "aten::expand")
-
-
-def device_backends(device) -> list[str]:
-    return (["FLASH_ATTENTION", "EFFICIENT_ATTENTION", "CUDNN_ATTENTION", "MATH"]
-            if torch.device(device).type == "cuda" else ["FLASH_ATTENTION", "MATH"])
 
 
 @dataclass
@@ -68,22 +62,23 @@ class SDPAReport:
             yield (b, "yes" if e["eligible"] else "no", e.get("reason") or "",
                    f"ran: {f.get('kernel')}" if f.get("ran") else f"error: {f.get('error', '')}")
 
-    def __str__(self) -> str:
+    def _call_line(self) -> str:
         c = self.call
-        head = (f"SDPA call: q{tuple(c['q'])} k{tuple(c['k'])} {c['dtype']} on {c['device']}, mask={c['mask']}, "
-                f"is_causal={c['is_causal']}, enable_gqa={c['enable_gqa']}\n"
+        return (f"q{tuple(c['q'])} k{tuple(c['k'])} {c['dtype']} on {c['device']}, mask={c['mask']}, "
+                f"is_causal={c['is_causal']}, enable_gqa={c['enable_gqa']}")
+
+    def __str__(self) -> str:
+        head = (f"SDPA call: {self._call_line()}\n"
                 f"  dispatcher picks: {self.backend}\n  ops that ran: {', '.join(self.ops) or '-'}\n")
         body = "\n".join(f"  {b:<20} eligible={e:<3} {r[:90]:<90} forced -> {f[:120]}" for b, e, r, f in self._rows())
         return head + body + ("".join(f"\n  note: {n}" for n in self.notes))
 
     def _repr_html_(self) -> str:
-        c = self.call
         cols = ("backend", "eligible", "torch's reason", "forced")
         table = html_table([dict(zip(cols, r)) for r in self._rows()], cols, text=str)
         notes = "".join(f"<li>{escape(n)}</li>" for n in self.notes)
-        return (f"<div><b>SDPA call</b> q{tuple(c['q'])} k{tuple(c['k'])} {escape(c['dtype'])} on "
-                f"{escape(c['device'])}, mask={escape(str(c['mask']))}, is_causal={c['is_causal']}, "
-                f"enable_gqa={c['enable_gqa']}<br><b>dispatcher picks:</b> {escape(self.backend)}<br>"
+        return (f"<div><b>SDPA call</b> {escape(self._call_line())}<br>"
+                f"<b>dispatcher picks:</b> {escape(self.backend)}<br>"
                 f"<b>ops that ran:</b> <code>{escape(', '.join(self.ops))}</code>{table}"
                 f"{'<ul>' + notes + '</ul>' if notes else ''}</div>")
 
@@ -97,15 +92,13 @@ def _check(q, k, v, attn_mask):
             raise ValueError(f"{name} must be 4-D (B, H, L, D), got shape {tuple(t.shape)}")
     if attn_mask is not None and not isinstance(attn_mask, torch.Tensor):
         raise TypeError(f"attn_mask must be a torch.Tensor or None, got {type(attn_mask).__name__}")
-    devs = {t.device for t in (q, k, v) if t is not None} | ({attn_mask.device} if attn_mask is not None else set())
+    devs = {t.device for t in (q, k, v, attn_mask) if t is not None}
     if len(devs) != 1:
         raise ValueError(f"q, k, v and attn_mask must be on one device, got {sorted(map(str, devs))}")
 
 
 def _mask_kind(m) -> str:
-    if m is None:
-        return "none"
-    return f"{'bool' if m.dtype == torch.bool else str(m.dtype).replace('torch.', '')} {tuple(m.shape)}"
+    return "none" if m is None else f"{dtype_name(m.dtype)} {tuple(m.shape)}"
 
 
 def _choice(q, k, v, attn_mask, is_causal, scale, enable_gqa) -> str:
@@ -116,22 +109,11 @@ def _choice(q, k, v, attn_mask, is_causal, scale, enable_gqa) -> str:
         return f"unknown ({type(exc).__name__}: {str(exc).splitlines()[0][:120]})"
 
 
-def _params(q, k, v, attn_mask, is_causal, enable_gqa):
-    from torch.backends.cuda import SDPAParams
-    try:
-        return SDPAParams(q, k, v, attn_mask, 0.0, is_causal, enable_gqa)
-    except TypeError:  # torch < 2.5: no enable_gqa argument
-        return SDPAParams(q, k, v, attn_mask, 0.0, is_causal)
-
-
 def native_warnings(text: str) -> list[str]:
     """The messages of c10's ``[W... file:line] Warning: <msg> (function <name>)`` lines (C++ ``TORCH_WARN``)."""
-    out = []
-    for line in text.splitlines():
-        _, sep, msg = line.partition("Warning: ")
-        if sep:
-            out.append(re.sub(r"\s*\(function [^)]*\)\s*$", "", msg).strip())
-    return [m for m in out if m]
+    msgs = (re.sub(r"\s*\(function [^)]*\)\s*$", "", line.partition("Warning: ")[2]).strip()
+            for line in text.splitlines() if "Warning: " in line)
+    return [m for m in msgs if m]
 
 
 def call_capturing_native_stderr(fn) -> tuple:
@@ -153,14 +135,11 @@ def call_capturing_native_stderr(fn) -> tuple:
 def _eligibility_cuda(q, k, v, attn_mask, is_causal, enable_gqa) -> dict:
     """torch's ``can_use_*(params, debug=True)`` per CUDA backend; its reasons go to C++ stderr, so fd 2 is read too."""
     cb = torch.backends.cuda
-    params = _params(q, k, v, attn_mask, is_causal, enable_gqa)
+    params = cb.SDPAParams(q, k, v, attn_mask, 0.0, is_causal, enable_gqa)
     out = {}
     for name, fn in (("FLASH_ATTENTION", cb.can_use_flash_attention),
                      ("EFFICIENT_ATTENTION", cb.can_use_efficient_attention),
-                     ("CUDNN_ATTENTION", getattr(cb, "can_use_cudnn_attention", None))):
-        if fn is None:
-            out[name] = {"eligible": False, "reason": "this torch has no can_use_cudnn_attention"}
-            continue
+                     ("CUDNN_ATTENTION", cb.can_use_cudnn_attention)):
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
             ok, text = call_capturing_native_stderr(lambda fn=fn: bool(fn(params, True)))
@@ -176,11 +155,7 @@ def _run_profiled(fn) -> list[str]:
         fn()
         if torch.cuda.is_available():
             torch.cuda.synchronize()
-    seen = []
-    for ev in prof.events():
-        if (ev.name in KERNEL_OPS or ev.name in _HELPER_OPS) and ev.name not in seen:
-            seen.append(ev.name)
-    return seen
+    return list(dict.fromkeys(ev.name for ev in prof.events() if ev.name in KERNEL_OPS or ev.name in _HELPER_OPS))
 
 
 def _forced(backend: str, call) -> dict:
@@ -202,11 +177,10 @@ def explain_sdpa(q, k, v, *, attn_mask=None, is_causal=False, enable_gqa=False, 
     """Which SDPA backend and aten ops run for this exact call; TypeError/ValueError for bad or mixed-device inputs."""
     _check(q, k, v, attn_mask)
 
-    def call():
-        return F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, is_causal=is_causal, scale=scale,
-                                              enable_gqa=enable_gqa)
-
-    backends = device_backends(q.device)
+    call = partial(F.scaled_dot_product_attention, q, k, v, attn_mask=attn_mask, is_causal=is_causal, scale=scale,
+                   enable_gqa=enable_gqa)
+    backends = (["FLASH_ATTENTION", "EFFICIENT_ATTENTION", "CUDNN_ATTENTION", "MATH"] if q.device.type == "cuda"
+                else ["FLASH_ATTENTION", "MATH"])
     forced = {b: _forced(b, call) for b in backends}
     if q.device.type == "cuda":
         eligibility = _eligibility_cuda(q, k, v, attn_mask, is_causal, enable_gqa)
@@ -222,10 +196,7 @@ def explain_sdpa(q, k, v, *, attn_mask=None, is_causal=False, enable_gqa=False, 
               "device": str(q.device), "mask": _mask_kind(attn_mask), "is_causal": is_causal,
               "enable_gqa": enable_gqa, "scale": scale, "torch": torch.__version__},
         backend=_choice(q, k, v, attn_mask, is_causal, scale, enable_gqa),
-        ops=_run_profiled(call),
-        eligibility=eligibility,
-        forced=forced,
-    )
+        ops=_run_profiled(call), eligibility=eligibility, forced=forced)
     bool_mask = attn_mask is not None and attn_mask.dtype == torch.bool
     if bool_mask and report.kernel == "aten::_scaled_dot_product_cudnn_attention":  # first: its conversion also
         report.notes.append("cuDNN converts the bool mask itself (convert_boolean_attn_mask_cudnn) on every call")
@@ -245,9 +216,12 @@ def decode_inputs(device, dtype, *, capacity: int = 8192, hq: int = 16, hkv: int
     return q, k, v
 
 
+#: the largest error against float64 a decode call may make in each dtype and still be ``correct``
+TOLERANCE = {torch.float32: 1e-5, torch.bfloat16: 2e-2, torch.float16: 2e-3}
+
+
 def backend_matrix(device="cpu", dtype=None, *, capacity: int = 8192, position: int = 256, hq: int = 16,
-                   hkv: int = 2, head_dim: int = 128, unsupported_head_dim: int = 512, seed: int = 0,
-                   progress=None) -> list[dict]:
+                   hkv: int = 2, head_dim: int = 128, unsupported_head_dim: int = 512, seed: int = 0) -> list[dict]:
     """Rows of :func:`explain_sdpa` over VoxCPM2's decode cases at ``position`` per dtype, with ``correct``."""
     device = resolve_device(device)
     if not 0 <= position < capacity:
@@ -256,24 +230,21 @@ def backend_matrix(device="cpu", dtype=None, *, capacity: int = 8192, position: 
     dtypes = [dtype_of(dtype)] if dtype is not None else [torch.float32, torch.bfloat16, torch.float16]
     rows = []
 
-    def run(case, dt, D, q, k, v, mask=None, is_causal=False, enable_gqa=True, ref=None):
+    def run(case, k, v, mask=None, is_causal=False, enable_gqa=True):  # the loop's dt, D, q, ref and tag
         rep = explain_sdpa(q, k, v, attn_mask=mask, is_causal=is_causal, enable_gqa=enable_gqa)
         out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=is_causal, enable_gqa=enable_gqa)
         err = (out.double().cpu() - ref).abs().max().item()
-        tol = {torch.float32: 1e-5, torch.bfloat16: 2e-2, torch.float16: 2e-3}[dt]
         rows.append({
-            "case": case, "dtype": dtype_name(dt), "head_dim": D, "keys": k.shape[2],
+            "case": case + tag, "dtype": dtype_name(dt), "head_dim": D, "keys": k.shape[2],
             "mask": rep.call["mask"], "enable_gqa": enable_gqa, "is_causal": is_causal,
             "backend": rep.backend, "kernel": rep.kernel, "helpers": [o for o in rep.ops if o not in KERNEL_OPS],
             "eligible": [b for b, e in rep.eligibility.items() if e["eligible"]],
             "forced": {b: (f["kernel"] if f["ran"] else "error") for b, f in rep.forced.items()},
-            "max_abs_err": err, "correct": err <= tol, "report": rep.to_dict(),
+            "max_abs_err": err, "correct": err <= TOLERANCE[dt], "report": rep.to_dict(),
         })
-        if progress:
-            progress(case, str(dt))
 
     for dt in dtypes:
-        for D, cases in ((head_dim, "all"), (unsupported_head_dim, "few")):
+        for D in (head_dim, unsupported_head_dim):
             try:
                 q, k, v = decode_inputs(device, dt, capacity=capacity, hq=hq, hkv=hkv, head_dim=D, seed=seed)
                 F.scaled_dot_product_attention(q, k[:, :, :4], v[:, :, :4], enable_gqa=True)
@@ -286,19 +257,16 @@ def backend_matrix(device="cpu", dtype=None, *, capacity: int = 8192, position: 
             bool_mask = (torch.arange(capacity, device=device) <= position).view(1, 1, 1, -1)
             ref = f64_attention(q.cpu(), k.cpu(), v.cpu(), n)
             tag = "" if D == head_dim else f" (head_dim {D})"
-            run("upstream: bool mask over full cache + GQA" + tag, dt, D, q, k, v, bool_mask, ref=ref)
-            run("fast: slice to length, no mask" + tag, dt, D, q, k[:, :, :n], v[:, :, :n], ref=ref)
-            if cases == "few":
+            run("upstream: bool mask over full cache + GQA", k, v, bool_mask)
+            run("fast: slice to length, no mask", k[:, :, :n], v[:, :, :n])
+            if D != head_dim:  # the unsupported head_dim: only the two calls the fix compares
                 continue
             add = torch.zeros(bool_mask.shape, device=device, dtype=dt).masked_fill(~bool_mask, float("-inf"))
-            run("float additive mask over full cache + GQA", dt, D, q, k, v, add, ref=ref)
+            run("float additive mask over full cache + GQA", k, v, add)
             gq = hq // hkv
-            run("bool mask, no enable_gqa (K/V repeated)", dt, D, q, k.repeat_interleave(gq, 1),
-                v.repeat_interleave(gq, 1), bool_mask, enable_gqa=False, ref=ref)
+            run("bool mask, no enable_gqa (K/V repeated)", k.repeat_interleave(gq, 1), v.repeat_interleave(gq, 1),
+                bool_mask, enable_gqa=False)
             w = exact_window(q, k, n, None)  # the default exact's window here (calibrated; the capacity if none)
-            run(f"exact: window {w} keys, mask sliced", dt, D, q, k[:, :, :w], v[:, :, :w], bool_mask[..., :w], ref=ref)
-            run("is_causal=True with Lq=1 (top-left aligned)", dt, D, q, k[:, :, :n], v[:, :, :n], is_causal=True,
-                ref=ref)
+            run(f"exact: window {w} keys, mask sliced", k[:, :, :w], v[:, :, :w], bool_mask[..., :w])
+            run("is_causal=True with Lq=1 (top-left aligned)", k[:, :, :n], v[:, :, :n], is_causal=True)
     return rows
-
-

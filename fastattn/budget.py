@@ -1,5 +1,4 @@
-"""Sizing the default workbook to this machine: a probe, one plan, 05's own deadline; ``-p`` parameters are never
-changed."""
+"""Sizing the default workbook to this machine: a probe, one plan, 05's own deadline; ``-p`` values never change."""
 
 from __future__ import annotations
 
@@ -12,7 +11,7 @@ from typing import Optional
 from .bench.stream import text_for, time_chunks
 from .devices import cpu_flags, resolve_device
 from .models import build_voxcpm2, silence_progress
-from .paths import data_dir, notebooks_dir
+from .paths import data_dir, notebooks
 
 __all__ = ["BUDGET_S", "SCALABLE", "probe", "calibration", "plan", "profile_estimate", "notebook_budget",
            "plan_lines", "stream_seconds", "whole_seconds"]
@@ -52,12 +51,11 @@ def kernel_class(device="cpu", flags: Optional[dict] = None) -> str:
     return "bf16-native" if flags.get("avx512_bf16") or flags.get("bf16") else "bf16-emulated"
 
 
-def probe(device="cpu", *, chunks: int = 10, kernels=tuple(PROBES)) -> dict:
+def probe(device="cpu", *, chunks: int = 10) -> dict:
     """Per :data:`PROBES` kernel, median ms of a streamed chunk (first two left out) and build s; the kernel class."""
     device = resolve_device(device)
     rows = []
-    for name in kernels:
-        preset, dtype = PROBES[name]
+    for name, (preset, dtype) in PROBES.items():
         t0 = time.perf_counter()
         model = build_voxcpm2(preset, device=str(device), dtype=dtype)
         build_s = time.perf_counter() - t0
@@ -124,73 +122,59 @@ def _estimates(probe_rec: dict, cal: dict) -> dict:
 
 
 def plan(probe_rec: dict, notebooks, *, given: Optional[dict] = None, budget_s: float = BUDGET_S,
-         cal: Optional[dict] = None, stream_preset: str = "small", whole_repeats: int = 2) -> dict:
+         stream_preset: str = "small", whole_repeats: int = 2) -> dict:
     """The parameters that fit ``budget_s`` for ``notebooks`` (stems); ``given`` ones are kept.
     Returns {budget_s, params, scaled: [{param, default, value, why}], estimate_s: {stem: s}, total_s, sizes, ...}."""
     given = dict(given or {})
-    cal = cal or calibration(probe_rec.get("kernel_class"))
+    cal = calibration(probe_rec.get("kernel_class"))
     est = _estimates(probe_rec, cal)
     if stream_preset == "full":  # 01 streams the full model: its chunk is a full decode step, not the probe's
         est["chunk_ms"] *= cal["full_over_small"]["bfloat16"]
     stems = [Path(n).stem for n in notebooks]
-    fixed = sum(est["fixed_s"].get(s, 0.0) for s in stems)
+    per_nb = {s: est["fixed_s"].get(s, 0.0) for s in stems}
     sizes = {name: given.get(name, d) for name, (nb, d, _) in SCALABLE.items() if nb in stems}
-    cost = _cost_fn(est, whole_repeats)
+    cost = {"chunks": lambda v: stream_seconds(v, est["chunk_ms"]),  # seconds of a sized measurement at size v
+            "repeats": lambda v: est["sweep_s"] * v / SCALABLE["repeats"][1],  # 05's sweeps, linear in their repeats
+            "steps": lambda v: whole_seconds(v, est["full_step_s"], est["full_build_s"], whole_repeats)}
     free = {n for n in sizes if n not in given}
-    room = FILL * budget_s - fixed - sum(cost(n, sizes[n]) for n in sizes if n not in free)
+    room = FILL * budget_s - sum(per_nb.values()) - sum(cost[n](sizes[n]) for n in sizes if n not in free)
     factor, pinned = _fit(free, sizes, cost, room)
     scaled = []
-    for n in sorted(free):
-        value = SCALABLE[n][2] if n in pinned else _largest(n, sizes[n], factor * cost(n, sizes[n]), cost)
+    for n in sorted(free):  # the largest size that fits its share (the float error never drops one that fits)
+        lo, share = SCALABLE[n][2], factor * cost[n](sizes[n]) * (1 + 1e-9)
+        value = lo if n in pinned else max((v for v in range(lo, sizes[n] + 1) if cost[n](v) <= share), default=lo)
         if value != sizes[n]:
             scaled.append({"param": n, "default": sizes[n], "value": value, "why": _why(n, est, budget_s, factor)})
         sizes[n] = value
-    per_nb = {s: est["fixed_s"].get(s, 0.0) for s in stems}
     for n, v in sizes.items():
-        per_nb[SCALABLE[n][0]] += cost(n, v)
+        per_nb[SCALABLE[n][0]] += cost[n](v)
     return {"budget_s": budget_s, "params": {s["param"]: s["value"] for s in scaled}, "scaled": scaled,
             "estimate_s": per_nb, "total_s": sum(per_nb.values()), "speed": est["speed"], "sizes": sizes,
-            "whole_s": cost("steps", sizes["steps"]) if "steps" in sizes else 0.0,
+            "whole_s": cost["steps"](sizes["steps"]) if "steps" in sizes else 0.0,
             "calibration": est["calibration"], "for_class": est["for_class"],
-            "at_minimum": bool(sizes) and all(sizes[n] == SCALABLE[n][2] for n in free) and bool(free)}
+            "at_minimum": bool(free) and all(sizes[n] == SCALABLE[n][2] for n in free)}
 
 
-def profile_estimate(probe_rec: dict, notebooks, sizes: dict, cal: Optional[dict] = None) -> dict:
+def profile_estimate(probe_rec: dict, notebooks, sizes: dict) -> dict:
     """``{stem: seconds}`` of the notebooks at a profile's sizes (``{stem: {param: value}}``; nothing scaled)."""
     given = {k: v for stem, ps in sizes.items() for k, v in ps.items() if k in SCALABLE and SCALABLE[k][0] == stem}
     preset = sizes.get("01_root_cause", {}).get("preset", "small")
-    return plan(probe_rec, notebooks, given=given, budget_s=1e9, cal=cal, stream_preset=preset,
+    return plan(probe_rec, notebooks, given=given, budget_s=1e9, stream_preset=preset,
                 whole_repeats=sizes.get("05_profiling", {}).get("whole_repeats", 2))["estimate_s"]
 
 
-def _fit(free: set, sizes: dict, cost, room: float) -> tuple:
+def _fit(free: set, sizes: dict, cost: dict, room: float) -> tuple:
     """Water-filling: (share of default cost each free measurement gets to fit ``room``, those pinned at minimum)."""
     pinned: set = set()
     while True:
         left = free - pinned
-        r = room - sum(cost(n, SCALABLE[n][2]) for n in pinned)
-        want = sum(cost(n, sizes[n]) for n in left)
+        r = room - sum(cost[n](SCALABLE[n][2]) for n in pinned)
+        want = sum(cost[n](sizes[n]) for n in left)
         factor = min(1.0, max(r, 0.0) / want) if want else 1.0
-        low = {n for n in left if cost(n, SCALABLE[n][2]) > factor * cost(n, sizes[n])}
+        low = {n for n in left if cost[n](SCALABLE[n][2]) > factor * cost[n](sizes[n])}
         if not low:
             return factor, pinned
         pinned |= low
-
-
-def _largest(name: str, default: int, share: float, cost) -> int:
-    """The largest size from the minimum to ``default`` whose cost fits ``share``."""
-    fits = [v for v in range(SCALABLE[name][2], default + 1) if cost(name, v) <= share * (1 + 1e-9)]
-    return max(fits) if fits else SCALABLE[name][2]
-
-
-def _cost_fn(est: dict, whole_repeats: int = 2):
-    def cost(name: str, value: int) -> float:
-        if name == "chunks":
-            return stream_seconds(value, est["chunk_ms"])
-        if name == "repeats":  # 05's sweeps, linear in their repeats
-            return est["sweep_s"] * value / SCALABLE["repeats"][1]
-        return whole_seconds(value, est["full_step_s"], est["full_build_s"], whole_repeats)
-    return cost
 
 
 def _why(name: str, est: dict, budget_s: float, factor: float) -> str:
@@ -202,28 +186,22 @@ def _why(name: str, est: dict, budget_s: float, factor: float) -> str:
 
 def plan_lines(p: dict) -> list:
     """The plan as the runner prints it, one line per notebook and per scaled parameter."""
-    sizes = p["sizes"]
-    out = [f"plan: about {p['total_s']:.0f} s of notebooks against a {p['budget_s']:.0f} s budget", _source(p)]
+    sizes, cal, want = p["sizes"], p.get("calibration"), p.get("for_class")
+    source = (f"the {cal} calibration (this machine's kernel class), scaled by this machine's probe" if cal == want
+              or not want else f"no calibration for this machine's kernel class ({want}); the {cal} one scaled by "
+              "this machine's probe, so expect a wider error (05 sizes its whole decodes to the time left)")
+    out = [f"plan: about {p['total_s']:.0f} s of notebooks against a {p['budget_s']:.0f} s budget",
+           f"  estimates: {source}"]
+    what = {"chunks": "streams {} chunks", "repeats": "sweeps of {} repeats", "steps": "whole decodes of {} steps"}
     for stem, s in p["estimate_s"].items():
-        extra = {"01_root_cause": f": streams {sizes['chunks']} chunks" if "chunks" in sizes else "",
-                 "05_profiling": (f": sweeps of {sizes['repeats']} repeats" if "repeats" in sizes else "")
-                 + (f", whole decodes of {sizes['steps']} steps" if "steps" in sizes else "")}
-        out.append(f"  {stem}{extra.get(stem, '')}, about {s:.0f} s")
+        said = ", ".join(w.format(sizes[n]) for n, w in what.items() if n in sizes and SCALABLE[n][0] == stem)
+        out.append(f"  {stem}{': ' + said if said else ''}, about {s:.0f} s")
     out += [f"  scaled {s['param']} {s['default']} -> {s['value']}: {s['why']}" for s in p["scaled"]]
     if p.get("at_minimum") and p["total_s"] > p["budget_s"]:
         out.append(f"  even at their minimum sizes the notebooks need about {p['total_s']:.0f} s, more than the "
                    f"{p['budget_s']:.0f} s budget: the run goes on at the minimums (a smaller one decides nothing) "
                    "and takes longer; --budget 0 runs the defaults, -p sets any size")
     return out
-
-
-def _source(p: dict) -> str:
-    """Which calibration the estimates scale, and whether it is this machine's kernel class."""
-    cal, want = p.get("calibration"), p.get("for_class")
-    if cal == want or not want:
-        return f"  estimates: the {cal} calibration (this machine's kernel class), scaled by this machine's probe"
-    return (f"  estimates: no calibration for this machine's kernel class ({want}); the {cal} one scaled by this "
-            "machine's probe, so expect a wider error (05 sizes its whole decodes to the time left)")
 
 
 def notebook_budget(p: dict, elapsed_s: float, stem: str = "05_profiling") -> float:
@@ -239,7 +217,5 @@ def main(argv=None) -> int:
     ap.add_argument("--budget", type=float, default=BUDGET_S, help="seconds of notebooks (default %(default)s)")
     ap.add_argument("--device", default="cpu")
     args = ap.parse_args(argv)
-    probe_rec = probe(args.device)
-    stems = sorted(p.stem for p in notebooks_dir().glob("[0-9][0-9]_*.ipynb"))
-    print("\n".join(plan_lines(plan(probe_rec, stems, budget_s=args.budget))))
+    print("\n".join(plan_lines(plan(probe(args.device), [p.stem for p in notebooks()], budget_s=args.budget))))
     return 0

@@ -10,9 +10,7 @@ from typing import List, Optional, Tuple
 
 import torch
 
-from .core import check_bucket
-
-__all__ = ["RightSizedKVCache", "fill_capacity", "step_capacity", "window_slots"]
+from .core import check_bucket, check_positive_int
 
 
 # --------------------------------------------------------------------------- the sizing policy (ints only)
@@ -41,12 +39,6 @@ def _same_device(a: torch.device, b: torch.device) -> bool:
     return a.type == b.type and (a.index is None or b.index is None or a.index == b.index)
 
 
-def _pos_int(value, name: str) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-        raise ValueError(f"{name} must be a positive int, got {value!r}")
-    return value
-
-
 def _mark_dynamic(t: torch.Tensor, dim: int) -> None:
     dynamo = sys.modules.get("torch._dynamo")
     if dynamo is not None:
@@ -59,11 +51,11 @@ class RightSizedKVCache:
 
     def __init__(self, num_layers: int, num_kv_heads: int, dim_kv_head: int, batch_size: int,
                  device, dtype: torch.dtype, max_length: int = 8192, *, bucket: int = 512):
-        self.num_layers = _pos_int(num_layers, "num_layers")
-        self.num_kv_heads = _pos_int(num_kv_heads, "num_kv_heads")
-        self.dim_kv_head = _pos_int(dim_kv_head, "dim_kv_head")
-        self.batch_size = _pos_int(batch_size, "batch_size")
-        self.max_length = _pos_int(max_length, "max_length")
+        self.num_layers = check_positive_int(num_layers, "num_layers")
+        self.num_kv_heads = check_positive_int(num_kv_heads, "num_kv_heads")
+        self.dim_kv_head = check_positive_int(dim_kv_head, "dim_kv_head")
+        self.batch_size = check_positive_int(batch_size, "batch_size")
+        self.max_length = check_positive_int(max_length, "max_length")
         check_bucket(bucket)
         if not isinstance(dtype, torch.dtype):
             raise TypeError(f"dtype must be a torch.dtype, got {type(dtype).__name__}")
@@ -125,7 +117,7 @@ class RightSizedKVCache:
         new = torch.empty(*old.shape[:4], capacity, old.shape[5], device=self.device, dtype=self.dtype)
         keep = min(keep, capacity)
         new[..., :keep, :] = old[..., :keep, :]
-        new[..., keep:, :].zero_()
+        new[..., keep:, :].zero_()  # only past the kept slots: a grow writes each slot once
         if self.static_address:
             torch._dynamo.mark_static_address(new)
         self._storage, self._dirty = new, keep

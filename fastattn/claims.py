@@ -8,12 +8,11 @@ from __future__ import annotations
 import inspect
 import statistics
 import threading
-from pathlib import Path
 from typing import Optional
 
 import torch
 
-from .bench.metrics import kv_mb, patched_is_upstream, step_ratio, whole_ratio
+from .bench.metrics import dtype_recommendation, kv_mb, patched_is_upstream, step_ratio, whole_ratio
 from .bench.records import find_row, load_run
 from .bench.stats import NO, YES, fmt_ci, quiet, ratio_ci, scaled_ci, verdict
 from .bench.stream import stream_trends
@@ -22,15 +21,10 @@ from .devices import runtime_dtype
 from .models import MAX_LENGTH
 from .paths import load_published
 
-__all__ = ["claims_ledger", "math_fallback_reason", "math_fallback_verdict", "MATH_OP", "HOLDS", "FAILS", "NOT_HERE",
-           "NOT_RUN", "UNDECIDED", "PARTLY", "NOT_SCALE", "within", "position_cost"]
-
 HOLDS, FAILS, NOT_HERE, NOT_RUN = "holds", "does not hold", "not measurable here", "not measured in this run"
 UNDECIDED, PARTLY, NOT_SCALE = "undecided", "holds in part", "not measured at its scale"
 #: the chunk count #293's decay is reported after
 SYMPTOM_CHUNKS = 400
-
-
 MATH_OP = "aten::_scaled_dot_product_attention_math"
 
 
@@ -52,18 +46,8 @@ def math_fallback_verdict(up: dict, no_gqa: Optional[dict]) -> tuple:
             f"{up['dtype']} upstream call ran {up['kernel']} (dispatcher: {up['backend']}): {why}")
 
 
-def _gather(run_dir: Optional[Path]) -> tuple:
-    if run_dir is None:
-        return {}, {}
-    run, recs = load_run(run_dir), {}
-    for r in run.records:
-        recs.setdefault(r["kind"], []).append(r)
-    return recs, run.findings
-
-
 def _first(recs, kind, **params):
-    """The record of ``kind`` (with ``params``) a claim reads: the first in :class:`records.Run`'s order, the latest
-    save."""
+    """The record of ``kind`` with ``params`` a claim reads: the first in :class:`records.Run`'s order (its latest)."""
     return next((r for r in recs.get(kind, []) if all(r["params"].get(k) == v for k, v in params.items())), None)
 
 
@@ -82,15 +66,15 @@ def _unpaired(a: dict, b: dict) -> tuple:
 END_TO_END_STEPS = 3500
 
 
-def _off_scale(rec: dict, *, real_weights: bool = False, min_steps: Optional[int] = None,
-               claim_on: str = "a CUDA GPU") -> Optional[str]:
-    """Why ``rec`` is off a CUDA claim's scale (device, random weights, fewer steps), in words; None at its scale."""
+def _off_scale(rec: dict, evidence: str, *, real_weights: bool = False, min_steps: Optional[int] = None,
+               claim_on: str = "a CUDA GPU") -> Optional[tuple]:
+    """``(NOT_SCALE, why and what ran)`` off a CUDA claim's scale (device, random weights, fewer steps), else None."""
     why = [] if _device(rec) == "cuda" else [f"measured on {_device(rec)}, the claim on {claim_on}"]
     if real_weights and rec["params"].get("weights", "random") != "checkpoint":
         why.append("random weights, the claim on the real checkpoint")
     if min_steps and rec["params"].get("steps", 0) < min_steps:
         why.append(f"{rec['params'].get('steps')} steps, the claim over {min_steps}+")
-    return "; ".join(why) or None
+    return (NOT_SCALE, f"{'; '.join(why)}. What ran: {evidence}") if why else None
 
 
 def _symptom(recs, finds):
@@ -103,9 +87,10 @@ def _symptom(recs, finds):
              f"{sp.get('weights', 'random')} weights, {_device(s)})")
     if n < SYMPTOM_CHUNKS:
         return NOT_SCALE, f"({n} of {SYMPTOM_CHUNKS}+ chunks) {where}: the claim is about chunk {SYMPTOM_CHUNKS} on"
-    off = _off_scale(s, real_weights=True, claim_on="CUDA (the post names no GPU)")
+    off = _off_scale(s, f"{where}: {describe(t) if t else s['verdict']['upstream']}", real_weights=True,
+                     claim_on="CUDA (the post names no GPU)")
     if off:
-        return NOT_SCALE, f"{off}. What ran: {where}: {describe(t) if t else s['verdict']['upstream']}"
+        return off
     if t is None:  # a record from before the trend verdict: one run's sixths, which one burst decides
         return NOT_RUN, f"{where}: this record has no trend verdict (one run's sixths cannot decide it); rerun 01"
     if t["verdict"] == "inconclusive":
@@ -135,18 +120,13 @@ def _device(rec: dict) -> str:
     return str(rec.get("env", {}).get("device") or "cpu").split(":")[0]
 
 
-def _matrix_rows(recs) -> tuple:
-    """``(rows, dtype)`` of 02's recorded matrix in voxcpm's runtime dtype on its device; ``([], None)`` without."""
+def _matrix_row(recs, case):
+    """02's recorded matrix row of ``case`` in voxcpm's runtime dtype on its device (any dtype where it has none)."""
     m = _first(recs, "backend_matrix")
     if not m:
-        return [], None
+        return None
     dt = runtime_dtype(_device(m))
     rows = [r for r in m["rows"] if r["dtype"] == dt] or m["rows"]
-    return rows, rows[0]["dtype"] if rows else None
-
-
-def _matrix_row(recs, case):
-    rows, _ = _matrix_rows(recs)
     return next((r for r in rows if r["case"].startswith(case)), None)
 
 
@@ -213,9 +193,8 @@ def _per_position(recs, finds):
     d = _first(recs, "decode_step", dtype="bfloat16")
     if not d:
         return NOT_RUN, "05_profiling measures it"
-    variant = "slice_fix" if any(r["variant"] == "slice_fix" for r in d["rows"]) else None
-    if variant is None and _device(d) == "cpu":
-        variant = "patched"
+    variant = ("slice_fix" if any(r["variant"] == "slice_fix" for r in d["rows"]) else
+               "patched" if _device(d) == "cpu" else None)
     if variant is None:
         return NOT_RUN, (f"this run's patched step is upstream's own call on {_device(d)} (no exact window) and "
                          "the slice fix's step was not timed (decode_step_sweep(slice_fix=True) times it)")
@@ -225,8 +204,7 @@ def _per_position(recs, finds):
     text = ", ".join(f"p={p}: {f.value:.3g}x {fmt_ci(f.ci)}" for p, f in sp)
     who = "the slice fix" if variant == "slice_fix" else "fastattn's exact step (the slice fix was not timed here)"
     evidence = f"decode step speedup of {who}, bf16, {d['params']['layers']} real-width layers: {text}"
-    off = _off_scale(d)
-    return (NOT_SCALE, f"{off}. What ran: {evidence}") if off else (verdict, evidence)
+    return _off_scale(d, evidence) or (verdict, evidence)
 
 
 def _end_to_end(recs, finds):
@@ -241,8 +219,7 @@ def _end_to_end(recs, finds):
     evidence = (f"{w['params']['preset']} preset, {w['params']['dtype']}, {w['params']['steps']} steps, n={f.n}: "
                 f"{1 / f.value:.2f}x the speed (95% CI {fmt_ci(speed_ci)}; "
                 f"{'bit-identical' if w['identical'] else 'differs'})")
-    off = _off_scale(w, min_steps=END_TO_END_STEPS)
-    return (NOT_SCALE, f"{off}. What ran: {evidence}") if off else (within(speed_ci, 1.30, 1.42), evidence)
+    return _off_scale(w, evidence, min_steps=END_TO_END_STEPS) or (within(speed_ci, 1.30, 1.42), evidence)
 
 
 def _mps(recs, finds):
@@ -314,12 +291,11 @@ def _ladder_edges(rec: Optional[dict]) -> Optional[str]:
 def position_cost(att: dict, mode: str = "reference") -> dict:
     """One mode's call cost, a sweep's first to last position: ``{first_ms, last_ms, growth, ci, verdict, line}``;
     ``verdict`` is "flat" (the interval of last / first within 1.5x), "grows" (wholly above) or "undecided"."""
-    ps = sorted(a for a in att["params"]["positions"])
+    ps = sorted(att["params"]["positions"])
     first, last = (find_row(att["rows"], mode=mode, position=p) for p in (ps[0], ps[-1]))
     growth, ci = _unpaired(last, first)
-    verdict = {HOLDS: "flat", FAILS: "grows", UNDECIDED: "undecided"}[within(ci, 0, 1.5)]
-    word = {"flat": "stays flat", "grows": "grows with the position",
-            "undecided": "neither stays within 1.5x nor clearly grows"}[verdict]
+    verdict, word = {HOLDS: ("flat", "stays flat"), FAILS: ("grows", "grows with the position"),
+                     UNDECIDED: ("undecided", "neither stays within 1.5x nor clearly grows")}[within(ci, 0, 1.5)]
     line = (f"{mode}'s {att['params'].get('dtype', '')} call costs {first['median_ms']:.3g} ms at p={ps[0]} and "
             f"{last['median_ms']:.3g} ms at p={ps[-1]} ({growth:.3g}x, 95% CI {fmt_ci(ci)}, capacity "
             f"{att['params']['capacity']}): it {word}")
@@ -334,7 +310,7 @@ def _o_max_length(recs, finds):
     if not a:
         return NOT_RUN, "01_root_cause and 05_profiling measure it"
     cost, p0 = position_cost(a), min(a["params"]["positions"])
-    grows = {"flat": HOLDS, "grows": FAILS, "undecided": UNDECIDED}[cost["verdict"]]
+    grows = within(cost["ci"], 0, 1.5)  # HOLDS: the cost stays flat
     sl = find_row(a["rows"], mode="slice_fix", position=p0)
     if sl is None:
         return (UNDECIDED if grows == HOLDS else grows), cost["line"] + "; the slice fix was not timed: the floor " \
@@ -387,20 +363,16 @@ def _zero_fill_cost(recs, finds):
     ci = scaled_ci(quiet(up["samples_ms"], up.get("disturbed_flags")), 1e3) if "samples_ms" in up else None
     fill, wall = up["median_ms"] / 1e3, w["median_wall_s"]["upstream"]
     size = within(ci, 0.05, 0.3)
+    theirs = next(r["before"] for r in load_published("seed003_per_request.csv")
+                  if r["metric"] == "KV path per request incl. import scratch")
     text = (f"upstream's per-request zero-fill of the full base LM cache ({fc['params']['layers']} layers): "
             f"{fill * 1e3:.3g} ms (95% CI {fmt_ci(ci and (ci[0] * 1e3, ci[1] * 1e3))} ms), {fill / wall:.2%} of a "
-            f"{wall:.3g} s, {w['params']['steps']}-step request here (their 0.1-0.2 s counts "
-            f"{_published('seed003_per_request.csv', 'KV path per request incl. import scratch')} MB incl. import "
+            f"{wall:.3g} s, {w['params']['steps']}-step request here (their 0.1-0.2 s counts {theirs} MB incl. import "
             "scratch)")
     return (HOLDS if size == HOLDS else PARTLY if size == FAILS and fill / wall < 0.01 else size), text
 
 
-def _published(name: str, metric: str) -> str:
-    return next(r["before"] for r in load_published(name) if r["metric"] == metric)
-
-
 def _default_dtype(recs, finds):
-    from .bench.metrics import dtype_recommendation
     d = _first(recs, "dtype_decode")
     if not d:
         return NOT_RUN, "05_profiling measures it (bench.dtype_decode)"
@@ -428,9 +400,8 @@ CLAIMS = [
     ("seed 000", "MPS needs .contiguous() on sliced views", "an MPS device", _mps),
     ("seed 000", "torch.compile(fullgraph) inlines forward_step: a later monkeypatch is ignored", "optimize()",
      _compile_hides),
-    ("seed 002", "The default mode never changes results", f"every position below {MAX_LENGTH} and whole decodes, "
-     "on the device",
-     _default_exact),
+    ("seed 002", "The default mode never changes results",
+     f"every position below {MAX_LENGTH} and whole decodes, on the device", _default_exact),
     ("seed 002", "sdpa_kernel switches SDPA's kernel for all threads (process-wide)", "any torch",
      _sdpa_kernel_process_wide),
     ("seed 003", "Decode attention cost scales with max_length, not with the sequence", "positions up to 8192",
@@ -459,8 +430,10 @@ def matrix_claims(matrix: dict) -> list:
 
 def claims_ledger(run_dir=None) -> list:
     """``[{source, claim, scale, verdict, evidence}]`` of ``run_dir``'s records; ``scale``: what the claim is about."""
-    recs, finds = _gather(Path(run_dir) if run_dir else None)
-    out = []
+    run = load_run(run_dir) if run_dir else None
+    finds, recs, out = run.findings if run else {}, {}, []
+    for r in run.records if run else []:
+        recs.setdefault(r["kind"], []).append(r)
     for source, claim, scale, judge in CLAIMS:
         try:
             verdict, evidence = judge(recs, finds)

@@ -9,8 +9,6 @@ from typing import Callable, Optional
 
 import torch
 
-__all__ = ["interleaved", "rotated", "medians", "sync", "stamp", "elapsed_s"]
-
 
 def sync(device) -> None:
     if torch.device(device).type == "cuda":

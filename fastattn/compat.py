@@ -14,9 +14,6 @@ import sys
 import tempfile
 import types
 
-__all__ = ["TorchaudioUnavailable", "ensure_torchaudio", "shim_engaged", "shim_reason", "disengage",
-           "separate_inductor_cache"]
-
 _MARK = "__fastattn_placeholder__"
 
 
@@ -29,12 +26,11 @@ class _Placeholder(types.ModuleType):
 
     def __init__(self, name: str, reason: str):
         super().__init__(name)
-        self.__dict__[_MARK] = True
-        self.__dict__["__fastattn_reason__"] = reason
-        self.__dict__["__spec__"] = importlib.machinery.ModuleSpec(name, loader=None, origin="fastattn.compat")
-        self.__dict__["__file__"] = None
-        self.__dict__["__path__"] = []  # a package, so `import torchaudio.functional` resolves to us
-        self.__dict__["__version__"] = "0+fastattn.placeholder"
+        self.__dict__.update({
+            _MARK: True, "__fastattn_reason__": reason, "__file__": None, "__version__": "0+fastattn.placeholder",
+            "__spec__": importlib.machinery.ModuleSpec(name, loader=None, origin="fastattn.compat"),
+            "__path__": [],  # a package, so `import torchaudio.functional` resolves to us
+        })
 
     def __getattr__(self, attr: str):
         if attr.startswith("__") and attr.endswith("__"):

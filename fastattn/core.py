@@ -10,10 +10,6 @@ from typing import Union
 import torch
 import torch.nn.functional as F
 
-__all__ = ["Length", "random_decode", "sdpa", "causal_mask", "window_for", "f64_attention", "check_tensors",
-           "check_bucket", "check_length_int", "check_length_tensor", "length_kind", "host_length",
-           "capturing_or_compiling"]
-
 Length = Union[int, torch.Tensor]
 
 
@@ -27,10 +23,9 @@ def check_tensors(q, k_cache, v_cache) -> None:
     if k_cache.shape != v_cache.shape:
         raise ValueError(f"k_cache and v_cache must have the same shape, got {tuple(k_cache.shape)} and "
                          f"{tuple(v_cache.shape)}")
-    if q.shape[0] != k_cache.shape[0]:
-        raise ValueError(f"batch of q ({q.shape[0]}) and of k_cache ({k_cache.shape[0]}) differ")
-    if q.shape[3] != k_cache.shape[3]:
-        raise ValueError(f"head dim of q ({q.shape[3]}) and of k_cache ({k_cache.shape[3]}) differ")
+    for dim, what in ((0, "batch"), (3, "head dim")):
+        if q.shape[dim] != k_cache.shape[dim]:
+            raise ValueError(f"{what} of q ({q.shape[dim]}) and of k_cache ({k_cache.shape[dim]}) differ")
     hq, hkv = q.shape[1], k_cache.shape[1]
     if hkv == 0 or hq % hkv != 0:
         raise ValueError(f"query heads (q.shape[1]={hq}) must be a multiple of KV heads (k_cache.shape[1]={hkv})")
@@ -41,6 +36,12 @@ def check_tensors(q, k_cache, v_cache) -> None:
                         f"got {q.dtype}")
     if not (q.device == k_cache.device == v_cache.device):
         raise ValueError(f"devices differ: q {q.device}, k_cache {k_cache.device}, v_cache {v_cache.device}")
+
+
+def check_positive_int(value, name: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+        raise ValueError(f"{name} must be a positive int, got {value!r}")
+    return value
 
 
 def check_bucket(bucket, *, allow_none: bool = False) -> None:
@@ -112,13 +113,12 @@ def f64_attention(q, k, v, length: int) -> torch.Tensor:
     return torch.softmax(s, -1) @ vv
 
 
-def random_decode(device, dtype, *, hq: int, hkv: int, head_dim: int, capacity: int, lq: int = 1, batch: int = 1,
-                  seed: int = 0) -> tuple:
-    """Seeded q (B, Hq, Lq, D) and K, V (B, Hkv, capacity, D), drawn on CPU: every device gets the same numbers."""
+def random_decode(device, dtype, *, hq: int, hkv: int, head_dim: int, capacity: int, seed: int = 0) -> tuple:
+    """Seeded q (1, Hq, 1, D) and K, V (1, Hkv, capacity, D), drawn on CPU: every device gets the same numbers."""
     g = torch.Generator().manual_seed(seed)
-    q = torch.randn(batch, hq, lq, head_dim, generator=g).to(device=device, dtype=dtype)
+    q = torch.randn(1, hq, 1, head_dim, generator=g).to(device=device, dtype=dtype)
     # (2, B, Hkv, capacity, D): K and V are views of one tensor, as in voxcpm's cache
-    kv = torch.randn(2, batch, hkv, capacity, head_dim, generator=g).to(device=device, dtype=dtype)
+    kv = torch.randn(2, 1, hkv, capacity, head_dim, generator=g).to(device=device, dtype=dtype)
     return q, kv[0], kv[1]
 
 
@@ -140,6 +140,4 @@ def sdpa(q, k, v, mask):
 
 def capturing_or_compiling() -> bool:
     """Inside ``torch.compile`` tracing or a CUDA-graph capture (no probe, calibration or host read may run)."""
-    if torch.compiler.is_compiling():
-        return True
-    return bool(torch.cuda.is_available() and torch.cuda.is_current_stream_capturing())
+    return torch.compiler.is_compiling() or bool(torch.cuda.is_available() and torch.cuda.is_current_stream_capturing())

@@ -16,29 +16,26 @@ from typing import Optional
 
 import torch
 
-__all__ = ["DTYPES", "resolve_device", "runtime_dtype", "cuda_build_without_cuda", "dtype_of", "dtype_name",
-           "package_version", "cpu_name", "cpu_flags", "native_bf16", "git_commit",
-           "device_name", "device_key", "env_facts", "quiet_native_stderr"]
-
 DTYPES = {"bfloat16": torch.bfloat16, "float32": torch.float32, "float16": torch.float16}
 _DEVICE_TYPES = ("auto", "cpu", "cuda", "mps")
 
 
 def resolve_device(device, *, name: str = "device") -> torch.device:
     """A usable ``torch.device`` from ``auto``, ``cpu``, ``cuda[:N]``, ``mps``; ValueError for others or absent ones."""
-    if isinstance(device, torch.device):
-        text = str(device)
-    elif isinstance(device, str):
-        text = device.strip()
-    else:
-        raise ValueError(f"{name} must be one of {', '.join(_DEVICE_TYPES)} (or 'cuda:N'), got {device!r}")
+    bad = f"{name} must be one of {', '.join(_DEVICE_TYPES)} (or 'cuda:N'), got {device!r}"
+    if not isinstance(device, (str, torch.device)):
+        raise ValueError(bad)
+    text = device.strip() if isinstance(device, str) else str(device)
     if text == "auto":
-        if not torch.cuda.is_available():
-            _warn_cuda_build_without_cuda()
+        why = cuda_build_without_cuda()
+        if why and not _WARNED_NO_CUDA:
+            _WARNED_NO_CUDA.append(why)
+            warnings.warn(f"fastattn: device='auto' runs on CPU: {why}. Pass device='cpu' to silence this, or fix "
+                          "the driver to measure the GPU.", RuntimeWarning, stacklevel=2)
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     kind, _, index = text.partition(":")
     if kind not in _DEVICE_TYPES[1:] or (index and (kind != "cuda" or not index.isdigit())):
-        raise ValueError(f"{name} must be one of {', '.join(_DEVICE_TYPES)} (or 'cuda:N'), got {device!r}")
+        raise ValueError(bad)
     if kind == "cuda" and not torch.cuda.is_available():
         raise ValueError(f"{name}={text!r} but CUDA is not available on this machine (use 'cpu' or 'auto')")
     if kind == "cuda" and index and int(index) >= torch.cuda.device_count():
@@ -57,14 +54,6 @@ def cuda_build_without_cuda() -> Optional[str]:
         return None
     return (f"torch {torch.__version__} is built for CUDA {torch.version.cuda} but torch.cuda.is_available() is "
             "False (no GPU visible, or a driver older than the build needs)")
-
-
-def _warn_cuda_build_without_cuda() -> None:
-    why = cuda_build_without_cuda()
-    if why and not _WARNED_NO_CUDA:
-        _WARNED_NO_CUDA.append(why)
-        warnings.warn(f"fastattn: device='auto' runs on CPU: {why}. Pass device='cpu' to silence this, or fix "
-                      "the driver to measure the GPU.", RuntimeWarning, stacklevel=3)
 
 
 def runtime_dtype(device) -> str:
@@ -131,12 +120,9 @@ def cpu_features(flags: Optional[dict] = None, capability: str = "?") -> str:
     flags = cpu_flags() if flags is None else flags
     if not flags:
         return capability
-    if flags.get("amx_bf16"):
-        return "AMX"
-    if flags.get("avx512_bf16"):
-        return "AVX512-BF16, no AMX"
-    if flags.get("bf16"):
-        return "Arm BF16"
+    for flag, words in (("amx_bf16", "AMX"), ("avx512_bf16", "AVX512-BF16, no AMX"), ("bf16", "Arm BF16")):
+        if flags.get(flag):
+            return words
     isa = "AVX512" if flags.get("avx512f") else "AVX2" if flags.get("avx2") else capability
     return f"{isa}, no bf16 instructions"
 

@@ -11,9 +11,6 @@ from .bench.stream import stream_trends, stream_verdicts
 from .bench.trend import describe
 from .devices import machine_label
 
-__all__ = ["diagnosis", "diagnosis_findings", "stream_findings", "reply_293", "measured_where", "RULES_OUT",
-           "REPRODUCES", "NEEDS", "NOT_MEASURED", "ASK", "SNIPPET"]
-
 RULES_OUT, REPRODUCES, NEEDS, NOT_MEASURED = ("rules out", "reproduces the shape", "needs the reporter's machine",
                                               "not measured in this run")
 RANK = {REPRODUCES: 0, NEEDS: 1, NOT_MEASURED: 2, RULES_OUT: 3}
@@ -45,14 +42,13 @@ VRAM_LEAD = ("a fork measured a progressive 2.3x -> 3.3x slowdown on an 8 GB Win
 
 def diagnosis_findings(rows: list) -> dict:
     """01's findings of #293 from :func:`diagnosis`'s rows: what reproduces its shape, what this run rules out."""
-    said = lambda reading, none: "; ".join(r["hypothesis"] for r in rows if r["reading"] == reading) or none  # noqa
+    said = lambda reading, none: "; ".join(r["hypothesis"] for r in rows if r["reading"] == reading) or none
     return {"#293: what reproduces its shape here": said(REPRODUCES, "nothing on this device"),
             "#293: ruled out here": said(RULES_OUT, "nothing")}
 
 
 def stream_findings(stream: dict) -> dict:
-    """01's findings of a ``stream_profile`` record: each variant's trend (judged by today's rule) and its first and
-    last sixth; 01 prints them and a report derives them again."""
+    """01's findings of a ``stream_profile`` record: each variant's trend (today's rule), first and last sixth."""
     n = stream["params"]["chunks"]
     return {**{f"stream, {v}: per-chunk cost along {n} chunks": line for v, line in stream_verdicts(stream).items()},
             **{f"stream, {v}: first / last sixth median ms": f"{s[0]:.1f} / {s[-1]:.1f}"
@@ -65,21 +61,21 @@ def _trend_line(t: dict) -> str:
             f"on {t['level_ms']:.4g} ms" if ci else f"{t['verdict']} ({t.get('why', '')})")
 
 
+def _trends(up: dict, comps: list) -> str:
+    return "; ".join(f"{c}: {_trend_line(up[c])}" for c in comps)
+
+
 def diagnosis(stream: dict, consumers: Optional[dict] = None, device: str = "cpu",
               prompts: Optional[dict] = None, contention: Optional[dict] = None,
               compiles: Optional[dict] = None) -> list:
     """Ranked rows ``{hypothesis, measured here, reading}``: what reproduces the shape first, what rules out last."""
     up = stream_trends(stream).get("upstream", {})  # components only where the chunk was split
     comps = [c for c in ("base_lm", "residual_lm", "dit", "encoder", "vae", "other") if c in up]
-    grows = [c for c in comps if up[c]["verdict"] == "grows"]
-    unsure = [c for c in comps if up[c]["verdict"] == "inconclusive"]
-    rows = [_attention_row(stream, up, comps)]
+    rows = [_attention_row(stream, up)]
     if comps:
-        detail = "; ".join(f"{c}: {_trend_line(up[c])}" for c in comps)
         rows.append({"hypothesis": "A part of the generator grows with the chunk index (LMs, DiT, encoder, VAE, "
-                                   "fp32 VAE denormals)", "measured here": detail,
-                     "brief": _none_grew(up, comps),
-                     "reading": REPRODUCES if grows else (NEEDS if unsure else RULES_OUT)})
+                                   "fp32 VAE denormals)", "measured here": _trends(up, comps),
+                     "brief": _none_grew(up, comps), "reading": _reading({up[c]["verdict"] for c in comps})})
     else:
         rows.append({"hypothesis": "A part of the generator grows with the chunk index",
                      "measured here": "components were not timed (stream_profile(components=True))",
@@ -111,28 +107,29 @@ def _compile_line(c: Optional[dict]) -> str:
 def _none_grew(up: dict, comps: list) -> str:
     ci = {c: up[c]["ci"][1] for c in comps if up[c].get("ci")}
     if not ci or any(up[c]["verdict"] != "flat" for c in comps):
-        return "; ".join(f"{c}: {_trend_line(up[c])}" for c in comps)
+        return _trends(up, comps)
     top = max(ci, key=ci.get)
     return (f"{len(comps)} parts timed apart, each flat; the steepest upper 95% bound is {ci[top]:+.3g} ms per "
             f"100 chunks ({top}, on {up[top]['level_ms']:.4g} ms)")
 
 
-def _attention_row(stream: dict, up: dict, comps: list) -> dict:
+def _attention_row(stream: dict, up: dict) -> dict:
     """The LM steps' trends where timed apart (attention runs there; a growing DiT says nothing), else the chunk's."""
-    hyp = "The full-cache attention (every step reads 8192 slots)"
-    lms = [up[c] for c in ("base_lm", "residual_lm") if c in up]
-    if comps and lms:
-        words = {t["verdict"] for t in lms}
-        reading = REPRODUCES if "grows" in words else (RULES_OUT if words <= {"flat", "shrinks"} else NEEDS)
-        return {"hypothesis": hyp, "measured here": "the LM steps (where attention runs): " + "; ".join(
-            f"{c}: {_trend_line(up[c])}" for c in ("base_lm", "residual_lm") if c in up),
-            "brief": "the LM steps, where attention runs: " + _none_grew(up, [c for c in ("base_lm", "residual_lm")
-                                                                              if c in up]), "reading": reading}
-    word = up.get("verdict") or stream["verdict"]["upstream"].split()[0]
-    reading = RULES_OUT if word in ("flat", "shrinks") else (REPRODUCES if word == "grows" else NEEDS)
-    return {"hypothesis": hyp, "measured here": "upstream's whole chunk: " + (describe(up) if up else
-                                                                             stream["verdict"]["upstream"]),
-            "reading": reading}
+    lms = [c for c in ("base_lm", "residual_lm") if c in up]
+    words = {up[c]["verdict"] for c in lms} or {up.get("verdict") or stream["verdict"]["upstream"].split()[0]}
+    row = {"hypothesis": "The full-cache attention (every step reads 8192 slots)"}
+    if lms:
+        row.update({"measured here": "the LM steps (where attention runs): " + _trends(up, lms),
+                    "brief": "the LM steps, where attention runs: " + _none_grew(up, lms)})
+    else:
+        row["measured here"] = "upstream's whole chunk: " + (describe(up) if up else stream["verdict"]["upstream"])
+    row["reading"] = _reading(words)
+    return row
+
+
+def _reading(verdicts: set) -> str:
+    """Trend verdicts read: any growth reproduces, all flat or shrinking rules out, anything else needs more."""
+    return REPRODUCES if "grows" in verdicts else RULES_OUT if verdicts <= {"flat", "shrinks"} else NEEDS
 
 
 def _prompt_row(prompts: Optional[dict]) -> dict:
@@ -157,19 +154,16 @@ def _prompt_row(prompts: Optional[dict]) -> dict:
     return {"hypothesis": hyp, "measured here": "upstream, " + "; ".join(parts) + why, "reading": reading}
 
 
-def _contention_line(c: Optional[dict]) -> str:
-    if not c:
-        return ""
-    ci = f" (95% CI {fmt_ci(c['ci'])})" if c.get("ci") else ""
-    return (f"; the same consumer run in a thread beside the generator, as a streaming server does "
-            f"({c['params']['chunks']} chunks), made the generator's own chunks take {c['ratio']:.2f}x as long{ci}")
-
-
-def _consumer_row(consumers: Optional[dict], contention: Optional[dict] = None) -> dict:
+def _consumer_row(consumers: Optional[dict], contention: Optional[dict]) -> dict:
     hyp = "The caller reprocesses the whole clip every chunk (encode, resample, re-send)"
     if not consumers:
         return {"hypothesis": hyp, "measured here": "the consumer matrix was not run", "reading": NOT_MEASURED}
-    beside = _contention_line(contention)
+    beside = ""
+    if contention:
+        ci = f" (95% CI {fmt_ci(contention['ci'])})" if contention.get("ci") else ""
+        beside = (f"; the same consumer run in a thread beside the generator, as a streaming server does "
+                  f"({contention['params']['chunks']} chunks), made the generator's own chunks take "
+                  f"{contention['ratio']:.2f}x as long{ci}")
     hits = [(p, s) for p, s in consumers["summary"].items() if s["reproduces_293"]]
     cheapest = min(consumers["summary"].items(), key=lambda kv: kv[1]["us_per_ksample"])
     if hits:
@@ -226,40 +220,37 @@ def reply_293(rows: list, stream: Optional[dict] = None, fix: Optional[tuple] = 
               machine: Optional[str] = None) -> str:
     """The reply to OpenBMB/VoxCPM#293 (markdown, English then Chinese): the fix's fate (``fix``: (en, zh) evidence
     under ``optimize()``), where it was measured, the leads ranked, a timing snippet, the questions left open."""
+    from .paths import data_dir
+
     where = measured_where(stream, machine) if stream else ("this run's stream", "本次运行的流式生成")
     fix = fix or ("", "")
     leads = sorted(rows, key=lambda r: (RANK[r["reading"]], not _gpu(r)))  # what reproduced here first
+    zh = lambda r: next(v for k, v in HYPOTHESES_ZH.items() if r["hypothesis"].startswith(k))
+    parts = {"en": dict(fix=" " + fix[0] if fix[0] else "", where=where[0], snippet=SNIPPET, asks="; ".join(ASK),
+                        leads="\n".join(f"{i}. {r['hypothesis']}: {_lead(r, 0)}." for i, r in enumerate(leads, 1))),
+             "zh": dict(fix=fix[1], where=where[1], asks="；".join(ASK_ZH),
+                        leads="\n".join(f"{i}. {zh(r)}：{_lead(r, 1)}。" for i, r in enumerate(leads, 1)))}
     version = (stream or {}).get("env", {}).get("voxcpm", "2.0.3")
-    return _reply_en(leads, where[0], fix[0], version) + "\n\n---\n\n" + _reply_zh(leads, where[1], fix[1], version)
+    return "\n\n---\n\n".join((data_dir() / "upstream-prs" / "reply-templates" / f"{lang}.md").read_text().format(
+        version=version, **kw) for lang, kw in parts.items())
 
 
 def _gpu(row: dict) -> Optional[str]:
     return next((k for k in GPU_LEADS if row["hypothesis"].startswith(k)), None)
 
 
-def _why(row: dict, lang: int) -> str:
+#: each reading as a lead of the reply says it: English, Chinese
+SAID = {REPRODUCES: ("reproduced here", "本机复现了这一形态"), RULES_OUT: ("ruled out here", "本机已排除"),
+        NOT_MEASURED: ("not measured in this run", "本次未测"),
+        NEEDS: ("needs your machine to decide", "需要您的机器或 GPU 才能判断")}
+
+
+def _lead(row: dict, lang: int) -> str:
+    """Why a lead fits the post (a GPU lead), else its reading; in English with what was measured, if anything."""
     if _gpu(row):
         return GPU_LEADS[_gpu(row)][lang]
-    said = {REPRODUCES: "reproduced here", RULES_OUT: "ruled out here", NOT_MEASURED: "not measured in this run",
-            NEEDS: "needs your machine to decide"}[row["reading"]]
+    said = SAID[row["reading"]][lang]
+    if lang or row["reading"] == NOT_MEASURED:
+        return said
     shown = row.get("brief", row["measured here"]) if row["reading"] == RULES_OUT else row["measured here"]
-    return said + (f": {shown}" if row["reading"] in (REPRODUCES, RULES_OUT, NEEDS) else "")
-
-
-def _reply(lang: str, **parts) -> str:
-    from .paths import data_dir
-    return (data_dir() / "upstream-prs" / "reply-templates" / f"{lang}.md").read_text().format(**parts)
-
-
-def _reply_en(leads: list, where: str, fix: str, version: str) -> str:
-    return _reply("en", fix=" " + fix if fix else "", where=where, snippet=SNIPPET, asks="; ".join(ASK),
-                  version=version,
-                  leads="\n".join(f"{i}. {r['hypothesis']}: " + _why(r, 0) + "." for i, r in enumerate(leads, 1)))
-
-
-def _reply_zh(leads: list, where: str, fix: str, version: str) -> str:
-    reading = {REPRODUCES: "本机复现了这一形态", NEEDS: "需要您的机器或 GPU 才能判断", NOT_MEASURED: "本次未测",
-               RULES_OUT: "本机已排除"}
-    zh = lambda r: next(v for k, v in HYPOTHESES_ZH.items() if r["hypothesis"].startswith(k))  # noqa: E731
-    return _reply("zh", fix=fix, where=where, asks="；".join(ASK_ZH), version=version, leads="\n".join(
-        f"{i}. {zh(r)}：" + (_why(r, 1) if _gpu(r) else reading[r["reading"]]) + "。" for i, r in enumerate(leads, 1)))
+    return f"{said}: {shown}"

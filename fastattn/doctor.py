@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import platform
 import sys
-from pathlib import Path
 from typing import Optional
 
 import torch
@@ -77,13 +76,15 @@ def doctor(calibrate: bool = True) -> dict:
         })
     info["compile_toolchain"] = compile_toolchain(info["device"]) or "ok"
     if calibrate:
-        info["exact_granularity"] = _granularities(info["device"])
+        dev = torch.device(info["device"])
+        info["exact_granularity"] = {name: exact_granularity(dev, getattr(torch, name), hq=16, hkv=2, head_dim=128,
+                                                             capacity=8192, lq=1) for name in ("float32", "bfloat16")}
     return info
 
 
-def fastest_dtype_measured(reports=None) -> Optional[str]:
+def fastest_dtype_measured() -> Optional[str]:
     """The newest 05 run's fastest dtype on this machine, with its ratio and run name; None where none compared."""
-    found = sorted(Path(reports or reports_dir()).glob("*/05_profiling/records/dtype_decode*.json"))
+    found = sorted(reports_dir().glob("*/05_profiling/records/dtype_decode*.json"))
     for path in reversed(found):
         rec = load_record(path)
         if rec.get("env", {}).get("device_name") != cpu_name() and str(rec.get("env", {}).get("device")) == "cpu":
@@ -112,18 +113,9 @@ def sdp_priority_order(device) -> Optional[list]:
     return priority_names(getter())
 
 
-def _granularities(device: str) -> dict:
-
-    return {name: exact_granularity(torch.device(device), getattr(torch, name), hq=16, hkv=2, head_dim=128,
-                                    capacity=8192, lq=1) for name in ("float32", "bfloat16")}
-
-
 def format_doctor(info: dict) -> str:
-    lines = ["fastattn doctor"]
     width = max(map(len, info))
-    for k, v in info.items():
-        lines.append(f"  {k:<{width}}  {v}")
-    return "\n".join(lines)
+    return "\n".join(["fastattn doctor"] + [f"  {k:<{width}}  {v}" for k, v in info.items()])
 
 
 def main(argv=None) -> int:

@@ -12,12 +12,8 @@ from typing import Optional
 import torch
 import torch.nn.functional as F
 
-from .core import capturing_or_compiling, causal_mask, check_bucket, host_length, sdpa, window_for
+from .core import capturing_or_compiling, causal_mask, check_bucket, check_positive_int, host_length, sdpa, window_for
 from .devices import device_key, dtype_name
-
-__all__ = ["CPU_FLASH_KEY_BLOCK", "calibrate_exact", "exact_granularity", "exact_window", "kernel_key_block",
-           "check_exactness", "self_check_once", "check_bucket_once", "warn_if_unaligned_window", "exactness_report",
-           "reset_exactness_cache", "calibration_ladders"]
 
 #: torch's CPU flash-attention kernel walks keys in blocks of this many (kvSplitSize, every qSize).
 CPU_FLASH_KEY_BLOCK = 512
@@ -26,16 +22,6 @@ _LOCK = threading.RLock()
 _CALIBRATIONS: dict = {}   # geometry key -> calibration dict
 _SELF_CHECKS: dict = {}    # (int-bucket) self-check key -> check_exactness dict
 _WARNED: set = set()
-
-
-def _check_geometry(hq, hkv, head_dim, capacity, lq) -> None:
-    for name, value in (("hq", hq), ("hkv", hkv), ("head_dim", head_dim), ("capacity", capacity), ("lq", lq)):
-        if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-            raise ValueError(f"{name} must be a positive int, got {value!r}")
-    if hq % hkv:
-        raise ValueError(f"hq ({hq}) must be a multiple of hkv ({hkv})")
-    if lq > capacity:
-        raise ValueError(f"lq ({lq}) must not exceed capacity ({capacity})")
 
 
 # --------------------------------------------------------------------------- which kernel, which block
@@ -62,18 +48,11 @@ def kernel_key_block(device, dtype, *, hq: int, hkv: int, head_dim: int, lq: int
 def _candidates(block: Optional[int], capacity: int, exhaustive: bool) -> list:
     """Powers of two from the key block below capacity; ``exhaustive`` prepends the (ineligible) half block."""
     base = block or CPU_FLASH_KEY_BLOCK
-    out = [base // 2] if exhaustive else []
-    c = base
+    out, c = [], base // 2 if exhaustive else base
     while c < capacity:
         out.append(c)
         c *= 2
-    return [c for c in out if c < capacity]
-
-
-def _lengths(step: int, capacity: int, lq: int) -> list:
-    edges = range(step, capacity + 1, step)
-    picks = {lq, lq + 1, capacity} | {e + d for e in edges for d in (-1, 0, 1)}
-    return sorted(n for n in picks if lq <= n <= capacity)
+    return out
 
 
 # --------------------------------------------------------------------------- calibration
@@ -83,16 +62,21 @@ def calibrate_exact(device, dtype, *, hq: int, hkv: int, head_dim: int, capacity
     """Measure which window bucket keeps ``exact`` bit-identical (``torch.equal``) to the full-capacity call for this
     geometry, over ``draws`` random batches; ``exhaustive=False`` (first use) stops at the first eligible identical one.
     ``bucket`` is None where no window is exact. Bad geometry or ``draws``: ValueError."""
-    _check_geometry(hq, hkv, head_dim, capacity, lq)
-    if isinstance(draws, bool) or not isinstance(draws, int) or draws <= 0:
-        raise ValueError(f"draws must be a positive int, got {draws!r}")
+    for name, value in (("hq", hq), ("hkv", hkv), ("head_dim", head_dim), ("capacity", capacity), ("lq", lq)):
+        check_positive_int(value, name)
+    if hq % hkv:
+        raise ValueError(f"hq ({hq}) must be a multiple of hkv ({hkv})")
+    if lq > capacity:
+        raise ValueError(f"lq ({lq}) must not exceed capacity ({capacity})")
+    check_positive_int(draws, "draws")
     device, t0 = torch.device(device), time.perf_counter()
     block, kernel = kernel_key_block(device, dtype, hq=hq, hkv=hkv, head_dim=head_dim, lq=lq)
     cands = _candidates(block, capacity, exhaustive)
     # Lengths e-1, e, e+1 at each edge of the finest candidate (e+1 opens a block with one live key); lean checks
     # need only the key block's edges, where every eligible window ends.
     step = min(cands) if exhaustive and cands else (block or (min(cands) if cands else capacity))
-    lengths = _lengths(step, capacity, lq)
+    picks = {lq, lq + 1, capacity} | {e + d for e in range(step, capacity + 1, step) for d in (-1, 0, 1)}
+    lengths = sorted(n for n in picks if lq <= n <= capacity)
     ladder = [{"candidate": c, "eligible": bool(block and c % block == 0),
                "reason": (f"multiple of the {kernel} key block ({block})" if block and c % block == 0 else
                           f"not a multiple of the {kernel} key block ({block})" if block else
@@ -116,9 +100,7 @@ def _measure(ladder, lengths, device, dtype, hq, hkv, head_dim, capacity, lq, dr
     v = torch.randn(draws, hkv, capacity, head_dim, generator=gen).to(device=device, dtype=dtype)
     qs = [torch.randn(draws, hq, lq, head_dim, generator=gen).to(device=device, dtype=dtype) for _ in lengths]
     refs: dict = {}
-    order = sorted(range(len(ladder)), key=lambda i: (not ladder[i]["eligible"], ladder[i]["candidate"]))
-    for i in order:
-        row = ladder[i]
+    for row in sorted(ladder, key=lambda r: (not r["eligible"], r["candidate"])):
         if not exhaustive and not row["eligible"]:
             continue
         row["measured"], worst = True, 0.0
@@ -174,7 +156,7 @@ def check_bucket_once(device, dtype, *, hq: int, hkv: int, head_dim: int, bucket
 
 @torch.no_grad()
 def check_exactness(device, dtype, *, hq: int = 16, hkv: int = 2, head_dim: int = 128, bucket: int = 256,
-                    capacity: Optional[int] = None, positions=None, seed: int = 0) -> dict:
+                    capacity: Optional[int] = None, seed: int = 0) -> dict:
     """Int-``bucket`` ``exact`` vs ``reference`` on one draw at bucket edges: weaker than :func:`calibrate_exact`."""
     check_bucket(bucket)
     device = torch.device(device)
@@ -182,9 +164,8 @@ def check_exactness(device, dtype, *, hq: int = 16, hkv: int = 2, head_dim: int 
     if capacity > 1 << 20:
         raise ValueError(f"bucket={bucket} (capacity {capacity}): the self-check would allocate a {capacity}-slot "
                          f"cache; expected a capacity of at most {1 << 20} slots (a window never exceeds the cache)")
-    if positions is None:
-        positions = sorted({0, 1, 15, 16, bucket - 1, bucket, bucket + 1, 2 * bucket + 7, 3 * bucket - 1, capacity - 1})
-    positions = [p for p in positions if 0 <= p < capacity]
+    positions = [p for p in sorted({0, 1, 15, 16, bucket - 1, bucket, bucket + 1, 2 * bucket + 7, 3 * bucket - 1,
+                                    capacity - 1}) if 0 <= p < capacity]
     gen = torch.Generator(device="cpu").manual_seed(seed)
     k = torch.randn(1, hkv, capacity, head_dim, generator=gen).to(device=device, dtype=dtype)
     v = torch.randn(1, hkv, capacity, head_dim, generator=gen).to(device=device, dtype=dtype)
@@ -198,24 +179,16 @@ def check_exactness(device, dtype, *, hq: int = 16, hkv: int = 2, head_dim: int 
             d = (ref.double() - ex.double()).abs().max().item()
             max_diff = max(max_diff, d)
             first = p if first is None else first
-    return {
-        "device": str(device), "dtype": dtype_name(dtype), "hq": hq, "hkv": hkv,
-        "head_dim": head_dim, "bucket": bucket, "capacity": capacity,
-        "bit_identical": first is None, "max_abs_diff": max_diff,
-        "positions_checked": len(positions), "first_diff_position": first,
-        "torch": torch.__version__,
-    }
+    return {"device": str(device), "dtype": dtype_name(dtype), "hq": hq, "hkv": hkv, "head_dim": head_dim,
+            "bucket": bucket, "capacity": capacity, "bit_identical": first is None, "max_abs_diff": max_diff,
+            "positions_checked": len(positions), "first_diff_position": first, "torch": torch.__version__}
 
 
 # --------------------------------------------------------------------------- the cached choice
-def _key(device, dtype, hq, hkv, head_dim, capacity, lq) -> tuple:
-    return (device_key(torch.device(device)), dtype_name(dtype), hq, hkv, head_dim, capacity, lq,
-            torch.get_num_threads(), id(F.scaled_dot_product_attention))
-
-
 def exact_granularity(device, dtype, *, hq: int, hkv: int, head_dim: int, capacity: int, lq: int = 1) -> Optional[int]:
     """The calibrated bucket (calibrated at first use, not under compile or capture), or None: the whole capacity."""
-    key = _key(device, dtype, hq, hkv, head_dim, capacity, lq)
+    key = (device_key(torch.device(device)), dtype_name(dtype), hq, hkv, head_dim, capacity, lq,
+           torch.get_num_threads(), id(F.scaled_dot_product_attention))
     hit = _CALIBRATIONS.get(key)
     if hit is not None:
         return hit["bucket"]

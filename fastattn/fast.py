@@ -18,9 +18,6 @@ from .core import capturing_or_compiling, causal_mask, f64_attention, sdpa
 from .devices import device_key, dtype_name
 from .static import called_key_counts, choose_graph_form, error_bound
 
-__all__ = ["CANDIDATES", "PROBE_ONLY", "fast_attention", "fast_report", "reset_fast_cache", "choose_fast",
-           "grouped_window", "graph_choice"]
-
 log = logging.getLogger("fastattn")
 
 _LOCK = threading.RLock()
@@ -29,14 +26,6 @@ _LOGGED: set = set()  # (call shape, candidate) already logged as broken
 
 
 # --------------------------------------------------------------------------- candidates: (q, k, v) over live keys
-def _causal_rows(lq: int, group: int, n: int, device) -> Optional[torch.Tensor]:
-    """Bool (group * Lq, n) mask of the grouped rows: row r is query r % Lq, which sees keys <= n - Lq + r % Lq."""
-    if lq == 1:
-        return None
-    last = n - lq + torch.arange(lq, device=device).repeat(group)  # (group * Lq,)
-    return torch.arange(n, device=device).view(1, -1) <= last.view(-1, 1)
-
-
 def _grouped(q, k, v, length=None):
     """The grouped form in float32; a tensor ``length`` masks keys at or past it (Lq = 1), else Lq > 1 is causal."""
     B, hq, lq, D = q.shape
@@ -46,11 +35,10 @@ def _grouped(q, k, v, length=None):
     s = (qg @ k.float().transpose(-1, -2)).mul_(1.0 / math.sqrt(D))     # (B, Hkv, G*Lq, n); scaling q
     # first is faster but rounds q once more (measured: further from float64 than reference)
     if length is not None:
-        mask = torch.arange(n, device=q.device) < length.reshape(-1)[-1:]  # (n,)
-    else:
-        mask = _causal_rows(lq, g, n, q.device)
-    if mask is not None:
-        s = s.masked_fill(~mask, float("-inf"))
+        s = s.masked_fill(torch.arange(n, device=q.device) >= length.reshape(-1)[-1:], float("-inf"))  # (n,)
+    elif lq > 1:  # row r is query r % Lq, which sees keys <= n - Lq + r % Lq
+        last = n - lq + torch.arange(lq, device=q.device).repeat(g)  # (G*Lq,)
+        s = s.masked_fill(torch.arange(n, device=q.device).view(1, -1) > last.view(-1, 1), float("-inf"))
     return (s.softmax(-1) @ v.float()).reshape(B, hq, lq, D).to(q.dtype)  # (B, Hkv, G*Lq, D) -> (B, Hq, Lq, D)
 
 
@@ -155,7 +143,6 @@ def choose_fast(device, dtype, *, hq: int, hkv: int, head_dim: int, lq: int = 1,
     rand = lambda *s: torch.randn(*s, generator=gen).to(device=device, dtype=dtype)  # noqa: E731
     k, v = rand(1, hkv, max(lengths), head_dim), rand(1, hkv, max(lengths), head_dim)
     q = rand(1, hq, lq, head_dim)
-    args = [(q, k[:, :, :n], v[:, :, :n]) for n in lengths]
     ref_err = max((sdpa(q, k, v, causal_mask(k.shape[2], lq, n, device)).double()
                    - f64_attention(q, k, v, n)).abs().max().item() for n in lengths)
     scale = max(f64_attention(q, k, v, n).abs().max().item() for n in lengths)
@@ -164,8 +151,8 @@ def choose_fast(device, dtype, *, hq: int, hkv: int, head_dim: int, lq: int = 1,
     for name, fn in cands.items():
         row = {"candidate": name, "max_err": None, "accepted": False, "median_ms": None, "broken": None}
         try:
-            row["max_err"] = max((fn(*a).double() - f64_attention(q, k, v, a[1].shape[2])).abs().max().item()
-                                 for a in args)
+            row["max_err"] = max((fn(q, k[:, :, :n], v[:, :, :n]).double() - f64_attention(q, k, v, n))
+                                 .abs().max().item() for n in lengths)
         except Exception as exc:  # noqa: BLE001 - a kernel that cannot run this shape is skipped
             if _is_oom(exc):
                 raise
@@ -191,9 +178,8 @@ def choose_fast(device, dtype, *, hq: int, hkv: int, head_dim: int, lq: int = 1,
         raise RuntimeError(f"fastattn fast: only probe-only candidates are within twice reference's error for "
                            f"{_key(q, k)}")
     winner = min(eligible, key=eligible.get)
-    return {"device": str(device), "dtype": dtype_name(dtype), "hq": hq, "hkv": hkv,
-            "head_dim": head_dim, "lq_class": "lq=1" if lq == 1 else "lq>1", "length_class": length_class,
-            "probe_lengths": lengths,
+    return {"device": str(device), "dtype": dtype_name(dtype), "hq": hq, "hkv": hkv, "head_dim": head_dim,
+            "lq_class": "lq=1" if lq == 1 else "lq>1", "length_class": length_class, "probe_lengths": lengths,
             "reference_max_err": ref_err, "bound": bound, "candidates": rows, "winner": winner,
             "note": "fast mode trades bit-identity for speed: within twice reference's error vs float64"}
 

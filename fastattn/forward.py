@@ -15,10 +15,6 @@ from .exactness import check_bucket_once, exact_granularity
 from .fast import grouped_window, sdpa_slice
 from .modes import REGISTRY
 
-__all__ = ["make_attention_forward_step", "make_model_forward_step", "make_setup_cache", "cache_granularity",
-           "slice_fix_functions"]
-
-
 _MODEL_STEP = threading.local()  # .cut: the patched model step is handing its layers views cut to the live keys
 
 
@@ -50,7 +46,7 @@ def make_attention_forward_step(mode: str, bucket, *, attend=None):
         if unmasked and not graph and not getattr(_MODEL_STEP, "cut", False):
             # called directly (not from the patched model step, whose views hold exactly the live keys):
             # never attend past the position. Reads the position (free on CPU, a sync on CUDA).
-            n = _live(position_id)
+            n = int(position_id.reshape(-1)[-1] if isinstance(position_id, torch.Tensor) else position_id) + 1
             key_cache, value_cache = key_cache[:, :, :n], value_cache[:, :, :n]
         key_cache[:, :, position_id, :] = key_states
         value_cache[:, :, position_id, :] = value_states
@@ -133,23 +129,15 @@ def _head_dim(config) -> int:
     return config.hidden_size // config.num_attention_heads if config.kv_channels is None else config.kv_channels
 
 
-def _granularity(config, device, dtype, max_length: int) -> Optional[int]:
-    return exact_granularity(torch.device(device), dtype, hq=config.num_attention_heads,
-                             hkv=config.num_key_value_heads, head_dim=_head_dim(config), capacity=max_length, lq=1)
-
-
 def cache_granularity(config, device, dtype, max_length: int, bucket) -> int:
     """The right-sized cache's bucket: the caller's int (self-checked), the calibrated one, else the whole cache."""
     if bucket is not None:  # checked once against the full max_length call, where the layers cannot
         check_bucket_once(device, dtype, hq=config.num_attention_heads, hkv=config.num_key_value_heads,
                           head_dim=_head_dim(config), bucket=bucket, capacity=max_length)
         return bucket
-    g = _granularity(config, device, dtype, max_length)
+    g = exact_granularity(torch.device(device), dtype, hq=config.num_attention_heads, hkv=config.num_key_value_heads,
+                          head_dim=_head_dim(config), capacity=max_length, lq=1)
     return g if g is not None else -(-max_length // 16) * 16
-
-
-def _live(position_id) -> int:
-    return int(position_id.reshape(-1)[-1]) + 1 if isinstance(position_id, torch.Tensor) else int(position_id) + 1
 
 
 #: LMs whose cache the patched ``setup_cache`` built (so a revert can give them upstream's back)

@@ -12,9 +12,6 @@ from typing import Optional
 
 import torch
 
-__all__ = ["optimize", "deoptimize", "graph_counts", "reset_graph_counts", "mark_cache_static", "OPTIMIZED",
-           "cudagraph_recordings"]
-
 #: models :func:`optimize` compiled (a patch revert deoptimizes them)
 OPTIMIZED: weakref.WeakSet = weakref.WeakSet()
 
@@ -48,23 +45,17 @@ def optimize(model, *, compile_mode: Optional[str] = None, backend: str = "induc
     if compile_mode is None:
         compile_mode = "reduce-overhead" if device.startswith("cuda") and backend == "inductor" else None
     report = {"mode": compile_mode, "backend": backend, "fullgraph": fullgraph, "compiled": [], "failed": {}}
-    opts = {"backend": backend, "fullgraph": fullgraph}
-    if compile_mode is not None:
-        opts["mode"] = compile_mode
     for part, (obj, attr) in _parts(model).items():
-        if part not in components:
-            continue
-        current = obj.__dict__.get(attr)
-        if getattr(current, "__fastattn_compiled__", False):
-            continue  # already optimized
+        if part not in components or getattr(obj.__dict__.get(attr), "__fastattn_compiled__", False):
+            continue  # not asked for, or already optimized
         obj.__dict__.pop(attr, None)  # drop any earlier instance override (e.g. voxcpm's own optimize())
         if part == "feat_encoder":  # voxcpm runs the (variable-length) prefill through the raw encoder
             model.__dict__["_feat_encoder_raw"] = functools.partial(type(obj).forward, obj)
         eager = getattr(obj, attr)
         # Compile the class function with the object as an argument: compiling the bound
         # method of a module whose instance ``forward`` is then replaced made dynamo skip it.
-        compiled = functools.partial(torch.compile(getattr(type(obj), attr), **opts), obj)
-        setattr(obj, attr, _guarded(compiled, eager, part, report))
+        compiled = torch.compile(getattr(type(obj), attr), backend=backend, fullgraph=fullgraph, mode=compile_mode)
+        setattr(obj, attr, _guarded(functools.partial(compiled, obj), eager, part, report))
         report["compiled"].append(part)
     if device.startswith("cuda"):
         for lm_name in ("base_lm", "residual_lm"):
@@ -95,18 +86,11 @@ def deoptimize(model):
 
 def _parts(model) -> dict:
     """{component: (object, attribute)} of what upstream's ``optimize()`` compiles, replaced on the instance."""
-    out = {}
-    for name in ("base_lm", "residual_lm"):
-        lm = getattr(model, name, None)
-        if lm is not None:
-            out[name] = (lm, "forward_step")
-    enc = model.__dict__.get("_modules", {}).get("feat_encoder")
-    if enc is not None:
-        out["feat_encoder"] = (enc, "forward")
-    dec = getattr(model, "feat_decoder", None)
-    if dec is not None and getattr(dec, "estimator", None) is not None:
-        out["feat_decoder"] = (dec.estimator, "forward")
-    return out
+    parts = {"base_lm": (getattr(model, "base_lm", None), "forward_step"),
+             "residual_lm": (getattr(model, "residual_lm", None), "forward_step"),
+             "feat_encoder": (model.__dict__.get("_modules", {}).get("feat_encoder"), "forward"),
+             "feat_decoder": (getattr(getattr(model, "feat_decoder", None), "estimator", None), "forward")}
+    return {name: (obj, attr) for name, (obj, attr) in parts.items() if obj is not None}
 
 
 #: the logger inductor's cudagraph trees write each skip's reason to (``log_cudagraph_skip_and_bump_counter``)

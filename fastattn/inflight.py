@@ -10,8 +10,6 @@ import weakref
 
 from . import compat
 
-__all__ = ["LOCK", "TRACKED", "track_requests", "in_flight", "when_idle"]
-
 LOCK = threading.RLock()
 _INFLIGHT: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model -> decodes running now
 _ON_IDLE: list = []

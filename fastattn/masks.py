@@ -13,8 +13,6 @@ import torch.nn.functional as F
 
 from .exactness import CPU_FLASH_KEY_BLOCK
 
-__all__ = ["MaskInfo", "attention", "CHECK_ENV"]
-
 #: Set to 1 to verify every ``attention(..., mask=..., mask_info=...)`` call (as ``check=True``).
 CHECK_ENV = "FASTATTN_CHECK_MASKS"
 
@@ -35,11 +33,10 @@ class MaskInfo:
     padding: Optional[str] = None
 
     def __post_init__(self):
-        if self.keys is not None:
-            if not isinstance(self.keys, torch.Tensor) or self.keys.dtype != torch.bool or self.keys.dim() != 2:
-                got = (f"{self.keys.dtype} {tuple(self.keys.shape)}" if isinstance(self.keys, torch.Tensor)
-                       else type(self.keys).__name__)
-                raise TypeError(f"keys must be a bool tensor of shape (B, Lk), got {got}")
+        k = self.keys
+        if k is not None and (not isinstance(k, torch.Tensor) or k.dtype != torch.bool or k.dim() != 2):
+            got = f"{k.dtype} {tuple(k.shape)}" if isinstance(k, torch.Tensor) else type(k).__name__
+            raise TypeError(f"keys must be a bool tensor of shape (B, Lk), got {got}")
         if not isinstance(self.causal, bool):
             raise TypeError(f"causal must be a bool, got {type(self.causal).__name__}")
         w = self.window
@@ -108,10 +105,10 @@ def attention(q, k, v, *, mask=None, mask_info: Optional[MaskInfo] = None, scale
     for name, t in (("q", q), ("k", k), ("v", v)):
         if not isinstance(t, torch.Tensor) or t.dim() != 4:
             raise ValueError(f"{name} must be a 4-D tensor (B, H, L, D), got {getattr(t, 'shape', type(t).__name__)}")
-    if mask is not None and (not isinstance(mask, torch.Tensor) or mask.dtype != torch.bool):
-        got = getattr(mask, "dtype", type(mask).__name__)
-        raise TypeError(f"mask must be a bool tensor (True = attend), got {got}")
     if mask is not None:
+        if not isinstance(mask, torch.Tensor) or mask.dtype != torch.bool:
+            got = getattr(mask, "dtype", type(mask).__name__)
+            raise TypeError(f"mask must be a bool tensor (True = attend), got {got}")
         dense = (q.shape[0], q.shape[1], q.shape[2], k.shape[2])
         try:  # what SDPA accepts: broadcastable to (B, Hq, Lq, Lk), never truncated or stretched along keys
             ok = torch.broadcast_shapes(tuple(mask.shape), dense) == dense and mask.shape[-1] == k.shape[2]
@@ -122,11 +119,10 @@ def attention(q, k, v, *, mask=None, mask_info: Optional[MaskInfo] = None, scale
     if mask_info is not None and not isinstance(mask_info, MaskInfo):
         raise TypeError(f"mask_info must be a MaskInfo, got {type(mask_info).__name__}")
     Lq, Lk = q.shape[2], k.shape[2]
-    if check or os.environ.get(CHECK_ENV) == "1":
-        if mask_info is not None:
-            mask_info.check_padding()
-            if mask is not None and not mask_info.describes(mask):
-                raise ValueError("mask_info does not describe mask: its dense form differs (check=True)")
+    if mask_info is not None and (check or os.environ.get(CHECK_ENV) == "1"):
+        mask_info.check_padding()
+        if mask is not None and not mask_info.describes(mask):
+            raise ValueError("mask_info does not describe mask: its dense form differs (check=True)")
     if mask is None and mask_info is not None:
         mask = mask_info.dense(Lq, Lk, device=q.device)
     if mask is None:

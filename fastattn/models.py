@@ -19,9 +19,6 @@ from . import compat
 from .devices import DTYPES, resolve_device
 from .paths import data_dir
 
-__all__ = ["PRESETS", "DTYPES", "architecture", "voxcpm2_config", "build_voxcpm2", "load_voxcpm2", "save_voxcpm2",
-           "count_parameters"]
-
 PRESETS = ("tiny", "small", "full")
 #: voxcpm's ``max_length``: the slots every LM's cache holds, and "every position" of a claim
 MAX_LENGTH = 8192
@@ -51,9 +48,7 @@ def voxcpm2_config(preset: str = "tiny", *, max_length: int = MAX_LENGTH, dtype:
     for key in ("long_factor", "short_factor"):
         if rs[key] == "ones":
             rs[key] = [1.0] * half
-    cfg["max_length"] = max_length
-    cfg["dtype"] = dtype
-    cfg["device"] = device
+    cfg.update(max_length=max_length, dtype=dtype, device=device)
     return cfg
 
 
@@ -61,7 +56,7 @@ def _tokenizer(vocab_size: int):
     """An offline LlamaTokenizerFast over single characters (ids 101-104 are VoxCPM's audio specials)."""
     from transformers import LlamaTokenizerFast
 
-    chars = [c for c in string.ascii_letters + string.digits + string.punctuation] + ["▁"]
+    chars = list(string.ascii_letters + string.digits + string.punctuation) + ["▁"]
     vocab = {"<unk>": 0, "<s>": 1, "</s>": 2}
     reserved = {101, 102, 103, 104}
     nxt = 3
@@ -76,10 +71,6 @@ def _tokenizer(vocab_size: int):
                               add_bos_token=True, add_eos_token=False)
 
 
-def _check_device(device: str) -> str:
-    return str(resolve_device(device))
-
-
 def build_voxcpm2(preset: str = "tiny", *, seed: int = 0, device: str = "cpu", dtype: str = "bfloat16",
                   max_length: int = MAX_LENGTH):
     """A real ``VoxCPM2Model`` with random weights from ``preset``, offline; the same preset, seed and dtype give the
@@ -88,7 +79,7 @@ def build_voxcpm2(preset: str = "tiny", *, seed: int = 0, device: str = "cpu", d
         raise ValueError(f"dtype must be one of {', '.join(DTYPES)}; got {dtype!r}")
     if isinstance(max_length, bool) or not isinstance(max_length, int) or max_length < 16:
         raise ValueError(f"max_length must be an int >= 16, got {max_length!r}")
-    device = _check_device(device)
+    device = str(resolve_device(device))
     cfg = voxcpm2_config(preset, max_length=max_length, dtype=dtype, device=device)
     compat.ensure_torchaudio()
     from voxcpm.model.voxcpm2 import VoxCPM2Model, VoxCPMConfig
@@ -115,11 +106,10 @@ def count_parameters(model) -> int:
     return sum(p.numel() for p in model.parameters())
 
 
-_CKPT_FILES = ("config.json",)
 _WEIGHTS = ("model.safetensors", "pytorch_model.bin")
 _VAE = ("audiovae.safetensors", "audiovae.pth")
-
-
+#: what a checkpoint folder must hold: one file of each group
+_REQUIRED = (("config.json",), _WEIGHTS, _VAE, ("tokenizer.json", "tokenizer.model"))
 TEST_STRING = "hello world"
 
 
@@ -144,25 +134,23 @@ def save_voxcpm2(model, path) -> Path:
     return p
 
 
-def _checkpoint_keys(path: Path) -> tuple[set, set]:
-    def keys(names):
-        for name in names:
-            f = path / name
-            if f.is_file() and f.suffix == ".safetensors":
-                from safetensors import safe_open
-                with safe_open(str(f), framework="pt") as h:
-                    return set(h.keys())
-            if f.is_file():
-                sd = torch.load(str(f), map_location="cpu", weights_only=True)
-                return set(sd.get("state_dict", sd))
-        return set()
-    return keys(_WEIGHTS), keys(_VAE)
+def _checkpoint_keys(path: Path, names) -> set:
+    """The state-dict keys of the first of ``names`` in ``path`` (none: empty)."""
+    for name in names:
+        f = path / name
+        if f.is_file() and f.suffix == ".safetensors":
+            from safetensors import safe_open
+            with safe_open(str(f), framework="pt") as h:
+                return set(h.keys())
+        if f.is_file():
+            sd = torch.load(str(f), map_location="cpu", weights_only=True)
+            return set(sd.get("state_dict", sd))
+    return set()
 
 
 def _check_coverage(model, path: Path) -> None:
     """ValueError unless the checkpoint covers the model exactly (voxcpm's ``strict=False`` keeps random weights)."""
-    lm_keys, vae_keys = _checkpoint_keys(path)
-    have = lm_keys | {f"audio_vae.{k}" for k in vae_keys}
+    have = _checkpoint_keys(path, _WEIGHTS) | {f"audio_vae.{k}" for k in _checkpoint_keys(path, _VAE)}
     want = {k for k in model.state_dict() if "lora_" not in k}
     missing, unexpected = sorted(want - have), sorted(have - want)
     if missing or unexpected:
@@ -170,14 +158,6 @@ def _check_coverage(model, path: Path) -> None:
         raise ValueError(f"checkpoint {str(path)!r} does not match the model its config.json describes: "
                          f"missing {len(missing)} key(s) [{show(missing)}]; unexpected {len(unexpected)} "
                          f"[{show(unexpected)}]. voxcpm would load it with strict=False and keep random weights.")
-
-
-def _check_tokenizer(model, path: Path) -> None:
-    ids = model.text_tokenizer(TEST_STRING)
-    if len(ids) == 0:
-        raise ValueError(f"checkpoint {str(path)!r}: its tokenizer encodes {TEST_STRING!r} as no tokens "
-                         "(a tokenizer_config.json alone is not a tokenizer: expected tokenizer.json or "
-                         "tokenizer.model)")
 
 
 def load_voxcpm2(path, *, device: Optional[str] = None):
@@ -189,17 +169,11 @@ def load_voxcpm2(path, *, device: Optional[str] = None):
     if not p.is_dir():
         raise FileNotFoundError(f"checkpoint path {str(p)!r} is not an existing directory "
                                 "(fastattn never downloads: pass a local VoxCPM2 checkpoint directory)")
-    missing = [f for f in _CKPT_FILES if not (p / f).is_file()]
-    if not any((p / f).is_file() for f in _WEIGHTS):
-        missing.append(" or ".join(_WEIGHTS))
-    if not any((p / f).is_file() for f in _VAE):
-        missing.append(" or ".join(_VAE))
-    if not any((p / f).is_file() for f in ("tokenizer.json", "tokenizer.model")):
-        missing.append("tokenizer.json or tokenizer.model")
+    missing = [" or ".join(names) for names in _REQUIRED if not any((p / f).is_file() for f in names)]
     if missing:
         raise FileNotFoundError(f"checkpoint directory {str(p)!r} lacks: {', '.join(missing)}")
     if device is not None:
-        device = _check_device(device)
+        device = str(resolve_device(device))
     compat.ensure_torchaudio()
     from voxcpm.model.voxcpm2 import VoxCPM2Model
 
@@ -207,7 +181,10 @@ def load_voxcpm2(path, *, device: Optional[str] = None):
     with redirect_stderr(StringIO()):
         model = VoxCPM2Model.from_local(str(p), optimize=False, device=device)
     _check_coverage(model, p)
-    _check_tokenizer(model, p)
+    if len(model.text_tokenizer(TEST_STRING)) == 0:
+        raise ValueError(f"checkpoint {str(p)!r}: its tokenizer encodes {TEST_STRING!r} as no tokens "
+                         "(a tokenizer_config.json alone is not a tokenizer: expected tokenizer.json or "
+                         "tokenizer.model)")
     model.fastattn_info = {"checkpoint": str(p), "weights": "checkpoint", "dtype": model.config.dtype,
                            "device": model.device, "max_length": model.config.max_length,
                            "parameters": count_parameters(model)}

@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-from typing import Callable, NamedTuple, Optional
+from typing import Callable, NamedTuple
 
+from .cache import window_slots
 from .core import causal_mask, host_length, sdpa
 from .exactness import exact_window, self_check_once
 from .fast import fast_attention
-
-__all__ = ["Mode", "REGISTRY", "MODES", "mode_spec"]
 
 
 class Mode(NamedTuple):
@@ -40,14 +39,11 @@ def _fast(q, k_cache, v_cache, length, bucket, window):
     return fast_attention(q, k_cache[:, :, :n], v_cache[:, :, :n])
 
 
-def _window_keys(n: int, capacity: int, g: Optional[int]) -> int:
-    return capacity if g is None else min(-(-max(n, 1) // g) * g, capacity)
-
-
 REGISTRY = {m.name: m for m in (
     Mode("reference", _reference, lambda n, capacity, g: capacity, masked=True, windowed=False, exact=True,
          graph_safe=True, note="reference mode is upstream's computation: a bool mask over the whole cache"),
-    Mode("exact", _exact, _window_keys, masked=True, windowed=True, exact=True, graph_safe=True,
+    Mode("exact", _exact, lambda n, capacity, g: capacity if g is None else window_slots(n, capacity, g),
+         masked=True, windowed=True, exact=True, graph_safe=True,
          note="exact mode: bit-identical to upstream on this device, by construction and calibration"),
     Mode("fast", _fast, lambda n, capacity, g: n, masked=False, windowed=False, exact=False, graph_safe=True,
          note="fast mode trades bit-identity for speed (within twice reference's error vs float64)"),

@@ -95,8 +95,7 @@ class SliceEngine(NBClientEngine):
         kwargs = {k: v for k, v in kwargs.items() if k not in ("input_path", "timeout", "startup_timeout")}
         return SliceClient(nb_man, timeout=execution_timeout, startup_timeout=start_timeout, kernel_name=kernel_name,
                            log=logging.getLogger("papermill"), log_output=log_output, stdout_file=stdout_file,
-                           stderr_file=stderr_file,
-                           **kwargs).execute()
+                           stderr_file=stderr_file, **kwargs).execute()
 
 
 papermill_engines.register(ENGINE, SliceEngine)

@@ -21,9 +21,6 @@ from .graphs import OPTIMIZED, deoptimize
 from .inflight import in_flight
 from .modes import REGISTRY, mode_spec
 
-__all__ = ["patch_voxcpm", "patch_status", "VoxcpmPatch", "PatchError", "fingerprints", "VERIFIED", "TARGETS",
-           "installed_functions", "in_flight"]
-
 log = logging.getLogger("fastattn")
 
 #: sha256 (first 16 hex digits) of ``inspect.getsource`` of each function the patch replaces, per verified voxcpm.
@@ -54,35 +51,31 @@ def _installed(name: str):
     return getattr(_modules()[0], cls).__dict__[attr]
 
 
-def _install(name: str, fn) -> None:
-    cls, attr = name.split(".")
-    setattr(getattr(_modules()[0], cls), attr, fn)
-
-
-def _targets():
-    """What the fingerprints cover: every patched function, and the cache class the patch stands in for."""
-    return {**{name: _installed(name) for name in TARGETS}, "StaticKVCache": _modules()[1].StaticKVCache}
+def _swap(fns: dict) -> dict:
+    """Install class functions by name; returns the ones they replaced."""
+    saved = {name: _installed(name) for name in fns}
+    for name, fn in fns.items():
+        cls, attr = name.split(".")
+        setattr(getattr(_modules()[0], cls), attr, fn)
+    return saved
 
 
 def fingerprints() -> dict:
-    """Fingerprint of each function the patch replaces (the unpatched originals while applied)."""
-    targets = _targets()
-    if _STATE is not None:
-        targets.update(_STATE.originals)
+    """Fingerprints of the functions the patch replaces (upstream's while applied) and of ``StaticKVCache``."""
+    targets = {**original_functions(), "StaticKVCache": _modules()[1].StaticKVCache}
     return {name: hashlib.sha256(inspect.getsource(obj).encode()).hexdigest()[:16] for name, obj in targets.items()}
 
 
-def _voxcpm_version() -> str:
-    return package_version("voxcpm")
+def _verified_as(found: dict) -> Optional[str]:
+    return next((ver for ver, known in VERIFIED.items() if known == found), None)
 
 
 def _verify(force: bool) -> dict:
     found = fingerprints()
-    for ver, known in VERIFIED.items():
-        if known == found:
-            return {"verified_as": ver, "forced": False}
+    if (ver := _verified_as(found)) is not None:
+        return {"verified_as": ver, "forced": False}
     changed = sorted(name for name in found if all(k.get(name) != found[name] for k in VERIFIED.values()))
-    msg = (f"installed voxcpm {_voxcpm_version()} differs from the versions fastattn verified "
+    msg = (f"installed voxcpm {package_version('voxcpm')} differs from the versions fastattn verified "
            f"({', '.join(VERIFIED)}): changed source in {', '.join(changed)}. The patch replaces these "
            "functions, so upstream changes there would be lost. Review them, then pass force=True "
            "to patch anyway.")
@@ -121,48 +114,34 @@ def original_functions() -> dict:
 @contextmanager
 def swapped(fns: dict):
     """Install class functions by name for a block, then restore (benchmarks: no fingerprint check)."""
-    saved = {name: _installed(name) for name in fns}
-    for name, fn in fns.items():
-        _install(name, fn)
+    saved = _swap(fns)
     try:
         yield
     finally:
-        for name, fn in saved.items():
-            _install(name, fn)
+        _swap(saved)
 
 
 _LOCK = inflight.LOCK
 
 
 # --------------------------------------------------------------------------- the applied patch and its holders
-def _lms(model):
-    lms = [getattr(model, name, None) for name in ("base_lm", "residual_lm")]
-    lms = [lm for lm in lms if lm is not None]
+def _lms(model) -> list:
+    """``model``'s LMs: TypeError if it has none, PatchError if voxcpm's optimize() compiled their step."""
+    lms = {name: getattr(model, name, None) for name in ("base_lm", "residual_lm")}
+    lms = {name: lm for name, lm in lms.items() if lm is not None}
     if not lms:
         raise TypeError("model must be a voxcpm VoxCPM/VoxCPM2 model with base_lm/residual_lm; "
                         f"got {type(model).__name__}")
-    return lms
-
-
-def _check_not_compiled(model) -> None:
-    if model in OPTIMIZED:
-        return  # fastattn.optimize: its wrappers compile whatever the class holds when first called
-    for name in ("base_lm", "residual_lm"):
-        lm = getattr(model, name, None)
-        if lm is not None and "forward_step" in lm.__dict__:
+    for name, lm in lms.items():
+        # fastattn.optimize's wrappers are fine: they compile whatever the class holds when first called
+        if model not in OPTIMIZED and "forward_step" in lm.__dict__:
             raise PatchError(
                 f"model.{name}.forward_step was replaced on the instance (voxcpm's optimize() wraps it in "
                 "torch.compile); a class-level patch would be silently ignored by the compiled function. "
                 "Load the model with optimize=False (fastattn.load_voxcpm2 does), patch, then compile with "
                 "fastattn.optimize(model)."
             )
-
-
-def _static_to_rightsized(lm, cache, bucket):
-    k = cache.kv_cache  # (2, layers, B, Hkv, max_length, D)
-    return RightSizedKVCache(k.shape[1], k.shape[3], k.shape[5], k.shape[2], k.device, k.dtype,
-                             max_length=cache.max_length,
-                             bucket=cache_granularity(lm.config, k.device, k.dtype, cache.max_length, bucket))
+    return list(lms.values())
 
 
 class _Applied:
@@ -177,20 +156,19 @@ class _Applied:
         self.holders: set = set()
         self.converted: weakref.WeakSet = weakref.WeakSet()
         self.pending_revert = False
-        fns = variant_functions(mode, cache=cache, bucket=bucket)
-        self.originals = {name: _installed(name) for name in fns}
-        for name, fn in fns.items():
-            _install(name, fn)
+        self.originals = _swap(variant_functions(mode, cache=cache, bucket=bucket))
 
     def convert(self, model) -> None:
         lms = _lms(model)
-        _check_not_compiled(model)
         if not self.cache:
             return
         _, c = _modules()
         for lm in lms:
             if isinstance(lm.kv_cache, c.StaticKVCache):
-                lm.kv_cache = _static_to_rightsized(lm, lm.kv_cache, self.bucket)
+                k, n = lm.kv_cache.kv_cache, lm.kv_cache.max_length  # (2, layers, B, Hkv, max_length, D)
+                g = cache_granularity(lm.config, k.device, k.dtype, n, self.bucket)
+                lm.kv_cache = RightSizedKVCache(k.shape[1], k.shape[3], k.shape[5], k.shape[2], k.device, k.dtype,
+                                                max_length=n, bucket=g)
                 self.converted.add(lm)
 
     def release(self, holder) -> None:
@@ -212,8 +190,7 @@ class _Applied:
         with _LOCK:
             if _STATE is not self:
                 return
-            for name, fn in self.originals.items():
-                _install(name, fn)
+            _swap(self.originals)
             _, c = _modules()
             for lm in list(self.converted) + list(BUILT):
                 old = lm.kv_cache
@@ -228,13 +205,9 @@ class _Applied:
             _STATE = None
 
     def models(self) -> list:
-        out, seen = [], set()
-        for lm in list(self.converted) + list(BUILT):
-            if id(lm) not in seen:
-                seen.add(id(lm))
-                out.append({"lm": f"{type(lm).__name__}@{id(lm):x}", "cache": type(lm.kv_cache).__name__,
-                            "converted": lm in self.converted})
-        return out
+        lms = {id(lm): lm for lm in [*self.converted, *BUILT]}  # each LM once, in first-seen order
+        return [{"lm": f"{type(lm).__name__}@{id(lm):x}", "cache": type(lm.kv_cache).__name__,
+                 "converted": lm in self.converted} for lm in lms.values()]
 
 
 _STATE: Optional[_Applied] = None
@@ -288,12 +261,11 @@ class VoxcpmPatch:
 
 def _status(state: _Applied) -> dict:
     return {"applied": _STATE is state, **state.settings, **state.verification,
-            "voxcpm": _voxcpm_version(), "patched": sorted(state.originals) if _STATE is state else [],
+            "voxcpm": package_version("voxcpm"), "patched": sorted(state.originals) if _STATE is state else [],
             "holders": len(state.holders), "decodes_in_flight": in_flight(),
             "revert_pending": state.pending_revert, "models": state.models(),
-            "converted_models": len(state.converted),
-            "exact_default": state.mode == "exact",
-            "granularity": ("calibrated" if state.bucket is None else f"int bucket {state.bucket} (self-checked)"),
+            "converted_models": len(state.converted), "exact_default": state.mode == "exact",
+            "granularity": "calibrated" if state.bucket is None else f"int bucket {state.bucket} (self-checked)",
             "calibrations": [{k: c[k] for k in ("device", "dtype", "hq", "hkv", "head_dim", "capacity", "kernel",
                                                 "bucket")}
                              for c in exactness_report() if c["check"] == "calibration" and c["lq"] == 1],
@@ -313,8 +285,7 @@ def patch_voxcpm(model=None, *, mode: str = "exact", cache: bool = True, force: 
         raise TypeError(f"cache must be a bool, got {type(cache).__name__}")
     check_bucket(bucket, allow_none=True)
     if model is not None:
-        _lms(model)
-        _check_not_compiled(model)
+        _lms(model)  # checks it
     with _LOCK:
         inflight.track_requests()
         want = {"mode": mode, "cache": cache, "bucket": bucket}
@@ -340,14 +311,9 @@ def patch_status() -> dict:
     """What is patched and how, which models hold what, decodes in flight (``applied`` False if none)."""
     with _LOCK:
         if _STATE is None:
-            return {"applied": False, "voxcpm": _voxcpm_version(), "fingerprints_match": _fingerprints_known(),
-                    "decodes_in_flight": in_flight()}
+            return {"applied": False, "voxcpm": package_version("voxcpm"),
+                    "fingerprints_match": _verified_as(fingerprints()), "decodes_in_flight": in_flight()}
         return _status(_STATE)
-
-
-def _fingerprints_known() -> Optional[str]:
-    found = fingerprints()
-    return next((ver for ver, known in VERIFIED.items() if known == found), None)
 
 
 def cache_bytes(model) -> dict:

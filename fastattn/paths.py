@@ -12,7 +12,8 @@ import tempfile
 from pathlib import Path
 from typing import Optional
 
-__all__ = ["repo_root", "data_dir", "notebooks_dir", "reports_dir", "atomic_write_text", "without_machine_paths"]
+__all__ = ["repo_root", "data_dir", "notebooks_dir", "notebooks", "reports_dir", "atomic_write_text",
+           "without_machine_paths"]
 
 
 def repo_root() -> Path:
@@ -33,6 +34,11 @@ def data_dir() -> Path:
 
 def notebooks_dir() -> Path:
     return repo_root() / "notebooks"
+
+
+def notebooks() -> list[Path]:
+    """The workbook's notebooks (``NN_*.ipynb``), in order."""
+    return sorted(notebooks_dir().glob("[0-9][0-9]_*.ipynb"))
 
 
 def reports_dir() -> Path:
@@ -67,5 +73,5 @@ def atomic_write_text(path, text: str) -> Path:
 
 def load_published(name: str) -> list[dict]:
     """Rows of one CSV under data/published/ (the seeds' own figures, read, never typed)."""
-    with (Path(data_dir()) / "published" / name).open(newline="") as f:
+    with (data_dir() / "published" / name).open(newline="") as f:
         return list(csv.DictReader(f))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import statistics
 from typing import Optional, Sequence
 
 import matplotlib.pyplot as plt
@@ -10,11 +11,8 @@ from .bench import dtype_table
 from .bench.metrics import kv_mb
 from .bench.stats import fmt_ci
 from .bench.stream import COMPONENTS, stream_trends
-from .paths import load_published  # re-exported: 05 reads the seeds through plots
+from .paths import load_published  # noqa: F401 - re-exported: 05 reads the seeds through plots
 from .tables import fmt, html_table
-
-__all__ = ["attention_sweep", "decode_step", "breakdown", "memory", "published_vs_ours", "exactness",
-           "backend_table", "targets_table", "load_published"]
 
 COLORS = {"reference": "#c0392b", "upstream": "#c0392b", "exact": "#2471a3", "patched": "#2471a3",
           "fast": "#27ae60", "slice_fix": "#8e44ad", "gemm_floor": "#d68910", "floor": "#7f8c8d"}
@@ -30,10 +28,13 @@ def _spread(ax, rows, label, color):
                 marker="o", ms=4, capsize=2, label=label, color=color)
 
 
-def _finish(fig, ax, title: str):
+def _finish(fig, ax, title: str, legend: Optional[int] = 8, grid: bool = True, loc: Optional[str] = None):
+    """Title, a legend in ``legend`` points (None: no legend), the grid, tight layout."""
     ax.set_title(title, fontsize=9)
-    ax.legend(fontsize=8)
-    ax.grid(alpha=0.3)
+    if legend:
+        ax.legend(fontsize=legend, loc=loc)
+    if grid:
+        ax.grid(alpha=0.3)
     fig.tight_layout()
     return fig
 
@@ -94,7 +95,6 @@ PARTS = ("base_lm_s", "residual_lm_s", "local_dit_s", "local_encoder_s", "rest_s
 
 def breakdown(rec: dict, *, ax=None):
     """Stacked per-component time of a whole decode, per variant (median over repeats)."""
-    import statistics
     fig, ax = (ax.figure, ax) if ax is not None else plt.subplots(figsize=(7, 4))
     variants = ["upstream", "patched"]
     bottoms = [0.0, 0.0]
@@ -108,20 +108,16 @@ def breakdown(rec: dict, *, ax=None):
         ax.annotate(f"LM decode attention: {a:.2f} s", (i, bottoms[i]), ha="center", va="bottom", fontsize=8)
     p = rec["params"]
     ax.set_ylabel("seconds (median over repeats)")
-    ax.set_title(_title(rec, f"whole decode: {p['preset']} preset, {p['dtype']}, {p['steps']} steps, "
-                             f"{p['inference_timesteps']} DiT steps"), fontsize=9)
-    ax.legend(fontsize=8, loc="upper right")
-    fig.tight_layout()
-    return fig
+    return _finish(fig, ax, _title(rec, f"whole decode: {p['preset']} preset, {p['dtype']}, {p['steps']} steps, "
+                                        f"{p['inference_timesteps']} DiT steps"), grid=False, loc="upper right")
 
 
 def dtype_decode(rec: dict, *, ax=None):
     """A ``dtype_decode`` record: median step per dtype and variant, its ratio to voxcpm's default with 95% interval."""
     rows = dtype_table(rec)
     fig, ax = (ax.figure, ax) if ax is not None else plt.subplots(figsize=(7, 3.8))
-    labels = [f"{r['dtype']}\n{r['variant']}" for r in rows]
     vals = [r["step s"] for r in rows]
-    ax.bar(labels, vals, color=[COLORS[r["variant"]] for r in rows])
+    ax.bar([f"{r['dtype']}\n{r['variant']}" for r in rows], vals, color=[COLORS[r["variant"]] for r in rows])
     key = next(k for k in rows[0] if k.startswith("x "))
     for i, r in enumerate(rows):
         ci = "" if r["95% low"] is None else f"\n[{r['95% low']:.2f}, {r['95% high']:.2f}]"
@@ -130,37 +126,31 @@ def dtype_decode(rec: dict, *, ax=None):
     ax.set_ylabel("s per decode step (median)")
     ax.set_ylim(0, max(vals) * 1.45)
     p = rec["params"]
-    ax.set_title(_title(rec, f"whole decode per dtype: {p['preset']} preset, {p['inference_timesteps']} DiT steps; "
-                             f"ratio to {key[2:]}"), fontsize=9)
-    fig.tight_layout()
-    return fig
+    return _finish(fig, ax, _title(rec, f"whole decode per dtype: {p['preset']} preset, {p['inference_timesteps']} DiT "
+                                        f"steps; ratio to {key[2:]}"), legend=None, grid=False)
 
 
 def memory(kv: dict, *, published: Optional[list] = None, ax=None):
     """KV bytes of one request, upstream vs patched (and the seed's figures when given)."""
     fig, ax = (ax.figure, ax) if ax is not None else plt.subplots(figsize=(6, 3.6))
-    labels = ["upstream (8192 slots)", "patched (right-sized)"]
     vals = list(kv_mb(kv))
-    ax.bar(labels, vals, color=[COLORS["upstream"], COLORS["patched"]])
+    ax.bar(["upstream (8192 slots)", "patched (right-sized)"], vals, color=[COLORS["upstream"], COLORS["patched"]])
     for i, v in enumerate(vals):
         ax.annotate(f"{v:.1f} MB", (i, v), ha="center", va="bottom", fontsize=8)
     p = kv["params"]
     ax.set_ylabel("KV cache MB (both LMs)")
-    ax.set_title(f"KV of one request: {p['preset']} preset, {p['dtype']}, prefill {p['prefill']} + "
-                 f"{p['steps']} steps", fontsize=9)
-    fig.tight_layout()
-    return fig
+    return _finish(fig, ax, f"KV of one request: {p['preset']} preset, {p['dtype']}, prefill {p['prefill']} + "
+                            f"{p['steps']} steps", legend=None, grid=False)
 
 
 def published_vs_ours(published: Sequence[dict], ours: Optional[dict] = None, *, ax=None):
     """Seed 000's per-position ms/step (GPU) beside our decode-step sweep (this device): its "slice fix" beside our
     ``slice_fix`` (like for like), with our ``patched`` step dotted where the record has it."""
     fig, ax = (ax.figure, ax) if ax is not None else plt.subplots(figsize=(7, 4))
-    for v, style in (("upstream", "-"), ("slice fix", "-")):
+    for v, color in (("upstream", COLORS["upstream"]), ("slice fix", COLORS["slice_fix"])):
         rows = [r for r in published if r["variant"] == v]
-        ax.plot([int(r["position"]) for r in rows], [float(r["ms_per_step"]) for r in rows], ls=style, marker="s",
-                color=COLORS["upstream" if v == "upstream" else "slice_fix"],
-                label=f"seed 000 ({rows[0]['platform']}): {v}")
+        ax.plot([int(r["position"]) for r in rows], [float(r["ms_per_step"]) for r in rows], ls="-", marker="s",
+                color=color, label=f"seed 000 ({rows[0]['platform']}): {v}")
     if ours is not None:
         for v, style in (("upstream", "--"), ("slice_fix", "--"), ("patched", ":")):
             rows = _rows(ours, variant=v)
@@ -171,19 +161,14 @@ def published_vs_ours(published: Sequence[dict], ours: Optional[dict] = None, *,
     ax.set_xlabel("position")
     ax.set_ylabel("ms per decode step")
     ax.set_yscale("log")
-    ax.set_title("published (different hardware and model depth) beside ours: the shape, not the level, compares",
-                 fontsize=9)
-    ax.legend(fontsize=7)
-    ax.grid(alpha=0.3)
-    fig.tight_layout()
-    return fig
+    return _finish(fig, ax, "published (different hardware and model depth) beside ours: the shape, not the level, "
+                            "compares", legend=7)
 
 
 def exactness(rows: Sequence[dict], *, ax=None):
     """|fast - reference| and |exact - reference| vs position, with bit-identity shown as markers."""
     fig, axes = plt.subplots(1, 2, figsize=(10, 3.8)) if ax is None else (ax.figure, ax)
-    dtypes = sorted({r["dtype"] for r in rows})
-    for dt in dtypes:
+    for dt in sorted({r["dtype"] for r in rows}):
         rr = [r for r in rows if r["dtype"] == dt]
         axes[0].semilogy([r["position"] for r in rr], [max(r["fast_max_abs"], 1e-12) for r in rr], ".", ms=2,
                          label=f"fast vs reference, {dt}")
@@ -191,13 +176,11 @@ def exactness(rows: Sequence[dict], *, ax=None):
                          label=f"reference vs float64, {dt}")
         axes[1].plot([r["position"] for r in rr], [r["exact_identical"] for r in rr], ".", ms=2,
                      label=f"exact == reference ({sum(r['exact_identical'] for r in rr)}/{len(rr)}), {dt}")
-    axes[0].set_xlabel("position")
-    axes[0].set_ylabel("max |diff|")
-    axes[0].legend(fontsize=7)
-    axes[1].set_xlabel("position")
-    axes[1].set_ylabel("bit-identical (1 = yes)")
+    for a, label in zip(axes, ("max |diff|", "bit-identical (1 = yes)")):
+        a.set_xlabel("position")
+        a.set_ylabel(label)
+        a.legend(fontsize=7)
     axes[1].set_ylim(-0.1, 1.1)
-    axes[1].legend(fontsize=7)
     fig.tight_layout()
     return fig
 
@@ -213,7 +196,7 @@ def backend_table(rows: Sequence[dict]):
                       text=_backend_cell)
 
 
-def _choice_table(rows: list, cols: list, chosen) -> str:
+def _choice_table(rows: list, cols: Optional[list], chosen) -> str:
     bold = lambda r, c, s: f"<td><b>{s} (chosen)</b></td>" if c == "candidate" and chosen(r) else f"<td>{s}</td>"  # noqa: E731
     return html_table(rows, cols, td=bold)
 
@@ -226,16 +209,13 @@ def fast_choice_table(rec: dict) -> str:
 
 def graph_choice_table(choice: dict) -> str:
     """HTML table of :func:`fastattn.fast.graph_choice`: each form's status, error, graphs, ms per probe position."""
-    positions = choice["probe_lengths"]
     rows = [{"candidate": c["form"], "available": c["available"] or c["reason"], "max_err": c["max_err"],
              "upstream_err": c["reference_err"], "accepted": c["accepted"],
              "graphs (bound)": None if c["graphs"] is None else f"{c['graphs']} ({c['graph_bound']})",
              "deterministic": c["deterministic"],
-             **{f"ms at {p}": (c.get("per_position_ms") or {}).get(p) for p in positions}}
+             **{f"ms at {p}": (c.get("per_position_ms") or {}).get(p) for p in choice["probe_lengths"]}}
             for c in choice["candidates"]]
-    cols = ["candidate", "available", "max_err", "upstream_err", "accepted", "graphs (bound)", "deterministic"] + \
-        [f"ms at {p}" for p in positions]
-    return _choice_table(rows, cols, lambda r: r["candidate"] == choice["winner"])
+    return _choice_table(rows, None, lambda r: r["candidate"] == choice["winner"])  # every key of a row, in order
 
 
 def _finish_chunks(fig, ax, title: str):
@@ -246,7 +226,6 @@ def _finish_chunks(fig, ax, title: str):
 
 
 def _rolling_median(y: list, window: int) -> list:
-    import statistics
     return [statistics.median(y[max(0, i - window // 2):i + window // 2 + 1]) for i in range(len(y))]
 
 
@@ -256,11 +235,10 @@ def stream(rec: dict, *, ax=None, window: int = 25):
     for v in rec["params"]["modes"]:
         rows = [r for r in rec["rows"] if r["variant"] == v and r["repeat"] == 0 and r["chunk"] > 0]
         x, y = [r["chunk"] for r in rows], [r["ms"] for r in rows]
-        color = COLORS.get(v, COLORS.get("patched") if v == "exact" else None)
+        color = COLORS.get(v)
         ax.plot(x, y, lw=0.5, alpha=0.35, color=color)
-        roll = _rolling_median(y, window)
         word = stream_trends(rec).get(v, {}).get("verdict") or rec["verdict"][v].split(" (")[0]
-        ax.plot(x, roll, lw=2, color=color, label=f"{v}: {word}")
+        ax.plot(x, _rolling_median(y, window), lw=2, color=color, label=f"{v}: {word}")
         bad = [r for r in rec["rows"] if r["variant"] == v and r.get("disturbed") and r["chunk"] > 0]
         if bad:  # chunks another process disturbed: shown, left out of the verdict
             ax.scatter([r["chunk"] for r in bad], [r["ms"] for r in bad], marker="x", s=12, color=color,
@@ -277,9 +255,8 @@ def stream_components(rec: dict, *, variant: str = "upstream", ax=None, window: 
             and not r["disturbed"]]
     cmap = plt.get_cmap("tab10")
     for i, c in enumerate(COMPONENTS):
-        x, y = [r["chunk"] for r in rows], [r["components"][c] for r in rows]
-        roll = _rolling_median(y, window)
-        ax.plot(x, roll, lw=1.6, color=cmap(i), label=f"{c}: {rec['trend'][variant][c]['verdict']}")
+        ax.plot([r["chunk"] for r in rows], _rolling_median([r["components"][c] for r in rows], window), lw=1.6,
+                color=cmap(i), label=f"{c}: {rec['trend'][variant][c]['verdict']}")
     p = rec["params"]
     return _finish_chunks(fig, ax, _title(rec, f"where a chunk's time goes: {variant}, {p['preset']} preset, "
                                                f"{p['dtype']} (repeat 0, quiet chunks, rolling median of {window})"))

@@ -36,10 +36,6 @@ def warm_vs_cold(warm: dict, cold: dict) -> list[dict]:
     return rows
 
 
-def _ratio_or_none(num, den):
-    return num / den if num is not None and den is not None and den > 0 else None
-
-
 def step_vs_call(dec: dict, warm: dict, cold: dict, position: int = 256) -> dict:
     """A decode step's saving per layer beside an isolated call's (reference -> exact), warm and cold; the ratios
     are None, and ``note`` says why, where ``exact`` is upstream's own call or a saving is not above zero."""
@@ -55,12 +51,13 @@ def step_vs_call(dec: dict, warm: dict, cold: dict, position: int = 256) -> dict
             if same_call else
             "inside a step each layer streams its weights through the caches between two attention calls, leaving "
             "K/V colder than an isolated call: the kernel's in-step saving is the one to compare")
+    ratio = lambda saving: None if same_call or saving is None or saving <= 0 else per_layer / saving  # noqa: E731
     return {"position": position, "dtype": dec["params"]["dtype"],
             "decode step saving per layer ms": per_layer,
             "isolated call saving ms, K/V warm": saved["warm"], "isolated call saving ms, K/V rotated": saved["cold"],
             "attention kernel saving inside the step ms (profiled)": in_step,
-            "step saving / rotated call saving": None if same_call else _ratio_or_none(per_layer, saved["cold"]),
-            "step saving / in-step kernel saving": None if same_call else _ratio_or_none(per_layer, in_step),
+            "step saving / rotated call saving": ratio(saved["cold"]),
+            "step saving / in-step kernel saving": ratio(in_step),
             "note": note}
 
 
@@ -87,8 +84,7 @@ def dtype_reading(costs: dict, att32: dict, att16: dict, position: int = 4096) -
 
 def floor_reading(cold: dict, position: int = 4096) -> dict:
     """fast at ``position`` in a cold sweep: its time over the DRAM floor and over the bare GEMMs' time."""
-    fa = find_row(cold["rows"], mode="fast", position=position)
-    gm = find_row(cold["rows"], mode="gemm_floor", position=position)
+    fa, gm = (find_row(cold["rows"], mode=m, position=position) for m in ("fast", "gemm_floor"))
     x_gemm = call_ratio(cold, "fast", "gemm_floor", position)
     return {"position": position, "x_dram_floor": fa["x_floor"],
             "x_gemm_floor": x_gemm.value if x_gemm else float("nan"),
@@ -101,8 +97,7 @@ def findings(run: Run) -> dict:
     att = {dt: attention_record(run, dt) for dt in ("float32", "bfloat16")}
     cold = attention_record(run, "float32", cold=True)
     dec = {dt: run.get("decode_step", dtype=dt) for dt in ("bfloat16", "float32")}
-    whole, costs, rss = run.get("whole_decode"), run.get("dtype_costs"), run.get("peak_rss")
-    dd = run.get("dtype_decode")
+    whole, costs, rss, dd = (run.get(k) for k in ("whole_decode", "dtype_costs", "peak_rss", "dtype_decode"))
     have = {"attention float32": att["float32"], "attention bfloat16": att["bfloat16"], "attention rotated": cold,
             "decode_step bfloat16": dec["bfloat16"], "decode_step float32": dec["float32"], "whole_decode": whole,
             "dtype_costs": costs, "peak_rss": rss, "dtype_decode": dd}

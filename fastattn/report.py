@@ -11,7 +11,7 @@ from typing import Optional
 
 from . import profiling
 from .bench.metrics import slice_evidence
-from .bench.records import load_run
+from .bench.records import Run, load_run
 from .bench.stats import fmt_ci
 from .bench.targets import TARGETS_MET, met_count, run_targets
 from .claims import claims_ledger
@@ -20,32 +20,23 @@ from .diagnosis import diagnosis, diagnosis_findings, reply_293, stream_findings
 from .paths import atomic_write_text, data_dir
 from .tables import fmt, html_table, md_table, md_text, pairs_table, short
 
-__all__ = ["report_texts", "write_report", "reply_for_293"]
-
 CSS = ("body{font-family:system-ui,sans-serif;max-width:1100px;margin:2em auto;padding:0 1em;color:#222}"
        "table{border-collapse:collapse;margin:1em 0}td,th{border:1px solid #ccc;padding:4px 8px;text-align:left;"
        "vertical-align:top}th{background:#f3f3f3}.ok{color:#1e7b34;font-weight:600}.bad{color:#b3261e;"
        "font-weight:600}img{max-width:240px;border:1px solid #ddd;margin:4px}code{background:#f6f6f6}")
 
 
-def _targets(run_dir: Path) -> list:
-    """The targets judged again from the run's records by this code; the stored record where none is left."""
-    run = load_run(run_dir)
-    rec = run.get("targets")
-    return run_targets(run) or (rec["rows"] if rec else [])
-
-
-def _fresh(run_dir: Path, targets: list) -> dict:
+def _fresh(run: Run, targets: list) -> dict:
     """``{notebook stem: ({finding: value}, key or None)}`` that this code derives again from the run's records,
     over what the notebook printed when it ran: 05's findings (else its targets met), 01's streams and #293."""
-    run, out = load_run(run_dir), {}
+    out = {}
     try:
         found = profiling.findings(run)
         out["05_profiling"] = (found, profiling.headline_key(found))
     except ValueError:  # a run without 05's records (05 not run, or stopped): its targets met, where any
         if targets:
             out["05_profiling"] = ({TARGETS_MET: met_count(targets)}, None)
-    stream, rows = run.get("stream_profile", notebook="01_root_cause"), _diagnosis(run_dir)
+    stream, rows = run.get("stream_profile", notebook="01_root_cause"), _diagnosis(run)
     if stream:
         out["01_root_cause"] = ({**stream_findings(stream), **diagnosis_findings(rows)}, None)
     return out
@@ -65,11 +56,11 @@ def _findings_note(summary: dict, fresh: dict) -> str:
             "the same records.")
 
 
-def _environment(summary: dict, run_dir: Path) -> dict:
+def _environment(summary: dict, run: Run) -> dict:
     """The run's environment, with CPU features (AMX, AVX512-BF16, ...) from its records if missing."""
     env = dict(summary.get("environment") or {})
     if str(env.get("device", "cpu")).startswith("cpu") and not env.get("cpu_features"):
-        flags = load_run(run_dir).cpu_flags()
+        flags = run.cpu_flags()
         env["cpu_features"] = cpu_features(flags) if flags else None
     keys = ("device_name", "device", "cpu_features", "torch", "voxcpm", "fastattn", "git_commit", "threads",
             "cpu_capability")
@@ -100,9 +91,10 @@ def _split_findings(nb: dict, fresh: dict) -> tuple:
 
 def report_texts(run_dir, summary: dict) -> dict:
     """``{file name: text}`` of a run's ``claims_ledger.json``, ``index.html`` and ``summary.md``."""
-    run_dir = Path(run_dir)
-    targets = _targets(run_dir)
-    env, verdicts, fresh = _environment(summary, run_dir), _verdict_rows(targets), _fresh(run_dir, targets)
+    run_dir, run = Path(run_dir), load_run(run_dir)
+    stored = run.get("targets")  # judged again from the records by this code; the stored record where none is left
+    targets = run_targets(run) or (stored["rows"] if stored else [])
+    env, verdicts, fresh = _environment(summary, run), _verdict_rows(targets), _fresh(run, targets)
     full = claims_ledger(run_dir)
     ledger = [dict(r, evidence=short(r["evidence"], None)) for r in full]  # whole: an interval is never cut
     return {"claims_ledger.json": json.dumps(full, indent=1),
@@ -177,8 +169,7 @@ def _summary_md(run_dir: Path, summary: dict, env: dict, verdicts: list, ledger:
              "Environment: " + ", ".join(f"{k} {fmt(v)}" for k, v in env.items()), ""]
     if verdicts:
         lines += ["### Verdicts", ""] + md_table([{**v, "met": "**no**" if v["met"] == "no" else v["met"] or "n/a"}
-                                                   for v in verdicts])
-        lines.append("")
+                                                   for v in verdicts]) + [""]
     if ledger:
         lines += ["### The seeds' claims, judged on this device", ""] + md_table(ledger) + [""]
     dtype = next((c for c in ledger if c["source"] == "voxcpm" and "dtype" in c["claim"]), None)
@@ -203,12 +194,8 @@ def _summary_md(run_dir: Path, summary: dict, env: dict, verdicts: list, ledger:
     return "\n".join(lines) + "\n"
 
 
-
-
-
-def _diagnosis(run_dir: Path) -> Optional[list]:
+def _diagnosis(run: Run) -> Optional[list]:
     """#293's diagnosis rows from a run's 01 records; None without a stream."""
-    run = load_run(run_dir)
     kind = lambda k: run.get(k, notebook="01_root_cause")  # noqa: E731
     stream = kind("stream_profile")
     return None if stream is None else diagnosis(stream, kind("consumer_matrix"), stream.get("env", {}).get(
@@ -217,10 +204,10 @@ def _diagnosis(run_dir: Path) -> Optional[list]:
 
 def reply_for_293(run_dir: Path) -> Optional[str]:
     """The #293 reply from a run's 01 records and the committed torch matrix; None without a stream."""
-    rows = _diagnosis(run_dir)
+    run = load_run(run_dir)
+    rows = _diagnosis(run)
     if rows is None:
         return None
-    run = load_run(run_dir)
     stream = run.get("stream_profile", notebook="01_root_cause")
     return reply_293(rows, stream, slice_evidence(data_dir() / "results" / "torch-matrix"),
                      machine=run.machine(stream.get("env")))

@@ -81,7 +81,7 @@ def open_folder(folder: Path, resume: bool) -> Path:
     return folder
 
 
-def run_step(step: Step, folder: Path, left: Optional[float], failures: Callable = lambda rec: []) -> dict:
+def run_step(step: Step, folder: Path, left: Optional[float], failures: Callable) -> dict:
     """Run one step under the deadline; save its records at once; return its log entry."""
     if left is not None and step.estimate_s > left:
         return {"step": step.name, "status": "stopped", "seconds": 0.0,

@@ -31,10 +31,6 @@ def _flex():
         BlockMask.from_kv_blocks).parameters else {}
     return BlockMask, flex_attention, kv_only
 
-__all__ = ["FLEX_BLOCK", "FORMS", "Form", "ULP_FLOOR", "slice_live", "bucketed_window", "flex_decode",
-           "upstream_masked", "decode_block_mask", "flex_available", "sweep_lengths", "check_form", "form_winner",
-           "choose_graph_form", "form_view", "form_caller", "compile_form", "layer_stack", "decode_data",
-           "stack_data", "fresh_positions", "fresh_calls", "called_key_counts", "error_bound"]
 
 #: FlexAttention's key block (torch's default block size): blocks past the position are never read
 FLEX_BLOCK = 128
@@ -46,11 +42,6 @@ ULP_FLOOR = 4
 # --------------------------------------------------------------------------- the forms: (q, k, v, pos) -> out
 def upstream_masked(q, k, v, pos):
     return sdpa(q, k, v, causal_mask(k.shape[2], 1, pos.reshape(()) + 1, q.device))
-
-
-def bucketed_window(q, k, v, pos):
-    """(b) the same masked call, over the bucketed window the caller hands (:func:`form_view`)."""
-    return upstream_masked(q, k, v, pos)
 
 
 def slice_live(q, k, v, pos):
@@ -96,7 +87,8 @@ FORMS = {f.name: f for f in (
     Form("slice_live", slice_live, "(a) SDPA over the exact slice (the public fix)", False, True,
          "one dynamo graph only with capture_scalar_outputs, which upstream's optimize() does not set (fullgraph "
          "refuses the host read without it); a host read per step, so no CUDA graph"),
-    Form("bucketed_window", bucketed_window, "(b) bucketed window, mask kept", True, False,
+    # (b) is (d)'s masked call over the bucketed window the caller hands (form_view)
+    Form("bucketed_window", upstream_masked, "(b) bucketed window, mask kept", True, False,
          "at most 2 dynamo graphs; a CUDA graph per window (capacity / bucket at most)"),
     Form("flex_decode", flex_decode, "(c) FlexAttention, block mask from the position", False, False,
          "1 graph for the whole decode (static shapes)"),
@@ -128,11 +120,9 @@ def layer_stack(fn: Callable, layers: int, tag: str) -> Callable:
     return types.FunctionType(stack.__code__.replace(co_name=tag), stack.__globals__, tag, None, stack.__closure__)
 
 
-def compile_form(form: Form, backend: str = "inductor", mode: Optional[str] = None, layers: int = 1,
-                 tag: str = "") -> Callable:
-    stack = layer_stack(form.fn, layers, f"{form.name}_x{layers}{tag}")
-    opts = {"backend": backend, "fullgraph": True, "dynamic": None if form.window else False}
-    fn = torch.compile(stack, **opts, **({"mode": mode} if mode else {}))
+def compile_form(form: Form, mode: Optional[str] = None, layers: int = 1) -> Callable:
+    stack = layer_stack(form.fn, layers, f"{form.name}_x{layers}")
+    fn = torch.compile(stack, backend="inductor", fullgraph=True, dynamic=None if form.window else False, mode=mode)
     if not form.scalar_outputs:
         return fn
 
@@ -140,11 +130,6 @@ def compile_form(form: Form, backend: str = "inductor", mode: Optional[str] = No
         with torch._dynamo.config.patch(capture_scalar_outputs=True):
             return fn(*args)
     return call
-
-
-def _static(*tensors) -> None:
-    for t in tensors:  # guard=False: a fresh window view each step must not recompile
-        torch._dynamo.mark_static_address(t, guard=False)
 
 
 def form_view(name: str, k_cache, v_cache, length: int, bucket: int, static: bool = False):
@@ -155,8 +140,8 @@ def form_view(name: str, k_cache, v_cache, length: int, bucket: int, static: boo
     k, v = k_cache[:, :, :w], v_cache[:, :, :w]
     for t in (k, v):  # the window's size is symbolic from the first trace on (as RightSizedKVCache marks it)
         torch._dynamo.maybe_mark_dynamic(t, 2)
-    if static:
-        _static(k, v)
+        if static:  # guard=False: a fresh window view each step must not recompile
+            torch._dynamo.mark_static_address(t, guard=False)
     return k, v
 
 
@@ -165,7 +150,8 @@ def form_caller(name: str, fn: Callable, q, caches: list, bucket: int, *, static
     """``call(p)``: ``fn`` with the newest key at ``p``; ``static``: inputs marked static; ``host``: host seconds."""
     pos = torch.zeros(1, dtype=torch.int64, device=q.device)
     if static:
-        _static(q, pos, *(t for kv in caches for t in kv))
+        for t in (q, pos, *(x for kv in caches for x in kv)):
+            torch._dynamo.mark_static_address(t, guard=False)
 
     def call(p):
         pos.fill_(p)
@@ -183,9 +169,8 @@ def decode_data(device, dtype, hq, hkv, head_dim, capacity, seed):
 
 
 def stack_data(device, dtype, hq, hkv, head_dim, capacity, seed, layers: int = 1):
-    q, k, v = decode_data(device, dtype, hq, hkv, head_dim, capacity, seed)
-    return q, [(k, v)] + [decode_data(device, dtype, hq, hkv, head_dim, capacity, seed + i)[1:]
-                          for i in range(1, layers)]
+    draws = [decode_data(device, dtype, hq, hkv, head_dim, capacity, seed + i) for i in range(layers)]
+    return draws[0][0], [d[1:] for d in draws]  # q of the first draw, K and V of each
 
 
 #: key counts this process has attended over, per (CUDA device, dtype): cuDNN's plan cache is process-wide, so a
@@ -221,11 +206,7 @@ def fresh_positions(p: int, n: int, capacity: int, bucket: Optional[int] = None,
 def fresh_calls(calls: dict, p: int, capacity: int, n: int, bucket: Optional[int] = None, *, device="cpu",
                 dtype=None) -> dict:
     walk = fresh_positions(p, n, capacity, bucket, device=device, dtype=dtype)
-
-    def step(call):
-        it = iter(walk)
-        return lambda: call(next(it))
-    return {name: step(c) for name, c in calls.items()}
+    return {name: map(call, walk).__next__ for name, call in calls.items()}  # each call: the walk's next position
 
 
 # --------------------------------------------------------------------------- the checks
@@ -259,30 +240,26 @@ def error_bound(ref_err: float, scale: float, dtype) -> float:
 
 @torch.no_grad()
 def check_form(name: str, device="cpu", dtype=torch.float32, *, hq: int = 16, hkv: int = 2, head_dim: int = 128,
-               capacity: int = 2048, bucket: int = 256, steps: int = 2000, backend: str = "inductor",
-               compiled: bool = True, compile_mode: Optional[str] = None, seed: int = 0, draws: int = 1) -> dict:
-    """Check one form (compiled ``fullgraph=True``, or eager) vs float64 over :func:`sweep_lengths`: ``available`` (else
+               capacity: int = 2048, bucket: int = 256, steps: int = 2000, compile_mode: Optional[str] = None,
+               seed: int = 0, draws: int = 1) -> dict:
+    """Check one form compiled ``fullgraph=True`` (inductor) vs float64 over :func:`sweep_lengths`: ``available`` (else
     ``reason``), ``max_err`` vs upstream's ``reference_err``, ``accepted``, ``graphs`` vs ``graph_bound``,
     ``deterministic``. Resets dynamo: check before compiling a model."""
     if name not in FORMS:
         raise ValueError(f"name must be one of {sorted(FORMS)}, got {name!r}")
     form, device = FORMS[name], torch.device(device)
-    row = {"form": name, "label": form.label, "compiled": compiled, "backend": backend if compiled else None,
-           "available": False, "reason": None, "limit": None, "max_err": None, "reference_err": None, "bound": None,
-           "accepted": False, "graphs": None, "graph_bound": (2 if form.window else 1) if compiled else None,
-           "within_bound": None, "graphs_note": form.graphs, "deterministic": None, "steps": steps,
-           "compile_mode": compile_mode, "cudagraph_recordings": None}
+    row = {"form": name, "label": form.label, "compiled": True, "backend": "inductor", "available": False,
+           "reason": None, "limit": None, "max_err": None, "reference_err": None, "bound": None, "accepted": False,
+           "graphs": None, "graph_bound": 2 if form.window else 1, "within_bound": None, "graphs_note": form.graphs,
+           "deterministic": None, "steps": steps, "compile_mode": compile_mode, "cudagraph_recordings": None}
     if name == "flex_decode" and flex_available(device):
         return dict(row, reason=flex_available(device))
-    from torch._dynamo.utils import counters
-
-    from .graphs import cudagraph_recordings
+    from .graphs import cudagraph_recordings, graph_counts, reset_graph_counts
     q, kc, vc = decode_data(device, dtype, hq, hkv, head_dim, capacity, seed)
     torch._dynamo.reset()
-    counters.clear()
+    reset_graph_counts()
     before = (cudagraph_recordings(device) or 0) if device.type == "cuda" else None  # the reset dropped the trees
-    fn = compile_form(form, backend, compile_mode) if compiled else layer_stack(form.fn, 1, name)
-    call = form_caller(name, fn, q, [(kc, vc)], bucket)
+    call = form_caller(name, compile_form(form, compile_mode), q, [(kc, vc)], bucket)
     at = lambda n: call(n - 1)  # noqa: E731 - n keys: the newest at n - 1
     errs, refs, scale = [], [], 0.0
     try:
@@ -306,11 +283,9 @@ def check_form(name: str, device="cpu", dtype=torch.float32, *, hq: int = 16, hk
         limit = torch_limit(form, exc, device)
         return dict(row, reason=f"{limit}: {_error_line(exc)}" if limit else _error_line(exc),
                     limit="torch" if limit else None)
-    bound = error_bound(max(refs), scale, dtype)
-    row.update(available=True, max_err=max(errs), reference_err=max(refs), bound=bound, accepted=max(errs) <= bound)
-    if compiled:
-        row["graphs"] = counters["stats"].get("unique_graphs", 0)
-        row["within_bound"] = row["graphs"] <= row["graph_bound"]
+    bound, graphs = error_bound(max(refs), scale, dtype), graph_counts()["unique_graphs"]
+    row.update(available=True, max_err=max(errs), reference_err=max(refs), bound=bound, accepted=max(errs) <= bound,
+               graphs=graphs, within_bound=graphs <= row["graph_bound"])
     if before is not None:
         after = cudagraph_recordings(device)
         row["cudagraph_recordings"] = None if after is None else after - before
@@ -320,11 +295,9 @@ def check_form(name: str, device="cpu", dtype=torch.float32, *, hq: int = 16, hk
 # --------------------------------------------------------------------------- the choice
 def form_winner(medians: dict) -> Optional[str]:
     """The one winner rule, {form: {position: ms}} -> lowest geometric mean (a form lacking a finite time is out)."""
-    positions = set().union(*(set(per) for per in medians.values())) if medians else set()
-    if not positions:
-        return None
+    positions = set().union(*medians.values())
     ok = {f: per for f, per in medians.items()
-          if set(per) == positions and all(math.isfinite(t) and t > 0 for t in per.values())}
+          if positions and set(per) == positions and all(math.isfinite(t) and t > 0 for t in per.values())}
     return min(ok, key=lambda f: (geomean(ok[f].values()), f)) if ok else None
 
 
@@ -333,11 +306,10 @@ def geomean(xs) -> float:
 
 
 @torch.no_grad()
-def _time_forms(names, device, dtype, hq, hkv, head_dim, capacity, bucket, positions, repeats, backend, seed,
-                mode, layers) -> dict:
+def _time_forms(names, device, dtype, hq, hkv, head_dim, capacity, bucket, positions, repeats, seed, mode,
+                layers) -> dict:
     q, caches = stack_data(device, dtype, hq, hkv, head_dim, capacity, seed, layers)
-    calls = {n: form_caller(n, compile_form(FORMS[n], backend, mode, layers), q, caches, bucket, static=True)
-             for n in names}
+    calls = {n: form_caller(n, compile_form(FORMS[n], mode, layers), q, caches, bucket, static=True) for n in names}
     out = {n: {} for n in names}
     for p in positions:
         times = interleaved(fresh_calls(calls, p, capacity, repeats + 2, bucket, device=device, dtype=dtype),
@@ -349,8 +321,7 @@ def _time_forms(names, device, dtype, hq, hkv, head_dim, capacity, bucket, posit
 
 def choose_graph_form(device="cpu", dtype=torch.float32, *, hq: int, hkv: int, head_dim: int, capacity: int,
                       bucket: int = 256, positions=None, steps: int = 2000, repeats: int = 7,
-                      backend: str = "inductor", seed: int = 0, compile_mode: Optional[str] = None,
-                      layers: int = 1) -> dict:
+                      seed: int = 0, compile_mode: Optional[str] = None, layers: int = 1) -> dict:
     """Check every form and time the accepted ones as ``layers``-stacks at ``positions``: a choice shaped as
     :func:`fastattn.fast.choose_fast`'s, ``median_ms`` a geomean. ``compile_mode`` defaults to CUDA graphs on CUDA."""
     from .devices import dtype_name
@@ -358,10 +329,10 @@ def choose_graph_form(device="cpu", dtype=torch.float32, *, hq: int, hkv: int, h
     mode = compile_mode or ("reduce-overhead" if device.type == "cuda" else None)
     positions = list(positions or [capacity // 4 - 1, capacity // 2 - 1, capacity - 1])
     rows = [check_form(n, device, dtype, hq=hq, hkv=hkv, head_dim=head_dim, capacity=capacity, bucket=bucket,
-                       steps=steps, backend=backend, seed=seed, compile_mode=mode) for n in FORMS]
+                       steps=steps, seed=seed, compile_mode=mode) for n in FORMS]
     ok = [r["form"] for r in rows if r["available"] and r["accepted"] and r["within_bound"]]
-    medians = _time_forms(ok, device, dtype, hq, hkv, head_dim, capacity, bucket, positions, repeats, backend,
-                          seed, mode, layers) if ok else {}
+    medians = _time_forms(ok, device, dtype, hq, hkv, head_dim, capacity, bucket, positions, repeats, seed, mode,
+                          layers) if ok else {}
     for r in rows:
         per = medians.get(r["form"])
         r.update(candidate=r["form"], per_position_ms=per, median_ms=geomean(per.values()) if per else None)
@@ -371,5 +342,5 @@ def choose_graph_form(device="cpu", dtype=torch.float32, *, hq: int, hkv: int, h
             "lq_class": "lq=1", "length_class": "graph", "capacity": capacity, "bucket": bucket,
             "probe_lengths": positions, "reference_max_err": max((r["reference_err"] or 0) for r in rows),
             "candidates": rows, "winner": form_winner(medians), "compile_mode": mode, "layers": layers,
-            "note": f"graph class: decode forms compiled with fullgraph=True ({backend}, {how}), timed as "
+            "note": f"graph class: decode forms compiled with fullgraph=True (inductor, {how}), timed as "
                     f"stacks of {layers} layer(s); within twice upstream's error vs float64"}

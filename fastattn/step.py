@@ -16,30 +16,14 @@ from .core import (
     length_kind,
     window_for,
 )
-from .exactness import (
-    calibrate_exact,
-    check_exactness,
-    exactness_report,
-    reset_exactness_cache,
-    warn_if_unaligned_window,
-)
+from .exactness import check_exactness, warn_if_unaligned_window
 from .modes import MODES, mode_spec
 
-__all__ = ["MODES", "attention_step", "window_for", "exactness_report", "check_exactness", "reset_exactness_cache",
-           "calibrate_exact", "f64_attention"]
+__all__ = ["MODES", "attention_step", "window_for", "check_exactness", "f64_attention"]
 
 
-# --------------------------------------------------------------------------- the step
-def attention_step(
-    q: torch.Tensor,
-    k_cache: torch.Tensor,
-    v_cache: torch.Tensor,
-    length: Length,
-    *,
-    mode: str = "exact",
-    bucket: Optional[int] = None,
-    window: Optional[int] = None,
-) -> torch.Tensor:
+def attention_step(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, length: Length, *,
+                   mode: str = "exact", bucket: Optional[int] = None, window: Optional[int] = None) -> torch.Tensor:
     """Attention of ``q`` (B, Hq, Lq, D) over keys ``[0, length)`` of ``k_cache``, ``v_cache`` (B, Hkv, capacity, D),
     Hq a multiple of Hkv, bottom-right causal for Lq > 1: (B, Hq, Lq, D) in q's dtype.
 

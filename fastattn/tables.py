@@ -18,9 +18,7 @@ def fmt(value, key: str = "", limit: Optional[int] = 160) -> str:
     if isinstance(value, int) and "bytes" in key.lower() and "(mb)" not in key.lower():
         return f"{value / 1e6:.3g} MB"
     if isinstance(value, float):
-        if math.isnan(value):
-            return "n/a"
-        return f"{value:.3g}"
+        return "n/a" if math.isnan(value) else f"{value:.3g}"
     if isinstance(value, (list, tuple)):
         return ", ".join(fmt(v, key, limit) for v in value)
     return short(str(value), limit)

@@ -2,30 +2,32 @@
 
 from __future__ import annotations
 
+import argparse
 import ast
 import difflib
 import hashlib
+import json
 import os
 import re
+import shutil
+import subprocess
+import sys
+import tempfile
 from functools import partial
 from pathlib import Path
+
+import torch
 
 from . import compat
 from .devices import resolve_device
 from .models import build_voxcpm2
 from .paths import data_dir
 
-__all__ = ["LIVE_ERROR_BOUND", "upstream_diff", "write_upstream_diff", "DIFF_NAME", "LAYOUTS", "KITS", "KIT_DIR",
-           "kit_sources", "cache_source", "apply_diff",
-           "patched_copy", "pristine_copy", "decode_with_diff", "live_decode_check", "run_in_patched_copy",
-           "upstream_decode", "DiffError"]
-
-DIFF_NAME = "voxcpm-2.0.3-right-sized-decode.diff"
 KIT_DIR = data_dir() / "kits"
 
 #: layout -> (the right-sized kit's diff under data/, path prefix of the package in the target tree)
 LAYOUTS = {
-    "wheel": (DIFF_NAME, ""),                                    # site-packages/voxcpm/... (voxcpm 2.0.3)
+    "wheel": ("voxcpm-2.0.3-right-sized-decode.diff", ""),        # site-packages/voxcpm/... (voxcpm 2.0.3)
     "src": ("voxcpm-main-src-right-sized-decode.diff", "src/"),  # upstream's repository: src/voxcpm/...
 }
 
@@ -82,19 +84,15 @@ KITS = {kit: (partial(kit_sources, kit), {"wheel": f"voxcpm-2.0.3-{name}.diff", 
 
 def _defs(text: str) -> dict:
     """Top-level function and class sources of ``text``: name -> (first line, end line), 0-based, end exclusive."""
-    out = {}
-    for node in ast.parse(text).body:
-        if isinstance(node, (ast.FunctionDef, ast.ClassDef)):
-            first = min([node.lineno] + [d.lineno for d in node.decorator_list]) - 1
-            out[node.name] = (first, node.end_lineno)
-    return out
+    return {node.name: (min([node.lineno] + [d.lineno for d in node.decorator_list]) - 1, node.end_lineno)
+            for node in ast.parse(text).body if isinstance(node, (ast.FunctionDef, ast.ClassDef))}
 
 
 def _transplant(base: str, old: str, new: str) -> str:
     """``base`` with the top-level definitions ``new`` changes or adds over ``old`` (an added one before its next)."""
     lines, nlines, olines = base.splitlines(True), new.splitlines(True), old.splitlines(True)
     nd, od = _defs(new), _defs(old)
-    src = lambda d, ls, k: "".join(ls[d[k][0]:d[k][1]])  # noqa: E731
+    src = lambda d, ls, k: "".join(ls[d[k][0]:d[k][1]])
     changed = [k for k in nd if k not in od or src(nd, nlines, k) != src(od, olines, k)]
     order = list(nd)
     for k in reversed(changed):
@@ -130,13 +128,6 @@ def upstream_diff(layout: str = "wheel", kit: str = "right-sized", base: Path | 
         if kit in SCRIPT_PATCHES:  # and the change to upstream's own check script (hunks against main's file)
             parts.append((data_dir() / "upstream-tests" / SCRIPT_PATCHES[kit]).read_text())
     return "".join(parts)
-
-
-def write_upstream_diff(path: Path | None = None, layout: str = "wheel", kit: str = "right-sized",
-                        base: Path | None = None) -> Path:
-    path = Path(path) if path else data_dir() / KITS[kit][1][layout]
-    path.write_text(upstream_diff(layout, kit, base))
-    return path
 
 
 _HUNK = re.compile(r"@@ -(\d+)(?:,(\d+))? \+(\d+)(?:,(\d+))? @@")
@@ -191,8 +182,6 @@ def apply_diff(root, diff: str, max_offset: int = 200) -> list:
 
 def pristine_copy(dest, layout: str = "wheel") -> Path:
     """Copy the installed voxcpm to ``dest/voxcpm`` (``layout="src"``: ``dest/src/voxcpm``); returns ``dest``."""
-    import shutil
-
     dest = Path(dest)
     shutil.copytree(_installed(""), dest / LAYOUTS[layout][1] / "voxcpm", ignore=shutil.ignore_patterns("__pycache__"))
     return dest
@@ -216,11 +205,6 @@ def patched_copy(dest, kit="right-sized", layout: str = "wheel") -> Path:
 
 def run_in_patched_copy(kit: str, script, *args, timeout: int = 1800, env: dict | None = None) -> dict:
     """What ``script`` saved to ``out`` in a fresh process over :func:`patched_copy`; else RuntimeError."""
-    import subprocess
-    import sys
-    import tempfile
-
-    import torch
     with tempfile.TemporaryDirectory() as tmp:
         root = patched_copy(Path(tmp) / "pkg", kit=kit)
         out = Path(tmp) / "out.pt"
@@ -234,8 +218,6 @@ def run_in_patched_copy(kit: str, script, *args, timeout: int = 1800, env: dict 
 
 def upstream_decode(preset: str, *, text: str, steps: int, dtype: str, seed: int, device: str, prepare=None):
     """Upstream's unpatched decode from ``seed``, after ``prepare(model)``: ``(model, waveform on CPU)``."""
-    import torch
-
     model = build_voxcpm2(preset, seed=seed, dtype=dtype, device=device)
     if prepare is not None:
         prepare(model)
@@ -243,18 +225,20 @@ def upstream_decode(preset: str, *, text: str, steps: int, dtype: str, seed: int
     return model, model.generate(text, min_len=steps, max_len=steps, inference_timesteps=2).cpu()
 
 
+def max_abs_diff(a, b) -> float:
+    """The largest elementwise distance of two tensors in float64; inf where their shapes differ."""
+    return float((a.double() - b.double()).abs().max()) if a.shape == b.shape else float("inf")
+
+
 def decode_with_diff(preset: str, *, text: str, steps: int, dtype: str = "bfloat16", seed: int = 0,
                      device="cpu", granularity: int | None = None) -> dict:
     """Right-sized diff (fresh process) vs unpatched decode: {identical, max_abs_diff, capacities, ...}."""
-    import torch
-
     device = str(resolve_device(device))
     res = run_in_patched_copy("right-sized", KIT_DIR / "scripts" / "decode.py", preset, dtype, text, steps, seed,
                               device, *([granularity] if granularity else []))
     model, ref = upstream_decode(preset, text=text, steps=steps, dtype=dtype, seed=seed, device=device)
-    same = ref.shape == res["wav"].shape
-    return {"identical": bool(same and torch.equal(ref, res["wav"])),
-            "max_abs_diff": float((ref.double() - res["wav"].double()).abs().max()) if same else float("inf"),
+    return {"identical": bool(ref.shape == res["wav"].shape and torch.equal(ref, res["wav"])),
+            "max_abs_diff": max_abs_diff(ref, res["wav"]),
             "diff_capacity": int(res["capacity"]), "upstream_capacity": int(model.base_lm.kv_cache.kv_cache.shape[4]),
             "length": int(res["length"]), "device": device}
 
@@ -268,20 +252,15 @@ def live_decode_check(preset: str, *, text: str, steps: int, dtype: str = "float
                       lengths=(1, 127, 128, 129, 255, 256, 257, 511, 512, 513, 1000)) -> dict:
     """The ``decode-attention`` kit in a fresh process, masked vs live, step errors vs float64 at ``lengths``:
     {identical_off, max_abs_diff_on/_compiled, deterministic_on, step_errors, error_ratio, rows, ...}."""
-    import json
-
-    import torch
-
     device = str(resolve_device(device))
     res = run_in_patched_copy("decode-attention", KIT_DIR / "scripts" / "live_check.py", preset, dtype, text, steps,
                               seed, device, json.dumps(list(lengths)))
     _, ref = upstream_decode(preset, text=text, steps=steps, dtype=dtype, seed=seed, device=device)
     same = ref.shape == res["masked"].shape == res["live"].shape
-    diff = lambda a, b: float((a.double() - b.double()).abs().max()) if a.shape == b.shape else float("inf")  # noqa
     err = res["step_errors"]
     return {"identical_off": bool(same and torch.equal(ref, res["masked"])),
-            "max_abs_diff_on": diff(res["live"], res["masked"]) if same else float("inf"),
-            "max_abs_diff_compiled": diff(res["live_compiled"], res["live"]),
+            "max_abs_diff_on": max_abs_diff(res["live"], res["masked"]) if same else float("inf"),
+            "max_abs_diff_compiled": max_abs_diff(res["live_compiled"], res["live"]),
             "deterministic_on": bool(torch.equal(res["live"], res["live_again"])),
             "step_errors": err, "lengths": list(lengths),
             "error_ratio": max(err["live"]) / max(max(err["masked"]), 1e-300), "error_bound": LIVE_ERROR_BOUND,
@@ -289,7 +268,6 @@ def live_decode_check(preset: str, *, text: str, steps: int, dtype: str = "float
 
 
 def main(argv=None) -> int:
-    import argparse
     ap = argparse.ArgumentParser(prog="python -m fastattn diff", description="The upstream-ready diffs.")
     ap.add_argument("--write", action="store_true", help="write every kit's diffs under data/, not print")
     ap.add_argument("--layout", choices=sorted(LAYOUTS), default="wheel",
@@ -306,5 +284,7 @@ def main(argv=None) -> int:
             if layout == "src" and args.upstream is None and kit == "cpu-dtype":
                 print(f"kept {KITS[kit][1][layout]} (its file differs on main: pass --upstream CHECKOUT)")
                 continue
-            print(write_upstream_diff(layout=layout, kit=kit, base=args.upstream if layout == "src" else None))
+            path = data_dir() / KITS[kit][1][layout]
+            path.write_text(upstream_diff(layout, kit, args.upstream if layout == "src" else None))
+            print(path)
     return 0

@@ -4,34 +4,32 @@ It runs ``notebooks/NN_*.ipynb`` with papermill into a new ``reports/<UTC time>-
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import sys
+import tempfile
 import time
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Optional, Sequence
 
 from . import budget
-from . import models as _models
 from .bench import cli as bench_cli
 from .bench import env_record, record, save_record
 from .budget import BUDGET_S, SCALABLE, notebook_budget, unplannable
 from .devices import DTYPES
 from .devices import resolve_device as resolve
 from .doctor import doctor
-from .models import silence_progress
+from .models import PRESETS, silence_progress
 from .nbexec import ENGINE
-from .paths import atomic_write_text, data_dir, notebooks_dir, reports_dir, without_machine_paths
+from .paths import atomic_write_text, data_dir, notebooks, reports_dir, without_machine_paths
 from .report import write_report
 from .tables import fmt, html_table, md_text
 
 __all__ = ["check_params", "resolve_device", "time_left", "provenance", "save_figure", "save", "save_rows", "table",
-           "findings",
-           "run_workbook",
-           "notebooks", "PRESETS", "DTYPE_NAMES"]
+           "findings", "run_workbook", "notebooks", "PRESETS", "DTYPE_NAMES"]
 
-PRESETS = _models.PRESETS
 DTYPE_NAMES = tuple(DTYPES)
 
 
@@ -50,11 +48,9 @@ def check_params(**params) -> dict:
             p["device"] = resolve_device(p["device"])
         except ValueError as exc:
             raise ValueError(f"parameter device={p['device']!r}: {exc}") from None
-    if "dtype" in p and p["dtype"] not in DTYPE_NAMES:
-        raise ValueError(f"parameter dtype={p['dtype']!r}: expected one of {', '.join(DTYPE_NAMES)}")
-    for name in ("preset", "step_preset"):
-        if name in p and p[name] not in PRESETS:
-            raise ValueError(f"parameter {name}={p[name]!r}: expected one of {', '.join(PRESETS)}")
+    for name, allowed in (("dtype", DTYPE_NAMES), ("preset", PRESETS), ("step_preset", PRESETS)):
+        if name in p and p[name] not in allowed:
+            raise ValueError(f"parameter {name}={p[name]!r}: expected one of {', '.join(allowed)}")
     for name in ("capacity", "ladder_capacity", "repeats", "steps", "chunks", "audio_chunks", "whole_repeats"):
         if name in p and (isinstance(p[name], bool) or not isinstance(p[name], int) or p[name] < 1):
             raise ValueError(f"parameter {name}={p[name]!r}: expected a positive int")
@@ -120,8 +116,7 @@ def save_figure(fig, out_dir, name: str) -> Path:
     """Save a figure as PNG into the notebook's output folder (never overwriting) and return the path."""
     out = Path(out_dir) / "figures"
     out.mkdir(parents=True, exist_ok=True)
-    path = out / f"{name}.png"
-    i = 1
+    path, i = out / f"{name}.png", 1
     while path.exists():
         i += 1
         path = out / f"{name}-{i}.png"
@@ -142,8 +137,7 @@ def save(record: dict, out_dir, name: str) -> Path:
 
 
 def save_rows(P: dict, kind: str, rows: list, params: Optional[dict] = None, name: Optional[str] = None) -> Path:
-    """Rows a notebook measured, as a ``kind`` record of ``P["device"]`` saved into ``P["out_dir"]`` (as ``name``,
-    default ``kind``)."""
+    """Rows a notebook measured, saved as a ``kind`` record of ``P["device"]`` into ``P["out_dir"]``."""
     return save(record(kind, env=env_record(P["device"]), params=params or {}, rows=rows), P["out_dir"], name or kind)
 
 
@@ -161,10 +155,6 @@ def findings(out_dir, items: dict, key: Optional[Sequence[str]] = None) -> None:
 
 
 # --------------------------------------------------------------------------- runner
-def notebooks() -> list[Path]:
-    return sorted(p for p in notebooks_dir().glob("[0-9][0-9]_*.ipynb"))
-
-
 def _kernelspec(spec_root: Path) -> str:
     """A kernelspec for this interpreter under ``spec_root`` (a temp folder on JUPYTER_PATH)."""
     name = "fastattn-runner"
@@ -184,11 +174,9 @@ def _new_run_dir(device: str, base: Optional[Path]) -> Path:
     base.mkdir(parents=True, exist_ok=True)
     for i in range(1, 10_000):
         run = base / (f"{stamp}-{device.replace(':', '')}" + (f"-{i}" if i > 1 else ""))
-        try:
+        with contextlib.suppress(FileExistsError):
             run.mkdir()  # atomic: two runners starting in the same second never share a folder
             return run
-        except FileExistsError:
-            continue
     raise FileExistsError(f"{base}: no free run folder for {stamp}")
 
 
@@ -197,33 +185,27 @@ _HTML_CSS = ("<style>.jp-InputArea-editor pre, .highlight pre, .jp-OutputArea-ou
              "{white-space: pre-wrap !important; overflow-wrap: anywhere;}</style>")
 
 
-def _html(executed: Path, run_dir: Optional[Path] = None, params: Optional[dict] = None) -> Path:
+def _html(executed: Path, run_dir: Path, params: dict) -> Path:
     """The executed notebook as HTML: code wrapped, no machine paths, no empty widget cells."""
     import nbformat
     from nbconvert import HTMLExporter
     nb = nbformat.read(str(executed), as_version=4)
-    if not (params or {}).get("interactive"):
+    if not params.get("interactive"):
         nb.cells = [c for c in nb.cells if not (c.cell_type == "code" and c.source.lstrip().startswith(
             'if P["interactive"]') and not c.get("outputs"))]
     body, _ = HTMLExporter().from_notebook_node(nb)
     body = body.replace("</head>", _HTML_CSS + "</head>", 1)
-    return atomic_write_text(executed.with_suffix(".html"), without_machine_paths(body, run_dir or executed.parent))
+    return atomic_write_text(executed.with_suffix(".html"), without_machine_paths(body, run_dir))
 
 
-def _findings_up_front(executed: Path, nb_out: Path) -> None:
-    """Put the key findings in a markdown cell after the notebook's title (if it wrote ``findings.json``)."""
+def _findings_up_front(executed: Path, items: dict, key: list) -> None:
+    """Put the key findings in a markdown cell after the notebook's title."""
     import nbformat
 
-    fj, kf = nb_out / "findings.json", nb_out / "key_findings.json"
-    if not fj.exists():
-        return
-    items = json.loads(fj.read_text())
-    key = json.loads(kf.read_text()) if kf.exists() else list(items)[:4]
     nb = nbformat.read(str(executed), as_version=4)
     lines = ["**What this run found on this machine** (key findings from this run's own values; the last cell "
              "lists them all):", ""] + [f"* {md_text(k)}: **{md_text(fmt(items[k], k))}**" for k in key if k in items]
-    cell = nbformat.v4.new_markdown_cell("\n".join(lines), metadata={"tags": ["fastattn-findings"]})
-    nb.cells.insert(1, cell)
+    nb.cells.insert(1, nbformat.v4.new_markdown_cell("\n".join(lines), metadata={"tags": ["fastattn-findings"]}))
     nbformat.write(nb, str(executed))
 
 
@@ -247,32 +229,26 @@ def run_workbook(params: Optional[dict] = None, *, only: Optional[list] = None, 
         _validate_run(prof.get("notebooks", {}).get(nb.stem, {}), [nb])
     per_nb = {nb.stem: {**prof.get("notebooks", {}).get(nb.stem, {}), **params} for nb in nbs}
     device = resolve_device(str(params.get("device", "auto")))  # ValueError for cuda without CUDA
-    import shutil
-    import tempfile
-
-
     if budget_s and unplannable(device):
         log(f"[fastattn] {unplannable(device)}")
         budget_s = None
     plan = _plan(params, nbs, device, budget_s, log) if budget_s else None
     if prof:
         log(f"[fastattn] profile {profile}: " + "; ".join(profile_lines(prof, device)))
-    run_dir = _new_run_dir(device, out)
-    spec_root = Path(tempfile.mkdtemp(prefix="fastattn-kernel-"))
-    kernel = _kernelspec(spec_root)
-    saved_path = os.environ.get("JUPYTER_PATH")
-    os.environ["JUPYTER_PATH"] = os.pathsep.join(p for p in (str(spec_root), saved_path) if p)
-    try:
-        summary = _run_all(nbs, per_nb, run_dir, device, kernel, keep_going, timeout, log, plan)
-        if prof.get("bench") and summary["status"] == "ok":
-            summary["bench"] = _run_bench(prof["bench"], run_dir / "bench" / "records", device, log)
-        summary["parameters"], summary["profile"] = params, profile  # each notebook's own: its entry's
-    finally:
-        if saved_path is None:
-            os.environ.pop("JUPYTER_PATH", None)
-        else:
-            os.environ["JUPYTER_PATH"] = saved_path
-        shutil.rmtree(spec_root, ignore_errors=True)
+    run_dir, saved_path = _new_run_dir(device, out), os.environ.get("JUPYTER_PATH")
+    with tempfile.TemporaryDirectory(prefix="fastattn-kernel-", ignore_cleanup_errors=True) as spec_root:
+        kernel = _kernelspec(Path(spec_root))
+        os.environ["JUPYTER_PATH"] = os.pathsep.join(p for p in (spec_root, saved_path) if p)
+        try:
+            summary = _run_all(nbs, per_nb, run_dir, device, kernel, keep_going, timeout, log, plan)
+            if prof.get("bench") and summary["status"] == "ok":
+                summary["bench"] = _run_bench(prof["bench"], run_dir / "bench" / "records", device, log)
+        finally:
+            if saved_path is None:
+                os.environ.pop("JUPYTER_PATH", None)
+            else:
+                os.environ["JUPYTER_PATH"] = saved_path
+    summary["parameters"], summary["profile"] = params, profile  # each notebook's own: its entry's
     summary["environment"] = {k: v for k, v in doctor(calibrate=False).items() if not isinstance(v, dict)}
     atomic_write_text(run_dir / "summary.json", json.dumps(summary, indent=1, default=str))
     write_report(run_dir, summary)
@@ -294,9 +270,8 @@ def load_profile(name: str) -> dict:
 
 def profile_lines(prof: dict, device: str) -> list:
     """A profile's plan: each notebook's sizes and, from this machine's probe and the calibration, its seconds."""
-    stems = [p.stem for p in notebooks()]
-    est = budget.profile_estimate(budget.probe(device), stems, prof.get("notebooks", {}))
     sizes = prof.get("notebooks", {})
+    est = budget.profile_estimate(budget.probe(device), [p.stem for p in notebooks()], sizes)
     return [f"{stem} about {t:.0f} s" + "".join(f", {k}={v}" for k, v in sizes.get(stem, {}).items())
             for stem, t in est.items()] + [f"then bench {', '.join(prof.get('bench', [])) or 'nothing'}; in all "
                                            f"about {sum(est.values()) / 60:.0f} min of notebooks"]
@@ -320,20 +295,19 @@ def _validate_run(params: dict, nbs: list) -> None:
     import papermill as pm
 
     declared = {nb.stem: pm.inspect_notebook(str(nb)) for nb in nbs}
-    names = set().union(*declared.values()) if declared else set()
+    names = set().union(*declared.values())
     unknown = sorted(set(params) - names)
     if unknown:
         raise ValueError(f"parameter {', '.join(map(repr, unknown))} is not declared by any selected notebook "
                          f"(they declare: {', '.join(sorted(names - {'out_dir'}))})")
     check_params(**{k: v for k, v in params.items() if k != "out_dir"})
-    if "positions" in params:
-        for stem, d in declared.items():
-            if "positions" in d and "capacity" in d:
-                cap = params.get("capacity", ast.literal_eval(d["capacity"]["default"]))
-                try:
-                    check_params(positions=params["positions"], capacity=cap)
-                except ValueError as exc:
-                    raise ValueError(f"{stem}: {exc}") from None
+    for stem, d in declared.items():
+        if "positions" in params and "positions" in d and "capacity" in d:
+            cap = params.get("capacity", ast.literal_eval(d["capacity"]["default"]))
+            try:
+                check_params(positions=params["positions"], capacity=cap)
+            except ValueError as exc:
+                raise ValueError(f"{stem}: {exc}") from None
 
 
 def _plan(params: dict, nbs: list, device: str, budget_s: float, log) -> dict:
@@ -365,7 +339,7 @@ def _run_all(nbs, per_nb: dict, run_dir: Path, device: str, kernel: str, keep_go
     params = next(iter(per_nb.values()), {})
     summary = {"run": run_dir.name, "parameters": params, "device": device, "started_utc":
                datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"), "notebooks": [], "plan": plan}
-    failed, elapsed = False, 0.0
+    elapsed = 0.0
     for nb in nbs:
         declared, params = pm.inspect_notebook(str(nb)), per_nb[nb.stem]
         nb_params = {k: v for k, v in params.items() if k in declared}
@@ -376,7 +350,7 @@ def _run_all(nbs, per_nb: dict, run_dir: Path, device: str, kernel: str, keep_go
             nb_params["out_dir"] = str(nb_out)
         executed = run_dir / nb.name
         entry = {"name": nb.name, "executed": executed.name, "html": None, "parameters": nb_params,
-                 "planned_s": plan["estimate_s"].get(nb.stem) if plan else None}
+                 "planned_s": plan["estimate_s"].get(nb.stem) if plan else None, "status": "ok"}
         left = f" (plan: about {entry['planned_s']:.0f} s; {plan['budget_s'] - elapsed:.0f} s of " \
             f"the budget left)" if plan else ""
         log(f"[fastattn] running {nb.name}{left} ...")
@@ -385,36 +359,31 @@ def _run_all(nbs, per_nb: dict, run_dir: Path, device: str, kernel: str, keep_go
             pm.execute_notebook(str(nb), str(executed), parameters=nb_params, kernel_name=kernel, engine_name=ENGINE,
                                 cwd=str(nb.parent), execution_timeout=timeout,
                                 progress_bar={"desc": f"[fastattn] {nb.stem}", "unit": "cell", "leave": False})
-            entry["status"] = "ok"
         except PapermillExecutionError as exc:
-            entry["status"] = "failed"
-            entry["error"] = f"{nb.name}, cell {exc.exec_count}: {exc.ename}: {exc.evalue}"
-            failed = True
+            entry.update(status="failed", error=f"{nb.name}, cell {exc.exec_count}: {exc.ename}: {exc.evalue}")
         except Exception as exc:  # kernel died, timeout, ...
-            entry["status"] = "failed"
-            entry["error"] = f"{nb.name}: {type(exc).__name__}: {exc}"
-            failed = True
+            entry.update(status="failed", error=f"{nb.name}: {type(exc).__name__}: {exc}")
         entry["duration_s"] = time.perf_counter() - t0
         elapsed += entry["duration_s"]
+        fj, kf = nb_out / "findings.json", nb_out / "key_findings.json"
+        items = json.loads(fj.read_text()) if fj.exists() else {}
+        key = json.loads(kf.read_text()) if kf.exists() else list(items)[:4]
         if executed.exists():
             try:
-                _findings_up_front(executed, nb_out)
+                if fj.exists():
+                    _findings_up_front(executed, items, key)
                 entry["html"] = _html(executed, run_dir, nb_params).name
             except Exception as exc:  # keep the executed notebook; a run whose report failed is not "ok"
                 entry["html_error"] = f"{type(exc).__name__}: {exc}"
                 entry["status"], entry["error"] = "failed", f"{nb.name}: writing its HTML failed: {exc}"
-                failed = True
-        fj = nb_out / "findings.json"
-        entry["findings"] = json.loads(fj.read_text()) if fj.exists() else {}
-        kf = nb_out / "key_findings.json"
-        entry["key_findings"] = json.loads(kf.read_text()) if kf.exists() else list(entry["findings"])[:4]
+        entry["findings"], entry["key_findings"] = items, key
         summary["notebooks"].append(entry)
         log(f"[fastattn] {nb.name}: {entry['status']} in {entry['duration_s']:.1f} s"
             + (f"\n[fastattn] ERROR {entry['error']}" if entry.get("error") else ""))
         if entry["status"] != "ok" and not keep_going:
             break
     summary["finished_utc"] = datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
-    summary["status"] = "failed" if failed else "ok"
+    summary["status"] = "failed" if any(e["status"] != "ok" for e in summary["notebooks"]) else "ok"
     return summary
 
 
@@ -428,12 +397,10 @@ def _params_file(path: str) -> dict:
         data = yaml.safe_load(p.read_text())
     except yaml.YAMLError as exc:
         raise ValueError(f"--params {path}: not valid YAML ({str(exc).splitlines()[0]})") from None
-    if data is None:
-        return {}
-    if not isinstance(data, dict) or not all(isinstance(k, str) for k in data):
+    if data is not None and (not isinstance(data, dict) or not all(isinstance(k, str) for k in data)):
         raise ValueError(f"--params {path}: expected a mapping of parameter names to values, got "
                          f"{type(data).__name__}")
-    return dict(data)
+    return dict(data or {})
 
 
 def _out_dir(path: str) -> Path:
@@ -489,9 +456,7 @@ def main(argv=None) -> int:
         return 2
     print(f"[fastattn] run folder: {run_dir}")
     print(f"[fastattn] index: {run_dir / 'index.html'}")
-    if summary["status"] != "ok":
-        bad = [n for n in summary["notebooks"] if n["status"] != "ok"]
-        for n in bad:
+    for n in summary["notebooks"]:
+        if n["status"] != "ok":
             print(f"[fastattn] FAILED {n.get('error')}", file=sys.stderr)
-        return 1
-    return 0
+    return 0 if summary["status"] == "ok" else 1

@@ -8,13 +8,13 @@ from typing import Optional, Sequence
 import torch
 
 from .. import fast as _fast
-from ..core import causal_mask, f64_attention, sdpa
+from ..core import causal_mask, f64_attention, random_decode, sdpa
 from ..devices import cpu_flags, dtype_name, resolve_device
 from ..devices import dtype_of as _dtype
 from ..exactness import exact_granularity
 from ..fast import LENGTH_CLASSES, fast_report, sdpa_slice
 from ..modes import MODES, REGISTRY
-from ..static import fresh_positions
+from ..static import fresh_positions, stack_data
 from ..step import attention_step
 from .floor import bandwidth, floor_binds, floor_ms, live_kv_bytes
 from .records import env_record, record
@@ -30,30 +30,7 @@ def attention_sweep(positions: Sequence[int], *, capacity: int = 8192, dtype="fl
     row plus ``mode, position, length, window, max_err_f64, live_bytes, floor_ms, floor_meaningful, x_floor``.
     ``caches`` > 1 rotates over that many K/V caches (36: every layer of both LMs) so each read is cold;
     ``gemm_floor`` (fp32): the grouped form's two bare GEMMs, the best torch's BLAS does with these bytes."""
-
     device, dt = resolve_device(device), _dtype(dtype)
-    _check_sweep_args(positions, capacity, modes, caches)
-    g = torch.Generator().manual_seed(seed)
-    q = torch.randn(1, hq, 1, head_dim, generator=g).to(device=device, dtype=dt)  # first: cache 0 is the same
-    kvs = [(torch.randn(1, hkv, capacity, head_dim, generator=g).to(device=device, dtype=dt),   # for any caches
-            torch.randn(1, hkv, capacity, head_dim, generator=g).to(device=device, dtype=dt)) for _ in range(caches)]
-    bw = bw or bandwidth(device)
-    llc = bw.get("llc_bytes")
-    gran = _granularity_of(q, kvs[0][0], bucket)
-    rows = []
-    for p in progress_bar(positions, progress, f"attention {dtype}"):
-        fns = _variants(q, modes, bucket, slice_fix, gemm=gemm_floor and dt == torch.float32)
-        rows += _position_rows(fns, q, kvs, p, device, repeats, warmup, capacity, gran, bw, llc)
-    fast_choice = [c for c in fast_report() if c["dtype"] == dtype_name(dt) and c["length_class"] != "graph"
-                   and (c["hq"], c["hkv"], c["head_dim"]) == (hq, hkv, head_dim)]
-    params = {"positions": list(positions), "capacity": capacity, "dtype": dtype_name(dt), "hq": hq, "hkv": hkv,
-              "head_dim": head_dim, "bucket": bucket, "exact_granularity": gran, "caches": caches,
-              "repeats": repeats, "warmup": warmup, "modes": list(fns), "fresh_key_counts": list(FRESH)}
-    return record("attention", env=env_record(device, dt), params=params, rows=rows, fast_choice=fast_choice,
-                  bandwidth=bw)
-
-
-def _check_sweep_args(positions, capacity, modes, caches):
     for p in positions:
         if not 0 <= p < capacity:
             raise ValueError(f"positions must be in [0, capacity={capacity}), got {p}")
@@ -62,6 +39,21 @@ def _check_sweep_args(positions, capacity, modes, caches):
         raise ValueError(f"modes must be among {MODES}, got {bad}")
     if not isinstance(caches, int) or caches < 1:
         raise ValueError(f"caches must be an int >= 1 (distinct K/V caches to rotate over), got {caches!r}")
+    q, kvs = stack_data(device, dt, hq, hkv, head_dim, capacity, seed, caches)  # cache 0 the same for any caches
+    bw = bw or bandwidth(device)
+    gran = bucket if bucket is not None else exact_granularity(q.device, dt, hq=hq, hkv=hkv, head_dim=head_dim,
+                                                               capacity=capacity)
+    rows = []
+    for p in progress_bar(positions, progress, f"attention {dtype}"):
+        fns = _variants(q, modes, bucket, slice_fix, gemm=gemm_floor and dt == torch.float32)
+        rows += _position_rows(fns, q, kvs, p, device, repeats, warmup, capacity, gran, bw)
+    fast_choice = [c for c in fast_report() if c["dtype"] == dtype_name(dt) and c["length_class"] != "graph"
+                   and (c["hq"], c["hkv"], c["head_dim"]) == (hq, hkv, head_dim)]
+    params = {"positions": list(positions), "capacity": capacity, "dtype": dtype_name(dt), "hq": hq, "hkv": hkv,
+              "head_dim": head_dim, "bucket": bucket, "exact_granularity": gran, "caches": caches,
+              "repeats": repeats, "warmup": warmup, "modes": list(fns), "fresh_key_counts": list(FRESH)}
+    return record("attention", env=env_record(device, dt), params=params, rows=rows, fast_choice=fast_choice,
+                  bandwidth=bw)
 
 
 #: the variants whose kernel sees the live key count: timed at a fresh count per call, as a decode pays it (a
@@ -84,9 +76,9 @@ def _variants(q, modes, bucket, slice_fix: bool, gemm: bool) -> dict:
     return fns
 
 
-def _position_rows(fns, q, kvs, p, device, repeats, warmup, capacity, gran, bw, llc) -> list:
+def _position_rows(fns, q, kvs, p, device, repeats, warmup, capacity, gran, bw) -> list:
     n, k0, v0 = p + 1, kvs[0][0], kvs[0][1]
-    turn = iter(range(10**12))
+    turn = itertools.count()
     walk = [i + 1 for i in fresh_positions(p, warmup + repeats, capacity, device=device, dtype=q.dtype)]
 
     def timed(m, fn):
@@ -98,13 +90,14 @@ def _position_rows(fns, q, kvs, p, device, repeats, warmup, capacity, gran, bw, 
     r64 = f64_attention(q, k0, v0, n)
     live = live_kv_bytes(n, k0.shape[1], q.shape[3], k0.dtype)
     fl = floor_ms(n, k0.shape[1], q.shape[3], k0.dtype, bw["gb_per_s"])
+    binds = floor_binds(live, len(kvs), bw.get("llc_bytes"))
     rows = []
     for m, fn in fns.items():
         st = stats_ms(times[m], host[m])
         window = n if m in ("slice_fix", "gemm_floor") else REGISTRY[m].keys(n, capacity, gran)  # the mode's rule
         err = None if m == "gemm_floor" else (fn(k0, v0, n).double() - r64).abs().max().item()
         rows.append({"mode": m, "position": p, "length": n, "window": window, **st, "max_err_f64": err,
-                     "live_bytes": live, "floor_ms": fl, "floor_meaningful": floor_binds(live, len(kvs), llc),
+                     "live_bytes": live, "floor_ms": fl, "floor_meaningful": binds,
                      "x_floor": st["median_ms"] / fl})
     return rows
 
@@ -126,22 +119,14 @@ def fast_choices(device="cpu", *, dtypes=("float32", "bfloat16"), hq: int = 16, 
                   rows=rows, note="fast mode trades bit-identity for speed: within twice reference's error vs float64")
 
 
-def _granularity_of(q, k, bucket):
-    """``bucket``, else the calibrated granularity, or None (whole cache)."""
-    return bucket if bucket is not None else exact_granularity(
-        q.device, q.dtype, hq=q.shape[1], hkv=k.shape[1], head_dim=q.shape[3], capacity=k.shape[2], lq=q.shape[2])
-
-
 def dtype_costs(device="cpu", *, length: int = 4096, capacity: int = 8192, hq: int = 16, hkv: int = 2,
                 head_dim: int = 128, repeats: int = 9, warmup: int = 2, seed: int = 0) -> dict:
     """Why bf16 attention costs what it does: masked SDPA, sliced SDPA, a bare ``q @ k^T`` and the bf16 -> fp32
     cast of K, in fp32 and bf16, interleaved. Rows ``{op, dtype, median_ms, ...}``; ``ratios``: bf16 / fp32 per op."""
     device = resolve_device(device)
-    g = torch.Generator().manual_seed(seed)
-    base = [torch.randn(1, h, n, head_dim, generator=g) for h, n in ((hq, 1), (hkv, capacity), (hkv, capacity))]
     fns = {}
     for dt in (torch.float32, torch.bfloat16):
-        q, k, v = (t.to(device=device, dtype=dt) for t in base)
+        q, k, v = random_decode(device, dt, hq=hq, hkv=hkv, head_dim=head_dim, capacity=capacity, seed=seed)
         m, name = causal_mask(capacity, 1, length, device), dtype_name(dt)
         qg = q.reshape(1, hkv, hq // hkv, head_dim)
         fns[("masked SDPA over the capacity (upstream)", name)] = lambda q=q, k=k, v=v, m=m: sdpa(q, k, v, m)

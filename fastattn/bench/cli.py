@@ -30,7 +30,7 @@ NEEDS = {"attention": ("bandwidth",)}
 def jobs(device, *, dtypes=("float32", "bfloat16"), positions=None, capacity: int = 8192, preset=None,
          steps=None, repeats: int = 7, progress: bool = True) -> list:
     """Every bench job as a :class:`runner.Step` named as the CLI names it; ``None`` sizes are each job's own."""
-    dev, bw = str(device), {}
+    dev, bw, model = str(device), {}, preset or "tiny"  # model: the preset of the jobs that build a whole model
     pos = lambda default: list(positions or default)  # noqa: E731
 
     def band():
@@ -42,20 +42,20 @@ def jobs(device, *, dtypes=("float32", "bfloat16"), positions=None, capacity: in
                                               repeats=repeats, bw=bw or None, progress=progress) for dt in dtypes],
         "decode-step": lambda: [decode_step_sweep(pos(POSITIONS), preset=preset or "small", dtype=dt, device=device,
                                                   repeats=repeats, progress=progress) for dt in dtypes],
-        "decode": lambda: [whole_decode(preset or "tiny", steps=steps or 12, dtype=_one(dtypes, "bfloat16"),
+        "decode": lambda: [whole_decode(model, steps=steps or 12, dtype=_one(dtypes, "bfloat16"),
                                         device=dev, progress=progress)],
-        "dtype": lambda: [dtype_decode(preset or "tiny", dtypes=whole_dtypes(device, "bfloat16"), steps=steps or 12,
+        "dtype": lambda: [dtype_decode(model, dtypes=whole_dtypes(device, "bfloat16"), steps=steps or 12,
                                        device=device)],
-        "compiled": lambda: [compiled_step_sweep(pos(COMPILED_POSITIONS), preset=preset or "tiny", device=device,
+        "compiled": lambda: [compiled_step_sweep(pos(COMPILED_POSITIONS), preset=model, device=device,
                                                  dtype=_one(dtypes, "float32"), repeats=repeats, progress=progress)],
-        "compile-counts": lambda: [compile_counts(steps or 500, preset=preset or "tiny", device=device)],
+        "compile-counts": lambda: [compile_counts(steps or 500, preset=model, device=device)],
         "forms": lambda: [form_sweep(pos(FORM_POSITIONS), device=device, dtype=dt, capacity=capacity,
                                      repeats=repeats, steps=steps or 600, progress=progress) for dt in dtypes],
         "memory": lambda: [kv_memory("full", dtype=_one(dtypes, "bfloat16"), device=device),
                            step_allocations(device=dev)],
     }
-    names = {"decode": lambda r: [f"whole_decode_{preset or 'tiny'}"], "dtype": lambda r: [f"dtype_decode_"
-             f"{preset or 'tiny'}"], "compiled": lambda r: [f"compiled_step_{preset or 'tiny'}"],
+    names = {"decode": lambda r: [f"whole_decode_{model}"], "dtype": lambda r: [f"dtype_decode_{model}"],
+             "compiled": lambda r: [f"compiled_step_{model}"],
              "forms": lambda r: [f"decode_forms_{x['params']['dtype']}" for x in r],
              "memory": lambda r: ["kv_memory_full", "step_allocations"]}
     return [Step(name, fn, 0.0, None, names.get(name)) for name, fn in table.items()]
@@ -111,13 +111,10 @@ def main(argv=None) -> int:
     ap.add_argument("--repeats", type=int, default=7)
     add_arguments(ap, "output folder (default: reports/bench-<UTC time>)")
     args = ap.parse_args(argv)
-    try:  # every argument checked before anything is measured or written
-        device = _check_args(args)
-    except ValueError as exc:
-        ap.error(str(exc))
     out = Path(args.out) if args.out else Path("reports") / f"bench-{datetime.now(timezone.utc):%Y%m%dT%H%M%SZ}"
     what = list(args.only or (ALL if args.what == "all" else [*NEEDS.get(args.what, ()), args.what]))
-    try:
+    try:  # every argument checked before anything is measured or written
+        device = _check_args(args)
         entries = run(what if not args.skip else [w for w in what if w not in args.skip], out, device,
                       budget=args.budget or None, resume=args.resume, dtypes=(args.dtype,) if args.dtype else
                       ("float32", "bfloat16"), positions=args.positions, capacity=args.capacity, preset=args.preset,

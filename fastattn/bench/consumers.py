@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import base64
 import io
-import queue
 import statistics
-import threading
+from concurrent.futures import ThreadPoolExecutor
 from typing import Optional, Sequence
 
 import numpy as np
+import torch
 
 from ..clock import rotated
 from ..models import build_voxcpm2, silence_progress
@@ -36,8 +36,8 @@ def _wav_b64(clip: np.ndarray, sr: int) -> bytes:
 
 
 def _codec(fmt: str, subtype: Optional[str]):
-    """Encode a whole clip in chunk-sized blocks (libsndfile 1.2's Vorbis encoder crashes on one huge write)."""
-    def encode(clip, sr):
+    """Encode the whole clip in chunk-sized blocks (libsndfile 1.2's Vorbis encoder crashes on one huge write)."""
+    def encode(prev, clip, chunk, sr):
         import soundfile as sf
         buf = io.BytesIO()
         with sf.SoundFile(buf, "w", sr, 1, format=fmt, subtype=subtype) as f:
@@ -72,9 +72,7 @@ def patterns() -> tuple:
         have = sf.available_formats()
         for name, (fmt, sub) in CODECS.items():
             if fmt in have:
-                enc = _codec(fmt, sub)
-                out[codec_pattern(name)] = \
-                    lambda prev, clip, chunk, sr, enc=enc: enc(clip, sr)
+                out[codec_pattern(name)] = _codec(fmt, sub)
             else:
                 skipped[f"encode to {name}"] = f"this libsndfile has no {fmt} writer"
     except (ImportError, OSError) as exc:
@@ -84,8 +82,6 @@ def patterns() -> tuple:
 
 def stream_audio(preset: str = "small", chunks: int = 30, *, device="cpu", dtype="bfloat16", seed: int = 0) -> list:
     """The chunks (1-D float32 arrays) of one ``generate_streaming`` run of a freshly built random-weight model."""
-    import torch
-
     model = build_voxcpm2(preset, seed=seed, device=str(device), dtype=dtype)
     silence_progress()
     torch.manual_seed(seed)
@@ -131,8 +127,7 @@ def _pattern_ms(fn, prev, clip, chunk, parts: list, sr: int, repeats: int) -> fl
 
 def _fit(rows: list, chunk_samples: int) -> dict:
     x, y = [r["samples"] for r in rows], [r["ms"] for r in rows]
-    slope = resistant_slope(x, y) if len(rows) >= 6 else float(np.polyfit(x, y, 1)[0])  # ms per sample
-    slope = slope or 0.0
+    slope = (resistant_slope(x, y) if len(rows) >= 6 else float(np.polyfit(x, y, 1)[0])) or 0.0  # ms per sample
     first = rows[0]["ms"]
     at400 = next((r["ms"] for r in rows if r["chunk"] == 400), None)
     per_chunk = slope * chunk_samples
@@ -159,8 +154,6 @@ def consumer_contention(preset: str = "small", chunks: int = 60, *, pattern: str
     """The generator's ms per chunk alone and beside a thread running ``pattern`` (unknown: ValueError; a missing
     codec runs a whole-clip pattern, ``params.asked`` keeps the name), alternated. Rows ``{repeat, beside, chunk,
     ms}``; ``ratio`` beside / alone (medians, chunk 0 dropped), its 95% ``ci``."""
-    import torch
-
     fns, _ = patterns()
     known = {n for n, f in fns.items() if f is not None} | {codec_pattern(n) for n in CODECS}
     if pattern not in known:
@@ -191,29 +184,16 @@ def consumer_contention(preset: str = "small", chunks: int = 60, *, pattern: str
 
 def _timed_beside(gen, fn, sr: int, consumer_ms: list) -> list:
     """ms of every chunk ``gen`` yields; with ``fn``, a thread runs it on the growing clip as chunks arrive."""
-    q: queue.Queue = queue.Queue()
-    failed: list = []
+    clip, jobs = [np.zeros(0, np.float32)], []
 
-    def consume():
-        clip = np.zeros(0, np.float32)
-        while (chunk := q.get()) is not None:
-            if failed:
-                continue  # drain: the generator must not block on a dead consumer
-            prev, clip = clip, np.concatenate([clip, chunk])
-            try:
-                consumer_ms.append(_time(lambda prev=prev, clip=clip, chunk=chunk: fn(prev, clip, chunk, sr), 1))
-            except Exception as exc:  # noqa: BLE001 - raised in the caller's thread below
-                failed.append(exc)
-    thread = threading.Thread(target=consume, daemon=True) if fn else None
-    if thread:
-        thread.start()
-    feed = (lambda chunk: q.put(chunk.float().reshape(-1).numpy())) if thread else None
-    try:
+    def consume(chunk):
+        prev, clip[0] = clip[0], np.concatenate([clip[0], chunk])
+        consumer_ms.append(_time(lambda: fn(prev, clip[0], chunk, sr), 1))
+
+    with ThreadPoolExecutor(1) as pool:  # its exit waits for the consumer, also where the generator raised
+        feed = (lambda chunk: jobs.append(pool.submit(consume, chunk.float().reshape(-1).numpy()))) if fn else None
         _, rows = time_chunks(gen, "cpu", on_chunk=feed)
-    finally:  # a generator that raises must not leave the consumer waiting for ever
-        if thread:
-            q.put(None)
-            thread.join()
+    failed = next((job.exception() for job in jobs if job.exception()), None)
     if failed:
-        raise RuntimeError(f"the consumer thread failed: {failed[0]!r}") from failed[0]
+        raise RuntimeError(f"the consumer thread failed: {failed!r}") from failed
     return [r["ms"] for r in rows]

@@ -5,27 +5,28 @@ from __future__ import annotations
 import functools
 import statistics
 import time
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from typing import Callable, Optional
 
 import torch
 
-from ..clock import elapsed_s, rotated, stamp
+from ..clock import elapsed_s, medians, rotated, stamp, sync
 from ..devices import cpu_flags, resolve_device, runtime_dtype
 from ..models import build_voxcpm2, count_parameters, silence_progress
 from ..patch import cache_bytes, patch_voxcpm
-from .metrics import dtype_table, patched_is_upstream, quiet_steps, time_shares  # noqa: F401 (re-exported)
-from .noise import delta, disturbed, host_counters, others_busy
+from .metrics import dtype_table, quiet_steps, time_shares  # noqa: F401 (re-exported)
+from .noise import delta, disturbed_series, host_counters
 from .records import env_record, record
 from .rss_probe import peak, reset_peak, trim
-from .timing import progress_bar, sync_device, time_interleaved
+from .timing import progress_bar
 
 
 class Timers:
     """Per-component seconds within a decode, without extra syncs (CUDA events, else perf_counter)."""
 
     def __init__(self, device):
-        self.cuda = torch.device(device).type == "cuda"
+        self.device = torch.device(device)
+        self.cuda = self.device.type == "cuda"
         self.samples: dict = {}
         self.marks: list = []  # one per base-LM decode step, at its start: the loop's period is a step
         self.hosts: list = []  # the host counters at each mark (:func:`.noise.host_counters`)
@@ -39,14 +40,11 @@ class Timers:
 
     def step_disturbed(self) -> list:
         """Per step of :meth:`step_s`: whether other processes or preemption took it (:mod:`.noise`)."""
-        wall = self.step_s()
-        d = [delta(a, b) for a, b in zip(self.hosts, self.hosts[1:])]
-        cpu, machine = [x["cpu_s"] for x in d], [x["machine_s"] for x in d]
-        return disturbed(wall, cpu, [x["switches"] for x in d], others=others_busy(wall, cpu, machine))
+        return disturbed_series(self.step_s(), [delta(a, b) for a, b in zip(self.hosts, self.hosts[1:])])
 
     def step_s(self) -> list:
         """Seconds of each decode step but the last (one base-LM step's start to the next)."""
-        sync_device("cuda" if self.cuda else "cpu")
+        sync(self.device)
         return [elapsed_s(a, b) for a, b in zip(self.marks, self.marks[1:])]
 
     def wrap(self, name: str, fn: Callable) -> Callable:
@@ -59,7 +57,7 @@ class Timers:
 
     def totals_s(self) -> dict:
         """Seconds per component since the last call (which cleared the samples)."""
-        sync_device("cuda" if self.cuda else "cpu")
+        sync(self.device)
         out = {n: sum(elapsed_s(a, b) for a, b in v) for n, v in self.samples.items()}
         self.samples = {}
         return out
@@ -69,9 +67,9 @@ def timer_overhead_us(n: int = 2000) -> float:
     """Microseconds :meth:`Timers.wrap` adds to one call on CPU (``n`` timed vs bare no-ops, interleaved)."""
     noop = lambda: None  # noqa: E731
     timed = Timers("cpu").wrap("x", noop)
-    t = time_interleaved({"timed": lambda: [timed() for _ in range(n)], "bare": lambda: [noop() for _ in range(n)]},
-                         repeats=5, warmup=1)
-    return (statistics.median(t["timed"]) - statistics.median(t["bare"])) / n * 1e6
+    t = medians({"timed": lambda: [timed() for _ in range(n)], "bare": lambda: [noop() for _ in range(n)]},
+                repeats=5, warmup=1)
+    return (t["timed"] - t["bare"]) / n * 1e6
 
 
 @contextmanager
@@ -79,22 +77,27 @@ def instrumented(model, timers: Timers, *, attention: bool = True, vae: bool = F
     """Time ``base_lm``, ``residual_lm``, ``local_dit``, ``local_encoder``, optionally ``lm_attention`` (decode-step
     SDPA in the LMs) and ``vae`` (streaming decode per chunk) into ``timers``; restored on exit."""
     import torch.nn.functional as F
-    saved = []
+    saved = []  # (object, attribute, the instance's own value before or None)
 
-    def put(obj, attr, name):
+    def put(obj, attr, value):
         saved.append((obj, attr, obj.__dict__.get(attr)))
-        setattr(obj, attr, timers.wrap(name, getattr(obj, attr)))
+        obj.__dict__[attr] = value
 
-    saved.append((model.base_lm, "forward_step", model.base_lm.__dict__.get("forward_step")))
-    model.base_lm.forward_step = timers.mark(timers.wrap("base_lm", model.base_lm.forward_step))
-    put(model.residual_lm, "forward_step", "residual_lm")
-    put(model.feat_decoder, "forward", "local_dit")
-    put(model.feat_encoder, "forward", "local_encoder")
-    raw = model.__dict__.get("_feat_encoder_raw")  # the prefill encoder call is not a decode step
-    model.__dict__["_feat_encoder_raw"] = functools.partial(type(model.feat_encoder).forward, model.feat_encoder)
+    put(model.base_lm, "forward_step", timers.mark(timers.wrap("base_lm", model.base_lm.forward_step)))
+    put(model.residual_lm, "forward_step", timers.wrap("residual_lm", model.residual_lm.forward_step))
+    put(model.feat_decoder, "forward", timers.wrap("local_dit", model.feat_decoder.forward))
+    put(model.feat_encoder, "forward", timers.wrap("local_encoder", model.feat_encoder.forward))
+    # the prefill encoder call is not a decode step
+    put(model, "_feat_encoder_raw", functools.partial(type(model.feat_encoder).forward, model.feat_encoder))
     if vae:
-        saved.append((model.audio_vae, "streaming_decode", model.audio_vae.__dict__.get("streaming_decode")))
-        model.audio_vae.streaming_decode = _timed_streaming_decode(model.audio_vae.streaming_decode, timers)
+        streaming_decode = model.audio_vae.streaming_decode
+
+        @contextmanager
+        def timed_streaming_decode(*a, **k):  # its decoder's decode_chunk timed as ``vae``
+            with streaming_decode(*a, **k) as dec:
+                dec.decode_chunk = timers.wrap("vae", dec.decode_chunk)
+                yield dec
+        put(model.audio_vae, "streaming_decode", timed_streaming_decode)
     sdpa = F.scaled_dot_product_attention
     timed_sdpa = timers.wrap("lm_attention", sdpa)
 
@@ -107,24 +110,11 @@ def instrumented(model, timers: Timers, *, attention: bool = True, vae: bool = F
         yield
     finally:
         F.scaled_dot_product_attention = sdpa
-        model.__dict__.pop("_feat_encoder_raw", None)
-        if raw is not None:
-            model.__dict__["_feat_encoder_raw"] = raw
         for obj, attr, old in reversed(saved):
             if old is None:
                 obj.__dict__.pop(attr, None)
             else:
                 obj.__dict__[attr] = old
-
-
-def _timed_streaming_decode(streaming_decode, timers: Timers):
-    """``streaming_decode()`` with its decoder's ``decode_chunk`` timed as ``vae``."""
-    @contextmanager
-    def timed(*a, **k):
-        with streaming_decode(*a, **k) as dec:
-            dec.decode_chunk = timers.wrap("vae", dec.decode_chunk)
-            yield dec
-    return timed
 
 
 def whole_decode(preset: str = "tiny", *, steps: int = 12, dtype="bfloat16", device="cpu", seed: int = 0,
@@ -142,23 +132,19 @@ def whole_decode(preset: str = "tiny", *, steps: int = 12, dtype="bfloat16", dev
     for r in progress_bar(range(repeats), progress, "whole decode"):
         for variant in rotated(order, r):
             timers = Timers(device)
-            handle = patch_voxcpm(model, mode=mode) if variant == "patched" else None
-            try:
+            with patch_voxcpm(model, mode=mode) if variant == "patched" else nullcontext():
                 with instrumented(model, timers):
                     torch.manual_seed(seed)
-                    sync_device(device)
+                    sync(device)
                     t0 = time.perf_counter()
                     out = model.generate(text, min_len=steps, max_len=steps, inference_timesteps=inference_timesteps)
-                    sync_device(device)
+                    sync(device)
                     wall = time.perf_counter() - t0
                 kv = cache_bytes(model)["total"]
                 cache = model.base_lm.kv_cache
                 n_steps = cache.current_length
                 if variant == "patched":
                     granularity = getattr(cache, "granularity", None)
-            finally:
-                if handle is not None:
-                    handle.revert()
             parts = timers.totals_s()
             comp = {k: parts.get(k, 0.0) for k in ("base_lm", "residual_lm", "local_dit", "local_encoder")}
             runs.append({"variant": variant, "repeat": r, "wall_s": wall, "step_seconds": timers.step_s(),
@@ -227,7 +213,5 @@ def dtype_decode(preset: str = "full", *, dtypes=("bfloat16", "float32"), steps:
 
 def whole_dtypes(device, dtype: str) -> tuple:
     """05's dtypes: voxcpm's own first (every ratio's base), float32, ``dtype``, and float16 on CUDA."""
-    import torch
-
     extra = ("float32", dtype) + (("float16",) if torch.device(device).type == "cuda" else ())
     return tuple(dict.fromkeys((runtime_dtype(device),) + extra))

@@ -19,8 +19,7 @@ def llc_bytes(device="cpu") -> int:
     if device.type == "cuda":
         return int(torch.cuda.get_device_properties(device).L2_cache_size)
     best = 0
-    base = Path("/sys/devices/system/cpu/cpu0/cache")
-    for idx in base.glob("index*") if base.exists() else []:
+    for idx in Path("/sys/devices/system/cpu/cpu0/cache").glob("index*"):  # none where sysfs lacks it
         try:
             size = (idx / "size").read_text().strip()
             mult = {"K": 1024, "M": 2**20, "G": 2**30}.get(size[-1], 1)
@@ -33,14 +32,13 @@ def llc_bytes(device="cpu") -> int:
 def bandwidth(device="cpu", *, nbytes: int = 512 * 2**20, repeats: int = 7) -> dict:
     """This box's memory bandwidth: a large copy, counting bytes read plus written. GB/s = 1e9 B/s."""
     device = resolve_device(device)
-    n = nbytes // 4
-    src = torch.rand(n, device=device)
+    src = torch.rand(nbytes // 4, device=device)
     dst = torch.empty_like(src)
     t = time_interleaved({"copy": lambda: dst.copy_(src)}, repeats=repeats, warmup=2, device=device)["copy"]
-    med = statistics.median(t)
-    return {"bytes_moved": 2 * n * 4, "median_s": med, "gb_per_s": 2 * n * 4 / med / 1e9,
-            "best_gb_per_s": 2 * n * 4 / min(t) / 1e9, "llc_bytes": llc_bytes(device) if device.type in
-            ("cpu", "cuda") else None, "llc_kind": {"cpu": "CPU last-level cache", "cuda": "GPU L2"}.get(device.type)}
+    moved, med = 2 * src.numel() * 4, statistics.median(t)
+    return {"bytes_moved": moved, "median_s": med, "gb_per_s": moved / med / 1e9, "best_gb_per_s": moved / min(t) / 1e9,
+            "llc_bytes": llc_bytes(device) if device.type in ("cpu", "cuda") else None,
+            "llc_kind": {"cpu": "CPU last-level cache", "cuda": "GPU L2"}.get(device.type)}
 
 
 def bandwidth_line(bw: dict) -> str:

@@ -24,8 +24,6 @@ from .records import env_record, record
 from .stats import YES, fmt_ci, quiet, quiet_ratio, ratio_ci, verdict
 from .timing import progress_bar, stats_ms, time_interleaved
 
-__all__ = ["form_sweep", "stack_sweep", "form_verdict", "form_lines", "check_lines", "kit_lines", "choice_lines"]
-
 
 @torch.no_grad()
 def stack_sweep(variants: dict, positions, *, device, dtype, capacity: int, hq: int, hkv: int, head_dim: int,
@@ -38,7 +36,7 @@ def stack_sweep(variants: dict, positions, *, device, dtype, capacity: int, hq: 
     calls = {}
     for n, (form, comp, static, layers) in variants.items():
         q, caches = data[static]
-        fn = compile_form(FORMS[form], "inductor", mode, layers) if comp else layer_stack(FORMS[form].fn, layers, n)
+        fn = compile_form(FORMS[form], mode, layers) if comp else layer_stack(FORMS[form].fn, layers, n)
         calls[n] = form_caller(form, fn, q, caches[:layers], bucket, static=static, host=hosts[n])
     rows = []
     for p in progress_bar(positions, progress, f"forms {dtype_name(dtype)}"):
@@ -108,9 +106,7 @@ def _row(rec: dict, form: str, p: int, compiled: bool) -> Optional[dict]:
 
 def _median(row: Optional[dict]) -> float:
     """Median of a row's quiet samples (all where fewer than 3 are quiet); inf for no row."""
-    if row is None:
-        return math.inf
-    return statistics.median(quiet(row["samples_ms"], row.get("disturbed_flags")))
+    return math.inf if row is None else statistics.median(quiet(row["samples_ms"], row.get("disturbed_flags")))
 
 
 def form_verdict(rec: dict) -> dict:

@@ -28,10 +28,10 @@ def lm_config(preset: str, layers: Optional[int]):
 
 
 def lm_and_caches(preset: str, layers: Optional[int], dt, device, max_length: int, bucket, seed: int):
-    """A random-weight MiniCPMModel of the preset's LM geometry, and upstream's and the patched cache for it."""
+    """A random-weight MiniCPMModel of the preset's LM geometry, upstream's and the patched cache for it, and a
+    generator seeded ``seed + 1`` with the step's input ``x`` drawn from it first."""
     from voxcpm.modules.minicpm4 import MiniCPMModel
     from voxcpm.modules.minicpm4.cache import StaticKVCache
-
 
     cfg = lm_config(preset, layers)
     state = torch.random.get_rng_state()
@@ -44,21 +44,18 @@ def lm_and_caches(preset: str, layers: Optional[int], dt, device, max_length: in
     caches = {"upstream": StaticKVCache(*geo, max_length=max_length),
               "patched": RightSizedKVCache(*geo, max_length=max_length,
                                            bucket=cache_granularity(cfg, device, dt, max_length, bucket))}
-    return lm, cfg, D, caches
+    g = torch.Generator().manual_seed(seed + 1)
+    return lm, cfg, D, caches, g, torch.randn(1, cfg.hidden_size, generator=g).to(device=device, dtype=dt)
 
 
-def start_request(caches: dict, kv: list, p: int) -> None:
-    """Put every cache at position ``p``: the prefill ``kv`` (p slots per layer) filled, position p claimed."""
+def start_request(caches: dict, cfg, D: int, p: int, g, device, dt) -> None:
+    """Put every cache at position ``p``: random K, V of p slots per layer (drawn from ``g``) filled, p claimed."""
+    kv = [tuple(torch.randn(1, cfg.num_key_value_heads, p, D, generator=g).to(device=device, dtype=dt)
+                for _ in range(2)) for _ in range(cfg.num_hidden_layers)]
     for c in caches.values():
-        c.fill_caches([(a[:, :, :p], b[:, :, :p]) for a, b in kv])
+        c.fill_caches(kv)
         if c.step() != p:
             raise RuntimeError(f"cache did not start at position {p}")
-
-
-def random_prefill(cfg, D: int, p: int, g, device, dt) -> list:
-    return [(torch.randn(1, cfg.num_key_value_heads, p, D, generator=g).to(device=device, dtype=dt),
-             torch.randn(1, cfg.num_key_value_heads, p, D, generator=g).to(device=device, dtype=dt))
-            for _ in range(cfg.num_hidden_layers)]
 
 
 def _attention_in_step(run, layers: int, steps: int = 3) -> float:
@@ -77,53 +74,17 @@ def decode_step_sweep(positions: Sequence[int], *, preset: str = "small", layers
                       slice_fix: bool = False) -> dict:
     """One decode step, upstream vs patched (``exact``) and optionally the slice fix, interleaved. Rows per variant
     and position: a timed row, ``per_layer_ms``, ``bit_identical``, ``attention_in_step_ms`` (None on CUDA)."""
-
     device, dt = resolve_device(device), _dtype(dtype)
     for p in positions:
         if not 0 <= p < max_length:
             raise ValueError(f"positions must be in [0, max_length={max_length}), got {p}")
-    lm, cfg, D, caches = lm_and_caches(preset, layers, dt, device, max_length, bucket, seed)
-    fns = {"upstream": original_functions(), "patched": variant_functions("exact", bucket=bucket)}
-    cache_of = {"upstream": caches["upstream"], "patched": caches["patched"]}
-    if slice_fix:  # upstream's cache: the fix slices its views
-        fns["slice_fix"], cache_of["slice_fix"] = slice_fix_functions(), caches["upstream"]
-    g = torch.Generator().manual_seed(seed + 1)
-    x = torch.randn(1, cfg.hidden_size, generator=g).to(device=device, dtype=dt)
-    rows = []
-    for p in progress_bar(positions, progress, f"decode step {dtype}"):
-        start_request(caches, random_prefill(cfg, D, p, g, device, dt), p)
-        pos = torch.tensor([p], device=device)
-
-        def call(name, pos=pos, walk=None):
-            at = iter((i, torch.tensor([i], device=device)) for i in walk) if walk else None
-
-            def run():
-                lm.kv_cache = cache_of[name]
-                if at is not None:  # a fresh key count per call, as a decode pays it (the fix reads the length)
-                    i, step_pos = next(at)
-                    lm.kv_cache.current_length = i + 1
-                with swapped(fns[name]), torch.inference_mode():
-                    return lm.forward_step(x, pos if at is None else step_pos)
-            return run
-
-        outs = {n: call(n)() for n in fns}
-        host: dict = {}
-        walk = fresh_positions(p, warmup + repeats, max_length, device=device, dtype=dt)
-        times = time_interleaved({n: call(n, walk=walk if n == "slice_fix" else None) for n in fns},
-                                 repeats=repeats, warmup=warmup, device=device, host=host)
-        caches["upstream"].current_length = p + 1
-        for n in fns:
-            st = stats_ms(times[n], host[n])
-            rows.append({"variant": n, "position": p, **st, "per_layer_ms": st["median_ms"] / cfg.num_hidden_layers,
-                         "attention_in_step_ms": _attention_in_step(call(n), cfg.num_hidden_layers)
-                         if device.type == "cpu" else None,
-                         "bit_identical": bool(torch.equal(outs[n], outs["upstream"]))})
-    lm.kv_cache = None
+    rows, cfg, D, caches, variants = _step_sweep(positions, preset, layers, dt, device, max_length, bucket, repeats,
+                                                  warmup, seed, progress, f"decode step {dtype}", slice_fix=slice_fix)
     params = {"preset": preset, "layers": cfg.num_hidden_layers, "hidden": cfg.hidden_size,
               "heads": cfg.num_attention_heads, "kv_heads": cfg.num_key_value_heads, "head_dim": D,
               "positions": list(positions), "dtype": dtype_name(dt), "max_length": max_length, "bucket": bucket,
               "granularity": caches["patched"].granularity,
-              "repeats": repeats, "warmup": warmup, "variants": list(fns),
+              "repeats": repeats, "warmup": warmup, "variants": list(variants),
               "fresh_key_counts": ["slice_fix"] if slice_fix else []}
     return record("decode_step", env=env_record(device, dt), params=params, rows=rows)
 
@@ -134,47 +95,69 @@ def compiled_step_sweep(positions: Sequence[int], *, preset: str = "tiny", layer
                         seed: int = 0, progress: bool = True) -> dict:
     """Decode step, upstream and patched, eager and compiled as ``optimize()`` does (``reduce-overhead`` on CUDA).
     ``graphs``: dynamo's counts (one per variant expected, never one per position)."""
-
     device, dt = resolve_device(device), _dtype(dtype)
     mode = mode if mode is not None else ("reduce-overhead" if device.type == "cuda" else None)
-    lm, cfg, D, caches = lm_and_caches(preset, layers, dt, device, max_length, bucket, seed)
-    static, right = caches["upstream"], caches["patched"]
-    if device.type == "cuda":  # both variants alike: the tensors each compiled step reads and writes
-        mark_cache_static(static)
-        mark_cache_static(right)
-    fns = {"upstream": original_functions(), "patched": variant_functions("exact", bucket=bucket)}
     opts = {"backend": backend, "fullgraph": True, **({"mode": mode} if mode else {})}
-    step = {}
-    for v in fns:
-        fn = fns[v]["MiniCPMModel.forward_step"]
-        step[f"eager {v}"] = (v, fn.__get__(lm))
-        step[f"compiled {v}"] = (v, torch.compile(fn.__get__(lm), **opts))
-    torch._dynamo.reset()
-    reset_graph_counts()
-    g = torch.Generator().manual_seed(seed + 1)
-    x = torch.randn(1, cfg.hidden_size, generator=g).to(device=device, dtype=dt)
-    rows = []
-    for p in progress_bar(positions, progress, "compiled step"):
-        start_request(caches, random_prefill(cfg, D, p, g, device, dt), p)
-        pos = torch.tensor([p], device=device)
-
-        def call(name, pos=pos):
-            v, f = step[name]
-
-            def run():
-                lm.kv_cache = static if v == "upstream" else right
-                with swapped(fns[v]), torch.inference_mode():
-                    return f(x, pos)
-            return run
-
-        host: dict = {}
-        times = time_interleaved({n: call(n) for n in step}, repeats=repeats, warmup=warmup, device=device,
-                                 host=host)
-        for n in step:
-            rows.append({"variant": n, "position": p, **stats_ms(times[n], host[n])})
+    rows, cfg, *_ = _step_sweep(positions, preset, layers, dt, device, max_length, bucket, repeats, warmup, seed,
+                                progress, "compiled step", compiled=opts)
     params = {"preset": preset, "layers": cfg.num_hidden_layers, "hidden": cfg.hidden_size, "dtype": dtype_name(dt),
               "backend": backend, "mode": mode, "positions": list(positions), "bucket": bucket, "repeats": repeats}
     return record("compiled_step", env=env_record(device, dt), params=params, rows=rows, graphs=graph_counts())
+
+
+def _step_sweep(positions, preset, layers, dt, device, max_length, bucket, repeats, warmup, seed, progress, desc, *,
+                slice_fix: bool = False, compiled: Optional[dict] = None) -> tuple:
+    """``(rows, cfg, D, caches, variants)`` of both sweeps; ``compiled``: ``torch.compile``'s options, each variant
+    then timed eager and compiled (timed rows only)."""
+    lm, cfg, D, caches, g, x = lm_and_caches(preset, layers, dt, device, max_length, bucket, seed)
+    fns = {"upstream": original_functions(), "patched": variant_functions("exact", bucket=bucket)}
+    variants = {n: (f, caches[n], None) for n, f in fns.items()}  # None: the LM's forward_step, as swapped in
+    if slice_fix:  # upstream's cache: the fix slices its views
+        variants["slice_fix"] = (slice_fix_functions(), caches["upstream"], None)
+    if compiled is not None:
+        if device.type == "cuda":  # both variants alike: the tensors each compiled step reads and writes
+            mark_cache_static(caches["upstream"])
+            mark_cache_static(caches["patched"])
+        variants = {}
+        for v, f in fns.items():
+            step = f["MiniCPMModel.forward_step"]
+            variants[f"eager {v}"] = (f, caches[v], step.__get__(lm))
+            variants[f"compiled {v}"] = (f, caches[v], torch.compile(step.__get__(lm), **compiled))
+        torch._dynamo.reset()
+        reset_graph_counts()
+    rows = []
+    for p in progress_bar(positions, progress, desc):
+        start_request(caches, cfg, D, p, g, device, dt)
+        pos = torch.tensor([p], device=device)
+
+        def call(name, pos=pos, walk=None):
+            swap, cache, step = variants[name]
+            at = iter((i, torch.tensor([i], device=device)) for i in walk) if walk else None
+
+            def run():
+                lm.kv_cache = cache
+                if at is not None:  # a fresh key count per call, as a decode pays it (the fix reads the length)
+                    i, step_pos = next(at)
+                    lm.kv_cache.current_length = i + 1
+                with swapped(swap), torch.inference_mode():
+                    return (step or lm.forward_step)(x, pos if at is None else step_pos)
+            return run
+
+        outs = {n: call(n)() for n in variants} if compiled is None else {}
+        walk = fresh_positions(p, warmup + repeats, max_length, device=device, dtype=dt) if compiled is None else None
+        host: dict = {}
+        times = time_interleaved({n: call(n, walk=walk if n == "slice_fix" else None) for n in variants},
+                                 repeats=repeats, warmup=warmup, device=device, host=host)
+        caches["upstream"].current_length = p + 1
+        for n in variants:
+            rows.append({"variant": n, "position": p, **stats_ms(times[n], host[n])})
+            if compiled is None:
+                rows[-1].update(per_layer_ms=rows[-1]["median_ms"] / cfg.num_hidden_layers,
+                                attention_in_step_ms=_attention_in_step(call(n), cfg.num_hidden_layers)
+                                if device.type == "cpu" else None,
+                                bit_identical=bool(torch.equal(outs[n], outs["upstream"])))
+    lm.kv_cache = None
+    return rows, cfg, D, caches, variants
 
 
 def _sliced_step(length):
@@ -196,11 +179,8 @@ def compile_counts(steps: int = 500, *, preset: str = "tiny", start: int = 16, d
     break_reasons, steps}``: graphs growing with steps are recompiles (``backend="eager"``: same counts, faster)."""
     from torch._dynamo.utils import counters
 
-
     device, dt = resolve_device(device), _dtype(dtype)
-    lm, cfg, D, caches = lm_and_caches(preset, None, dt, device, start + steps + 1, None, seed)
-    g = torch.Generator().manual_seed(seed + 1)
-    x = torch.randn(1, cfg.hidden_size, generator=g).to(device=device, dtype=dt)
+    lm, cfg, D, caches, g, x = lm_and_caches(preset, None, dt, device, start + steps + 1, None, seed)
     up = original_functions()
     variants = {"upstream": up["MiniCPMModel.forward_step"],
                 "slice fix, length a tensor": _sliced_step(lambda self, pos: pos[0] + 1),
@@ -209,7 +189,7 @@ def compile_counts(steps: int = 500, *, preset: str = "tiny", start: int = 16, d
     for name, fn in variants.items():
         torch._dynamo.reset()
         reset_graph_counts()
-        start_request({"upstream": caches["upstream"]}, random_prefill(cfg, D, start, g, device, dt), start)
+        start_request({"upstream": caches["upstream"]}, cfg, D, start, g, device, dt)
         lm.kv_cache = caches["upstream"]
         with swapped(up), torch.inference_mode(), quiet_native_stderr():
             step = torch.compile(fn.__get__(lm), backend=backend)

@@ -15,15 +15,23 @@ from ..devices import dtype_of as _dtype
 from ..forward import cache_granularity
 from ..models import voxcpm2_config
 from ..patch import original_functions, swapped, variant_functions
-from .lm import lm_and_caches, lm_config, random_prefill, start_request
+from .lm import lm_and_caches, lm_config, start_request
 from .records import env_record, record
+from .rss_probe import reset_peak
 from .stream import time_chunks
 from .timing import stats_ms, time_interleaved
 
 
-def _granularity(preset: str, device, dt, max_length: int, bucket) -> int:
-    """The granularity ``setup_cache`` would pick for the preset's base LM (``max_length`` where no window is exact)."""
-    return cache_granularity(lm_config(preset, None), torch.device(device), dt, max_length, bucket)
+def _base_lm(preset: str, device, dt, max_length: int, bucket, prefill: int) -> tuple:
+    """The base LM's cache arguments, the granularity ``setup_cache`` picks, random K/V of ``prefill`` slots a layer."""
+    cfg = lm_config(preset, None)
+    geo = (cfg.num_hidden_layers, cfg.num_key_value_heads, cfg.kv_channels, 1, device, dt)
+    g = cache_granularity(cfg, torch.device(device), dt, max_length, bucket)
+    return geo, g, [(torch.randn(1, geo[1], prefill, geo[2], dtype=dt, device=device),) * 2 for _ in range(geo[0])]
+
+
+def _nbytes(cache) -> int:
+    return cache.nbytes if hasattr(cache, "nbytes") else cache.kv_cache.numel() * cache.kv_cache.element_size()
 
 
 def kv_memory(preset: str = "full", *, prefill: int = 100, steps: int = 200, dtype="bfloat16",
@@ -33,18 +41,16 @@ def kv_memory(preset: str = "full", *, prefill: int = 100, steps: int = 200, dty
     from voxcpm.modules.minicpm4.cache import StaticKVCache
 
     device, dt = resolve_device(device), _dtype(dtype)
-    cfg, g = voxcpm2_config(preset), _granularity(preset, device, dt, max_length, bucket)
-    lm = cfg["lm_config"]
-    hkv, d = lm["num_key_value_heads"], lm["kv_channels"]
+    geo, g, kv = _base_lm(preset, device, dt, max_length, bucket, prefill)
     rows = []
-    for name, layers in (("base_lm", lm["num_hidden_layers"]), ("residual_lm", cfg["residual_lm_num_layers"])):
-        geo = (layers, hkv, d, 1, device, dt)
-        up, pa = StaticKVCache(*geo, max_length=max_length), RightSizedKVCache(*geo, max_length=max_length, bucket=g)
-        pa.fill_caches([(torch.randn(1, hkv, prefill, d, dtype=dt, device=device),) * 2 for _ in range(layers)])
+    for name, layers in (("base_lm", geo[0]), ("residual_lm", voxcpm2_config(preset)["residual_lm_num_layers"])):
+        up = StaticKVCache(layers, *geo[1:], max_length=max_length)
+        pa = RightSizedKVCache(layers, *geo[1:], max_length=max_length, bucket=g)
+        pa.fill_caches(kv[:layers])  # the residual LM has no more layers than the base LM, the same heads
         for _ in range(min(steps, max_length - prefill)):
             pa.step()
         rows += [{"lm": name, "variant": "upstream", "layers": layers, "slots": up.kv_cache.shape[4],
-                  "bytes": up.kv_cache.numel() * up.kv_cache.element_size()},
+                  "bytes": _nbytes(up)},
                  {"lm": name, "variant": "patched", "layers": layers, "slots": pa.capacity, "bytes": pa.nbytes}]
         sized = pa.windowed  # the same granularity for both LMs
         del up, pa
@@ -68,10 +74,8 @@ def step_allocations(*, preset: str = "small", layers: int = 1, dtype="float32",
     from torch.profiler import ProfilerActivity, profile
 
     device, dt = resolve_device(device), _dtype(dtype)
-    lm, cfg, D, caches = lm_and_caches(preset, layers, dt, device, max_length, None, 0)
-    g = torch.Generator().manual_seed(1)
-    start_request(caches, random_prefill(cfg, D, position, g, device, dt), position)
-    x = torch.randn(1, cfg.hidden_size, generator=g).to(device=device, dtype=dt)
+    lm, cfg, D, caches, g, x = lm_and_caches(preset, layers, dt, device, max_length, None, 0)
+    start_request(caches, cfg, D, position, g, device, dt)
     pos = torch.tensor([position], device=device)
     out = {}
     for name, fns in (("upstream", original_functions()), ("patched", variant_functions("exact"))):
@@ -87,8 +91,7 @@ def step_allocations(*, preset: str = "small", layers: int = 1, dtype="float32",
                 allocs = [e for e in prof.events() if e.cpu_memory_usage > 0]
                 counted = {"allocated_bytes": sum(e.cpu_memory_usage for e in allocs), "allocations": len(allocs),
                            "largest": sorted(((e.name, e.cpu_memory_usage) for e in allocs), key=lambda t: -t[1])[:5]}
-        out[name] = {**counted, "cache_bytes": cache.nbytes if hasattr(cache, "nbytes") else
-                     cache.kv_cache.numel() * cache.kv_cache.element_size()}
+        out[name] = {**counted, "cache_bytes": _nbytes(cache)}
     return record("step_allocations", env=env_record(device, dt),
                   params={"preset": preset, "layers": layers, "dtype": dtype, "position": position},
                   rows=[{"variant": n, **{k: v for k, v in d.items() if k != "largest"}} for n, d in out.items()],
@@ -98,7 +101,7 @@ def step_allocations(*, preset: str = "small", layers: int = 1, dtype="float32",
 def _cuda_allocations(fn, device) -> dict:
     """Peak bytes and count of CUDA allocations ``fn`` made (allocator counters: the CPU profiler sees none)."""
     torch.cuda.synchronize(device)
-    torch.cuda.reset_peak_memory_stats(device)
+    reset_peak(device)
     before = torch.cuda.memory_stats(device)
     fn()
     torch.cuda.synchronize(device)
@@ -114,18 +117,13 @@ def fill_cost(preset: str = "full", *, prefill: int = 100, dtype="bfloat16", dev
     from voxcpm.modules.minicpm4.cache import StaticKVCache
 
     device, dt = resolve_device(device), _dtype(dtype)
-    lm = voxcpm2_config(preset)["lm_config"]
-    geo = (lm["num_hidden_layers"], lm["num_key_value_heads"], lm["kv_channels"], 1, device, dt)
-    g = _granularity(preset, device, dt, max_length, None)  # what the patch picks on this device
+    geo, g, kv = _base_lm(preset, device, dt, max_length, None, prefill)  # what the patch picks on this device
     caches = {"upstream": StaticKVCache(*geo, max_length=max_length),
               "patched": RightSizedKVCache(*geo, max_length=max_length, bucket=g)}
-    kv = [(torch.randn(1, geo[1], prefill, geo[2], dtype=dt, device=device),) * 2 for _ in range(geo[0])]
     host: dict = {}
     times = time_interleaved({n: (lambda c=c: c.fill_caches(kv)) for n, c in caches.items()}, repeats=repeats,
                              warmup=warmup, device=device, host=host)
-    rows = [{"variant": n, **stats_ms(times[n], host[n]),
-             "cache_bytes": c.nbytes if hasattr(c, "nbytes") else c.kv_cache.numel() * c.kv_cache.element_size()}
-            for n, c in caches.items()]
+    rows = [{"variant": n, **stats_ms(times[n], host[n]), "cache_bytes": _nbytes(c)} for n, c in caches.items()]
     return record("fill_cost", env=env_record(device, dt), rows=rows,
                   params={"preset": preset, "layers": geo[0], "prefill": prefill, "dtype": dtype_name(dt),
                           "max_length": max_length, "granularity": g})
@@ -136,13 +134,9 @@ def cache_growth(preset: str = "full", *, prefill: int = 100, steps: int = 8000,
     """Every ``step()`` of a long request's :class:`RightSizedKVCache` timed, beside upstream's zero-fill.
     Rows: the steps that moved the storage ``{position, ms, capacity}``; ``summary``: ``step_total_s``, ``moves``,
     ``max_step_ms``, the capacity bound at every step, ``right_sized`` (False: no exact window, it never grows)."""
-
     device, dt = resolve_device(device), _dtype(dtype)
-    lm = voxcpm2_config(preset)["lm_config"]
-    geo = (lm["num_hidden_layers"], lm["num_key_value_heads"], lm["kv_channels"], 1, device, dt)
-    g = _granularity(preset, device, dt, max_length, bucket)  # what the patch picks on this device
+    geo, g, kv = _base_lm(preset, device, dt, max_length, bucket, prefill)  # what the patch picks on this device
     cache = RightSizedKVCache(*geo, max_length=max_length, bucket=g)
-    kv = [(torch.randn(1, geo[1], prefill, geo[2], dtype=dt, device=device),) * 2 for _ in range(geo[0])]
     cache.fill_caches(kv)
 
     def steps_of():  # one chunk per step(): its position and whether the storage moved
@@ -183,11 +177,10 @@ def peak_rss(preset: str = "small", *, dtype="bfloat16", steps: int = 20, runs: 
             rows.append({"variant": variant, "run": run, "built_bytes": built, "resting_bytes": resting,
                          "allocator_retained_bytes": resting - trimmed, "trimmed_bytes": trimmed,
                          "peak_bytes": peak, "request_bytes": peak - trimmed, "cache_bytes": cache})
-    med = {v: {k: statistics.median(r[k] for r in rows if r["variant"] == v)
-               for k in ("built_bytes", "resting_bytes", "allocator_retained_bytes", "trimmed_bytes", "peak_bytes",
-                         "request_bytes", "cache_bytes")} for v in ("upstream", "patched")}
-    spread = max(max(r["peak_bytes"] for r in rows if r["variant"] == v) - min(r["peak_bytes"] for r in rows
-                                                                               if r["variant"] == v) for v in med)
+    med = {v: {k: statistics.median(r[k] for r in rows if r["variant"] == v) for k in rows[0] if k.endswith("_bytes")}
+           for v in ("upstream", "patched")}
+    peaks = {v: [r["peak_bytes"] for r in rows if r["variant"] == v] for v in med}
+    spread = max(max(p) - min(p) for p in peaks.values())
     diff = med["patched"]["peak_bytes"] - med["upstream"]["peak_bytes"]
     summary = {"cache_bytes_saved": med["upstream"]["cache_bytes"] - med["patched"]["cache_bytes"],
                "peak_difference_bytes": diff, "peak_spread_bytes": spread, "resolved": abs(diff) > spread,

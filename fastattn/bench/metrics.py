@@ -6,7 +6,7 @@ import statistics
 from pathlib import Path
 from typing import NamedTuple, Optional
 
-from ..devices import machine_label
+from ..devices import cpu_features, machine_label, native_bf16
 from ..models import MAX_LENGTH
 from .records import Run, find_row, load_record, save_order
 from .stats import YES, fmt_ci, judge, quiet_ratio, ratio_ci, scaled_ci
@@ -25,15 +25,10 @@ class Figure(NamedTuple):
         return f"{self.value:.3g}{unit}" + ("" if self.ci is None else f" (95% CI {fmt_ci(self.ci)}, n={self.n}{left})")
 
 
-def ratio(num: dict, den: dict) -> Figure:
-    """Two timed rows of one interleaved timing: :func:`.stats.quiet_ratio`."""
-    return Figure(*quiet_ratio(num, den))
-
-
 def _rows_ratio(rec: dict, key: str, num: str, den: str, position: int) -> Optional[Figure]:
-    a, b = find_row(rec["rows"], **{key: num, "position": position}), find_row(rec["rows"], **{key: den,
-                                                                                               "position": position})
-    return ratio(a, b) if a and b else None
+    """Two timed rows of one interleaved timing at ``position``: :func:`.stats.quiet_ratio`; None without both."""
+    a, b = (find_row(rec["rows"], **{key: v, "position": position}) for v in (num, den))
+    return Figure(*quiet_ratio(a, b)) if a and b else None
 
 
 def call_ratio(att: dict, num: str, den: str, position: int = 256) -> Optional[Figure]:
@@ -74,9 +69,9 @@ def whole_ratio(whole: dict) -> Figure:
     return Figure(statistics.median(pa) / statistics.median(up), ratio_ci(pa, up), min(len(up), len(pa)))
 
 
-def floor_x(att: dict, position: int, mode: str = "fast") -> Optional[Figure]:
-    """A mode's time over the DRAM floor at ``position`` (``x_floor``), with its interval."""
-    row = find_row(att["rows"], mode=mode, position=position)
+def floor_x(att: dict, position: int) -> Optional[Figure]:
+    """fast's time over the DRAM floor at ``position`` (``x_floor``), with its interval."""
+    row = find_row(att["rows"], mode="fast", position=position)
     if not row:
         return None
     ci = scaled_ci(row["samples_ms"], row["floor_ms"]) if "samples_ms" in row else None
@@ -115,33 +110,27 @@ def attention_record(run: Run, dtype: str, cold: bool = False, capacity: Optiona
                 None)
 
 
-
-def _dec(run: Run, dtype: str) -> Optional[dict]:
-    return run.get("decode_step", dtype=dtype)
-
-
-def _maybe(fn, *recs):
-    return fn(*recs) if all(r is not None for r in recs) else None
+def _on(find, figure):
+    """``fn(run)``: ``figure`` of the record ``find(run)`` finds; None without one."""
+    return lambda run: None if (rec := find(run)) is None else figure(rec)
 
 
-def _att(run: Run, dtype: str, cold: bool = False) -> Optional[dict]:
-    return attention_record(run, dtype, cold, capacity=MAX_LENGTH)  # headlines compare full-cache sweeps only
+def _att(dtype: str, cold: bool = False):
+    return lambda run: attention_record(run, dtype, cold, capacity=MAX_LENGTH)  # headlines: full-cache sweeps only
 
 
+_SHORT = {"float32": "fp32", "bfloat16": "bf16"}
 #: name -> fn(run): the figures every report quotes, from a run's or a committed folder's records
 HEADLINES = {
-    **{f"{num} / reference, one call, p=256, {short}": (lambda run, num=num, dt=dt: _maybe(
-        lambda a: call_ratio(a, num, "reference"), _att(run, dt)))
-       for dt, short in (("float32", "fp32"), ("bfloat16", "bf16")) for num in ("exact", "fast")},
-    **{f"fast / slice fix, one call, p=4096, {short}": (lambda run, dt=dt: _maybe(
-        lambda a: call_ratio(a, "fast", "slice_fix", 4096), _att(run, dt)))
-       for dt, short in (("float32", "fp32"), ("bfloat16", "bf16"))},
-    **{f"fast x DRAM floor, one call, p=4096, {short}, K/V rotated over caches": (lambda run, dt=dt: _maybe(
-        lambda a: floor_x(a, 4096), _att(run, dt, cold=True))) for dt, short in (("float32", "fp32"),
-                                                                                 ("bfloat16", "bf16"))},
-    **{f"patched / upstream, decode step, p=256, {short}": (lambda run, dt=dt: _maybe(step_ratio, _dec(run, dt)))
-       for dt, short in (("bfloat16", "bf16"), ("float32", "fp32"))},
-    "patched / upstream, whole decode": lambda run: _maybe(whole_ratio, run.get("whole_decode")),
+    **{f"{num} / reference, one call, p=256, {_SHORT[dt]}":
+       _on(_att(dt), lambda a, num=num: call_ratio(a, num, "reference")) for dt in _SHORT for num in ("exact", "fast")},
+    **{f"fast / slice fix, one call, p=4096, {_SHORT[dt]}":
+       _on(_att(dt), lambda a: call_ratio(a, "fast", "slice_fix", 4096)) for dt in _SHORT},
+    **{f"fast x DRAM floor, one call, p=4096, {_SHORT[dt]}, K/V rotated over caches":
+       _on(_att(dt, cold=True), lambda a: floor_x(a, 4096)) for dt in _SHORT},
+    **{f"patched / upstream, decode step, p=256, {_SHORT[dt]}":
+       _on(lambda run, dt=dt: run.get("decode_step", dtype=dt), step_ratio) for dt in ("bfloat16", "float32")},
+    "patched / upstream, whole decode": _on(lambda run: run.get("whole_decode"), whole_ratio),
 }
 
 
@@ -185,40 +174,36 @@ def dtype_table(rec: dict) -> list:
 def dtype_recommendation(rec: dict, flags: Optional[dict] = None) -> dict:
     """Which dtype (and patch) to run, from a ``dtype_decode`` record: voxcpm's default (the first dtype) unless
     another's whole 95% interval is below 1. A dtype change alters the output, so ``line`` calls it an opt-in."""
-    from ..devices import cpu_features, native_bf16
     rows = dtype_table(rec)
-    default = rows[0]
-    best = min(rows, key=lambda r: r["step s"])
+    default, best, key = rows[0], min(rows, key=lambda r: r["step s"]), default_key(rows[0])
+    ups = [r for r in rows if r["variant"] == "upstream"]
     ci = (best["95% low"], best["95% high"]) if best["95% low"] is not None else None
-    decided = best is not default and ci is not None and judge(best[default_key(rows)], ci, 1.0) == YES
+    decided = best is not default and ci is not None and judge(best[key], ci, 1.0) == YES
     pick = best if decided else default
-    mem = {r["dtype"]: r["peak GB"] for r in rows if r["variant"] == "upstream"}
-    weights = {r["dtype"]: r["weights GB"] for r in rows if r["variant"] == "upstream"}
-    native = native_bf16(flags) if flags else None
-    out = {"dtype": pick["dtype"], "patched": pick["variant"] == "patched", "ratio": pick[default_key(rows)],
-           "ci": ci if decided else None, "decided": decided, "default": default["dtype"], "native_bf16": native,
-           "cpu_features": cpu_features(flags) if flags else None, "ratio_text": dtype_ratio_text(pick),
-           "peak_gb": mem, "weights_gb": weights, "changes_results": pick["dtype"] != default["dtype"],
-           "others": {x["dtype"]: x[default_key(rows)] for x in rows if x["variant"] == "upstream"},
-           "others_text": {x["dtype"]: dtype_ratio_text(x) for x in rows if x["variant"] == "upstream"},
+    out = {"dtype": pick["dtype"], "patched": pick["variant"] == "patched", "ratio": pick[key],
+           "ci": ci if decided else None, "decided": decided, "default": default["dtype"],
+           "native_bf16": native_bf16(flags) if flags else None, "cpu_features": cpu_features(flags) if flags else None,
+           "ratio_text": dtype_ratio_text(pick), "changes_results": pick["dtype"] != default["dtype"],
+           "peak_gb": {r["dtype"]: r["peak GB"] for r in ups}, "weights_gb": {r["dtype"]: r["weights GB"] for r in ups},
+           "others": {r["dtype"]: r[key] for r in ups}, "others_text": {r["dtype"]: dtype_ratio_text(r) for r in ups},
            "device": str(rec.get("env", {}).get("device", "cpu"))}
-    out["line"] = _recommendation_line(out, best, rows)
+    out["line"] = _recommendation_line(out, best)
     return out
 
 
 def dtype_ratio_text(row: dict) -> str:
     """A :func:`dtype_table` row's ratio as every text prints it: n counts decodes, the interval pools their steps."""
     ci = "n/a" if row["95% low"] is None else f"[{row['95% low']:.2f}, {row['95% high']:.2f}]"
-    return (f"{row[next(k for k in row if k.startswith('x '))]:.2f}x ({len(row['per decode'])} decodes: "
+    return (f"{row[default_key(row)]:.2f}x ({len(row['per decode'])} decodes: "
             f"{', '.join(f'{r:.2f}x' for r in row['per decode'])}; 95% CI over their {row['n']} steps {ci})")
 
 
-def default_key(rows: list) -> str:
-    """The ratio column of :func:`fastattn.bench.dtype_table`'s rows (``x <default dtype> upstream``)."""
-    return next(k for k in rows[0] if k.startswith("x "))
+def default_key(row: dict) -> str:
+    """The ratio column of a :func:`dtype_table` row (``x <default dtype> upstream``)."""
+    return next(k for k in row if k.startswith("x "))
 
 
-def _recommendation_line(r: dict, best: dict, rows: list) -> str:
+def _recommendation_line(r: dict, best: dict) -> str:
     why = {True: f"this CPU's bf16 instructions: {r.get('cpu_features')}", None: "",
            False: "this CPU has no bf16 instructions (no avx512_bf16, amx_bf16 or Arm bf16): torch's bf16 kernels "
                   "convert to fp32 and back"}[r["native_bf16"]]
@@ -244,15 +229,9 @@ def others_line(r: dict) -> str:
     return "; ".join(f"upstream in {d} takes {t}" for d, t in r["others_text"].items() if d != r["default"])
 
 
-def _cpu(env: dict) -> str:
-    return machine_label(env)
-
-
 def newest(folder: Path, pattern: str) -> list:
     """The newest record per stem in ``folder``, by ``save_record``'s ``-N`` suffix (a checkout keeps no file times)."""
-    best = {}
-    for p in sorted(folder.glob(pattern), key=save_order):
-        best[save_order(p)[0]] = p
+    best = {save_order(p)[0]: p for p in sorted(folder.glob(pattern), key=save_order)}  # the last save of a stem wins
     return [load_record(p) for _, p in sorted(best.items())]
 
 
@@ -274,7 +253,7 @@ def matrix_rows(folder: Path) -> list:
                                        for d in ("float32", "bfloat16")),
                     "slots": by[("decode through the diff", "float32")].get("capacity"),
                     "exact": ok("decode, exact patch"), "kits": (kits.get("passed"), kits.get("failed")),
-                    "slice": by[("slice fix under fullgraph", None)], "machine": _cpu(rec["env"]),
+                    "slice": by[("slice fix under fullgraph", None)], "machine": machine_label(rec["env"]),
                     "params": rec["params"]})
     return sorted(out, key=lambda r: tuple(int(x) for x in r["torch"].split(".")))
 

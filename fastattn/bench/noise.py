@@ -6,9 +6,6 @@ import os
 import resource
 from typing import Optional, Sequence
 
-__all__ = ["host_counters", "machine_busy_s", "delta", "disturbed", "others_busy", "quantile", "CPU_DROP",
-           "SWITCH_JUMP", "MIN_SWITCHES", "OTHERS_MAX"]
-
 #: a sample below this fraction of its series' quiet CPU/wall was descheduled
 CPU_DROP = 0.6
 #: a sample above this multiple of its series' quiet switch rate (per second) was preempted
@@ -48,18 +45,17 @@ def delta(before: tuple, after: tuple) -> dict:
     return {"cpu_s": after[0] - before[0], "switches": after[1] - before[1], "machine_s": machine}
 
 
-def others_busy(wall: Sequence[float], cpu: Sequence[float], machine: Sequence[Optional[float]], *,
-                min_window: float = MIN_WINDOW_S, max_cores: float = OTHERS_MAX) -> list:
-    """Per sample: did other processes use over ``max_cores`` cores in its window (consecutive samples pooled to
-    >= ``min_window`` s)? All False without machine counters."""
+def others_busy(wall: Sequence[float], cpu: Sequence[float], machine: Sequence[Optional[float]]) -> list:
+    """Per sample: did other processes use over :data:`OTHERS_MAX` cores in its window (consecutive samples pooled to
+    >= :data:`MIN_WINDOW_S`)? All False without machine counters."""
     flags = [False] * len(wall)
     if any(m is None for m in machine):
         return flags
     start, acc = 0, [0.0, 0.0, 0.0]
     for i, (w, c, m) in enumerate(zip(wall, cpu, machine)):
         acc = [acc[0] + w, acc[1] + c, acc[2] + m]
-        if acc[0] >= min_window or i == len(wall) - 1:
-            busy = acc[0] >= min_window / 2 and (acc[2] - acc[1]) / acc[0] > max_cores
+        if acc[0] >= MIN_WINDOW_S or i == len(wall) - 1:
+            busy = acc[0] >= MIN_WINDOW_S / 2 and (acc[2] - acc[1]) / acc[0] > OTHERS_MAX
             for j in range(start, i + 1):
                 flags[j] = busy
             start, acc = i + 1, [0.0, 0.0, 0.0]
@@ -72,8 +68,7 @@ def quantile(values: Sequence[float], f: float) -> float:
     return s[min(len(s) - 1, max(0, round(f * (len(s) - 1))))]
 
 
-def disturbed(wall: Sequence[float], cpu: Sequence[float], switches: Sequence[int], *, cpu_drop: float = CPU_DROP,
-              switch_jump: float = SWITCH_JUMP, min_switches: int = MIN_SWITCHES,
+def disturbed(wall: Sequence[float], cpu: Sequence[float], switches: Sequence[int], *,
               others: Optional[Sequence[bool]] = None) -> list:
     """One bool per sample: disturbed against its series' quiet level, or marked in ``others`` (:func:`others_busy`).
     Samples under 2 ms are judged by switches only; unequal lengths raise ValueError."""
@@ -88,8 +83,14 @@ def disturbed(wall: Sequence[float], cpu: Sequence[float], switches: Sequence[in
     flags = []
     others = others or [False] * len(wall)
     for w, r, n, o in zip(wall, ratio, switches, others):
-        low_cpu = w >= 2e-3 and r < cpu_drop * quiet_ratio
-        preempted = n > max(switch_jump * quiet_rate * w, min_switches)
+        low_cpu = w >= 2e-3 and r < CPU_DROP * quiet_ratio
+        preempted = n > max(SWITCH_JUMP * quiet_rate * w, MIN_SWITCHES)
         flags.append(bool(low_cpu or preempted or o))
     return flags
 
+
+def disturbed_series(wall: Sequence[float], deltas: Sequence[dict]) -> list:
+    """:func:`disturbed` of samples that follow each other in time, from each one's :func:`delta` counters."""
+    cpu = [d["cpu_s"] for d in deltas]
+    others = others_busy(wall, cpu, [d["machine_s"] for d in deltas])
+    return disturbed(wall, cpu, [d["switches"] for d in deltas], others=others)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import statistics
 import tempfile
 import time
+from contextlib import nullcontext
 from pathlib import Path
 from typing import Sequence
 
@@ -70,8 +71,7 @@ def prompt_growth(preset: str = "tiny", *, calls: int = 24, steps: int = 6, mode
         clip = (0.1 * rng.standard_normal(prompt_patches * patch)).astype(np.float32)
         wav = _write_wav(Path(tmp) / "prompt.wav", clip, model.sample_rate)
         for mode in modes:
-            handle = patch_voxcpm(model, mode=mode) if mode != "upstream" else None
-            try:
+            with patch_voxcpm(model, mode=mode) if mode != "upstream" else nullcontext():
                 for way in ways:
                     torch.manual_seed(seed)
                     state = {"cache": model.build_prompt_cache(prompt_text=PROMPT_TEXT, prompt_wav_path=wav),
@@ -86,9 +86,6 @@ def prompt_growth(preset: str = "tiny", *, calls: int = 24, steps: int = 6, mode
                                          "first_ms": None, "later_ms": None, "error": str(exc).splitlines()[0]})
                             full_at[mode][way] = call
                             break
-            finally:
-                if handle is not None:
-                    handle.revert()
     params = {"preset": preset, "calls": calls, "steps": steps, "modes": list(modes), "ways": list(ways),
               "prompt_patches": prompt_patches,
               "max_length": max_length, "inference_timesteps": inference_timesteps, "seed": seed}

@@ -11,10 +11,7 @@ from typing import Optional
 from ..devices import env_facts, machine_label
 from ..paths import atomic_write_text, without_machine_paths
 
-
-def env_record(device="cpu", dtype=None) -> dict:
-    """What a record needs to be compared across boxes (see :func:`fastattn.devices.env_facts`)."""
-    return env_facts(device, dtype)
+env_record = env_facts  # what a record needs to be compared across boxes
 
 
 def record(kind: str, *, env: dict, params: dict, rows: list, **extra) -> dict:
@@ -98,13 +95,8 @@ class Run:
 
     def __init__(self, folder):
         self.folder = Path(folder)
-        paths = [p for g in ("*.json", "records/*.json", "*/records/*.json")
-                 for p in sorted(self.folder.glob(g), key=_latest_first)]
-        self.paths = {}
-        for p in paths:
-            rec = _read(p)
-            if rec is not None:
-                self.paths[p] = rec
+        self.paths = {p: rec for g in ("*.json", "records/*.json", "*/records/*.json")
+                      for p in sorted(self.folder.glob(g), key=_latest_first) if (rec := _read(p)) is not None}
         self.records = list(self.paths.values())
         self.findings = {}
         for p in sorted(self.folder.glob("*/findings.json")):
@@ -127,7 +119,6 @@ class Run:
     def cpu_flags(self) -> Optional[dict]:
         """The CPU flags a dtype record of this run holds, or None."""
         return next((r["flags"] for r in self.records if r.get("flags")), None)
-
 
 
 def load_run(folder) -> Run:

@@ -21,16 +21,12 @@ def status(key: str) -> int:
     raise KeyError(key)
 
 
-def _malloc_trim():
-    try:
-        return ctypes.CDLL("libc.so.6").malloc_trim
-    except (OSError, AttributeError):  # not glibc: nothing to hand back this way
-        return None
-
-
 #: resolved at import, before any RSS is read: loading it inside the measurement touched new pages, so a trim with
 #: nothing to hand back read a few KB *above* the RSS before it
-MALLOC_TRIM = _malloc_trim()
+try:
+    MALLOC_TRIM = ctypes.CDLL("libc.so.6").malloc_trim
+except (OSError, AttributeError):  # not glibc: nothing to hand back this way
+    MALLOC_TRIM = None
 
 
 def trim() -> None:
@@ -42,7 +38,7 @@ def trim() -> None:
 def reset_peak(device="cpu") -> bool:
     """Reset CUDA's allocator peak, or the process's VmHWM (Linux); False where the CPU peak cannot be reset."""
     if torch.device(device).type == "cuda":
-        torch.cuda.reset_peak_memory_stats()
+        torch.cuda.reset_peak_memory_stats(device)
         return True
     try:
         with open("/proc/self/clear_refs", "w") as f:  # the high-water mark (VmHWM) drops to the current RSS
@@ -55,7 +51,7 @@ def reset_peak(device="cpu") -> bool:
 def peak(device="cpu"):
     """Bytes: CUDA's allocator peak, or the process's VmHWM where Linux reports it (else None)."""
     if torch.device(device).type == "cuda":
-        return int(torch.cuda.max_memory_allocated())
+        return int(torch.cuda.max_memory_allocated(device))
     try:
         return status("VmHWM:")
     except (OSError, KeyError):

@@ -21,28 +21,27 @@ def quiet(samples: Sequence, flags: Optional[Sequence[bool]]) -> list:
     return kept if len(kept) >= MIN_QUIET else list(samples)
 
 
-def _bootstrap(data: tuple, statistic, *, paired: bool, seed: int) -> Optional[tuple]:
+def _bootstrap(data: tuple, statistic, *, paired: bool) -> Optional[tuple]:
     import numpy as np
     from scipy.stats import bootstrap
     if min(len(d) for d in data) < 3 or (paired and len({len(d) for d in data}) != 1):
         return None  # fewer than 3 samples: no interval worth the name
     res = bootstrap(tuple(np.asarray(d, dtype=float) for d in data), statistic, paired=paired, vectorized=False,
                     n_resamples=RESAMPLES, confidence_level=CONFIDENCE, method="percentile",
-                    random_state=np.random.default_rng(seed))
+                    random_state=np.random.default_rng(0))  # seeded: the same records give the same interval
     lo, hi = float(res.confidence_interval.low), float(res.confidence_interval.high)
     return None if math.isnan(lo) or math.isnan(hi) else (lo, hi)
 
 
-def ratio_ci(num: Sequence[float], den: Sequence[float], *, seed: int = 0,
-             paired: Optional[bool] = None) -> Optional[tuple]:
+def ratio_ci(num: Sequence[float], den: Sequence[float], *, paired: Optional[bool] = None) -> Optional[tuple]:
     """95% bootstrap interval of ``median(num) / median(den)``, paired (default: equal lengths); None below 3."""
     paired = len(num) == len(den) if paired is None else paired
-    return _bootstrap((num, den), lambda a, b: statistics.median(a) / statistics.median(b), paired=paired, seed=seed)
+    return _bootstrap((num, den), lambda a, b: statistics.median(a) / statistics.median(b), paired=paired)
 
 
-def scaled_ci(samples: Sequence[float], scale: float, *, seed: int = 0) -> Optional[tuple]:
+def scaled_ci(samples: Sequence[float], scale: float) -> Optional[tuple]:
     """95% bootstrap interval of ``median(samples) / scale`` (a time over a fixed floor)."""
-    return _bootstrap((samples,), lambda a: statistics.median(a) / scale, paired=False, seed=seed)
+    return _bootstrap((samples,), lambda a: statistics.median(a) / scale, paired=False)
 
 
 def quiet_pairs(num: dict, den: dict) -> tuple:
@@ -68,8 +67,7 @@ def quiet_ratio(num: dict, den: dict) -> tuple:
 
 
 def verdict(ci: Optional[tuple], lo: float = -math.inf, hi: float = math.inf) -> str:
-    """The one rule: a 95% interval wholly in ``[lo, hi]`` is :data:`YES`, wholly outside :data:`NO`, else (or
-    without one) :data:`UNDECIDED`."""
+    """The one rule: a 95% interval wholly in ``[lo, hi]`` is YES, wholly outside NO, else (or none) UNDECIDED."""
     if not ci:
         return UNDECIDED
     return YES if lo <= ci[0] and ci[1] <= hi else NO if ci[1] < lo or ci[0] > hi else UNDECIDED

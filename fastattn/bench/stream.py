@@ -9,20 +9,19 @@ from typing import Sequence
 
 import torch
 
-from ..clock import rotated
+from ..clock import rotated, sync
 from ..devices import resolve_device
 from .decode import Timers, instrumented, timer_overhead_us
-from .noise import delta, disturbed, host_counters, others_busy
+from .noise import delta, disturbed_series, host_counters
 from .records import env_record, record
-from .timing import progress_bar, sync_device
+from .timing import progress_bar
 from .trend import describe, trend
 
 VARIANTS = ("upstream", "exact", "fast")
 #: what a chunk's time is split into (ms): the two LM steps, the local DiT (the CFM solve), the local feature encoder,
 #: the streaming VAE decode, and the rest of the chunk (projections, stop head, the generator's own work)
 COMPONENTS = ("base_lm", "residual_lm", "dit", "encoder", "vae", "other")
-_TIMED = {"base_lm": "base_lm", "residual_lm": "residual_lm", "dit": "local_dit", "encoder": "local_encoder",
-          "vae": "vae"}
+_TIMED = dict(zip(COMPONENTS, ("base_lm", "residual_lm", "local_dit", "local_encoder", "vae")))  # :class:`.Timers`
 SENTENCE = "The quick brown fox jumps over the lazy dog near the quiet river bank. "
 
 
@@ -36,7 +35,6 @@ def _one_stream(model, variant: str, text: str, chunks: int, seed: int, inferenc
     """One stream: ``(chunks, rows)`` of :func:`time_chunks`, plus ``position`` and optionally ``components``."""
     from ..patch import patch_voxcpm
 
-    handle = patch_voxcpm(model, mode=variant) if variant != "upstream" else None
     timers = Timers(device) if components else None
 
     def after():
@@ -45,15 +43,11 @@ def _one_stream(model, variant: str, text: str, chunks: int, seed: int, inferenc
             t = timers.totals_s()
             out["components"] = {c: t.get(name, 0.0) * 1e3 for c, name in _TIMED.items()}
         return out
-    try:
-        with instrumented(model, timers, attention=False, vae=True) if timers else nullcontext():
-            torch.manual_seed(seed)
-            gen = model.generate_streaming(text, min_len=chunks, max_len=chunks,
-                                           inference_timesteps=inference_timesteps)
-            out, rows = time_chunks(gen, device, after)
-    finally:
-        if handle is not None:
-            handle.revert()
+    with (patch_voxcpm(model, mode=variant) if variant != "upstream" else nullcontext(),
+          instrumented(model, timers, attention=False, vae=True) if timers else nullcontext()):
+        torch.manual_seed(seed)
+        gen = model.generate_streaming(text, min_len=chunks, max_len=chunks, inference_timesteps=inference_timesteps)
+        out, rows = time_chunks(gen, device, after)
     for r in rows if components else ():
         r["components"]["other"] = r["ms"] - sum(r["components"].values())
     return out, rows
@@ -62,13 +56,12 @@ def _one_stream(model, variant: str, text: str, chunks: int, seed: int, inferenc
 def time_chunks(gen, device, after=None, on_chunk=None) -> tuple:
     """``(chunks, rows)``: per chunk its wall ``ms`` (device synchronised), :func:`.noise.delta`'s counters, what
     ``after()`` returns, and ``disturbed``. Counters, ``after`` and ``on_chunk(chunk)`` run outside the timing."""
-    device = torch.device(device)
     out, rows = [], []
-    sync_device(device)
+    sync(device)
     h0 = host_counters()
     t0 = time.perf_counter()
     for chunk in gen:
-        sync_device(device)
+        sync(device)
         t1 = time.perf_counter()
         h1 = host_counters()
         out.append(chunk)
@@ -77,17 +70,9 @@ def time_chunks(gen, device, after=None, on_chunk=None) -> tuple:
             on_chunk(chunk)
         h0 = host_counters()
         t0 = time.perf_counter()
-    mark_disturbed(rows)
-    return out, rows
-
-
-def mark_disturbed(rows: list) -> None:
-    """Set ``disturbed`` on a stream's chunk rows (time order)."""
-    wall = [r["ms"] / 1e3 for r in rows]
-    cpu = [r["cpu_s"] for r in rows]
-    others = others_busy(wall, cpu, [r["machine_s"] for r in rows])
-    for r, f in zip(rows, disturbed(wall, cpu, [r["switches"] for r in rows], others=others)):
+    for r, f in zip(rows, disturbed_series([r["ms"] / 1e3 for r in rows], rows)):
         r["disturbed"] = f
+    return out, rows
 
 
 def sixths(values: Sequence[float]) -> list:
@@ -133,15 +118,11 @@ def stream_verdicts(rec: dict) -> dict:
 
 
 def _trends(rows: list, modes, components: bool) -> dict:
+    keep = ("slope_ms_per_100", "ci", "verdict", "why", "change", "change_ci", "level_ms")
     trends = {v: variant_trend(rows, v) for v in modes}
     for v in modes if components else ():
-        trends[v].update(_component_trends(rows, v))
+        trends[v].update({c: {k: x for k, x in variant_trend(rows, v, c).items() if k in keep} for c in COMPONENTS})
     return trends
-
-
-def _component_trends(rows: list, variant: str) -> dict:
-    keep = ("slope_ms_per_100", "ci", "verdict", "why", "change", "change_ci", "level_ms")
-    return {c: {k: v for k, v in variant_trend(rows, variant, c).items() if k in keep} for c in COMPONENTS}
 
 
 def stream_profile(preset: str, chunks: int, *, dtype="bfloat16", device="cpu",
@@ -186,9 +167,8 @@ def stream_profile(preset: str, chunks: int, *, dtype="bfloat16", device="cpu",
              for v in modes}
     trends = _trends(rows, modes, components)
     params = {"preset": preset, "chunks": chunks, "dtype": dtype, "modes": list(modes), "seed": seed,
-              "components": components,
-              "inference_timesteps": inference_timesteps, "repeats": repeats, "retries": retries,
-              "repeats_run": dict(done), "text_chars": len(text),
+              "components": components, "inference_timesteps": inference_timesteps, "repeats": repeats,
+              "retries": retries, "repeats_run": dict(done), "text_chars": len(text),
               "weights": getattr(model, "fastattn_info", {}).get("weights", "random")}
     rec = record("stream_profile", env=env_record(device, dtype), params=params, rows=rows, identical=identical,
                  sixths={v: sixths(quiet[v]) for v in modes}, trend=trends,
@@ -222,8 +202,7 @@ def component_table(rec: dict) -> list:
     out = []
     for v, t in stream_trends(rec).items():
         for c in COMPONENTS:
-            ct = t.get(c)
-            if ct:
+            if ct := t.get(c):
                 ci = ct["ci"]
                 out.append({"variant": v, "component": c, "median ms": ct["level_ms"],
                             "slope ms / 100 chunks": ct["slope_ms_per_100"],

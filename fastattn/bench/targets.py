@@ -8,9 +8,9 @@ from .metrics import (
     attention_record,
     attention_share_line,
     call_ratio,
+    default_key,
     dtype_ratio_text,
     dtype_table,
-    floor_x,
     step_ratio,
     time_shares,
     whole_ratio,
@@ -72,8 +72,7 @@ def run_targets(run) -> list[dict]:
     found = {"attention_fp32": att("float32", False), "attention_bf16": att("bfloat16", False),
              "attention_fp32_cold": att("float32", True), "decode_bf16": run.get("decode_step", dtype="bfloat16"),
              "decode_fp32": run.get("decode_step", dtype="float32"), "kv": run.get("kv_memory", dtype="bfloat16"),
-             "growth": growth, "whole": run.get("whole_decode"),
-             "dtypes": run.get("dtype_decode")}
+             "growth": growth, "whole": run.get("whole_decode"), "dtypes": run.get("dtype_decode")}
     return check_targets({k: v for k, v in found.items() if v is not None})
 
 
@@ -82,23 +81,20 @@ def check_targets(records: dict) -> list[dict]:
     verdict, passed, ci_low, ci_high, n, decided, note}``; ``verdict``: yes / no / undecided (:func:`.stats.judge`),
     None for a target that does not apply here (shown, never counted)."""
     out = []
-    add_goal = lambda gid: (f"<= {GOALS[gid][1]:g}" + (f" ({HISTORY[gid].split(' from ')[0]})" if gid in HISTORY  # noqa
-                                                        else "")) if gid in GOALS else "True"
 
-    def add(gid, target, measured, note="", ci=None, n=None, at=None, points=None):
-        """One judged row: a MUST_HOLD bool, or :func:`.stats.judge` (over all ``points``: ``judge_all``)."""
-        bound = GOALS[gid][1] if gid in GOALS else None
-        verdict = ("yes" if measured else "no") if bound is None else \
+    def add(gid, target, measured=None, note="", ci=None, n=None, at=None, points=None, not_here=None):
+        """One row: a MUST_HOLD bool, or :func:`.stats.judge` (over all ``points``: ``judge_all``); ``not_here``:
+        why it does not apply here (no verdict)."""
+        bound, judged = GOALS[gid][1] if gid in GOALS else None, not_here is None
+        verdict = None if not judged else ("yes" if measured else "no") if bound is None else \
             judge_all(points, bound) if points else judge(measured, ci, bound, n)
-        out.append({"id": gid if at is None else f"{gid}@{at}", "target": target, "measured": measured,
-                    "goal": add_goal(gid), "verdict": verdict,
-                    "passed": {"yes": True, "no": False}.get(verdict), "ci_low": ci[0] if ci else None,
-                    "ci_high": ci[1] if ci else None, "n": n, "decided": verdict != "undecided", "note": note})
-
-    def not_applicable(gid, target, why):
-        out.append({"id": gid, "target": target, "measured": None, "goal": add_goal(gid), "verdict": None,
-                    "passed": None, "ci_low": None, "ci_high": None, "n": None, "decided": None,
-                    "note": "not applicable here: " + why})
+        goal = "True" if bound is None else f"<= {bound:g}" + (f" ({HISTORY[gid].split(' from ')[0]})"
+                                                                if gid in HISTORY else "")
+        out.append({"id": gid if at is None else f"{gid}@{at}", "target": target, "measured": measured, "goal": goal,
+                    "verdict": verdict, "passed": {"yes": True, "no": False}.get(verdict),
+                    "ci_low": ci[0] if ci else None, "ci_high": ci[1] if ci else None, "n": n,
+                    "decided": verdict != "undecided" if judged else None,
+                    "note": note if judged else f"not applicable here: {not_here}"})
 
     def add_ratio(gid, target, fig, note="", at=None):
         """A :class:`.metrics.Figure`'s row; nothing for None."""
@@ -108,42 +104,39 @@ def check_targets(records: dict) -> list[dict]:
 
     _attention_targets(records, add, add_ratio)
     _floor_targets(records, add)
-    _cache_targets(records, add, not_applicable)
+    _cache_targets(records, add)
     for gid in ("decode_bf16", "decode_fp32"):
         rec = records.get(gid)
         if rec:
             add_ratio(gid, f"decode step p=256 ({rec['params']['dtype']}, hidden {rec['params']['hidden']}): "
                       "patched / upstream", step_ratio(rec, 256), attention_share_line(rec, 256))
     _whole_targets(records.get("whole"), add)
-    _dtype_target(records.get("dtypes"), add, not_applicable)
+    _dtype_target(records.get("dtypes"), add)
     return out
 
 
-def _dtype_target(rec, add, not_applicable):
+def _dtype_target(rec, add):
     """fp32 with the fix vs voxcpm's default, judged only on a CPU without bf16 instructions."""
     if not rec:
         return
     target = GOALS["dtype_opt_in"][0]
     device, native = str(rec.get("env", {}).get("device", "cpu")), native_bf16(rec.get("flags") or {})
     if device != "cpu" or native is not False:
-        not_applicable("dtype_opt_in", target, f"a {device} run" if device != "cpu" else
-                       "this CPU has bf16 instructions" if native else "this CPU's features were not recorded")
+        add("dtype_opt_in", target, not_here=f"a {device} run" if device != "cpu" else
+            "this CPU has bf16 instructions" if native else "this CPU's features were not recorded")
         return
     row = next((r for r in dtype_table(rec) if r["dtype"] == "float32" and r["variant"] == "patched"), None)
     if row:
-        key = next(k for k in row if k.startswith("x "))
         busy = f"; {row['disturbed']} disturbed steps left out" if row["disturbed"] else ""
-        add("dtype_opt_in", target, row[key], dtype_ratio_text(row) + busy,
+        add("dtype_opt_in", target, row[default_key(row)], dtype_ratio_text(row) + busy,
             (row["95% low"], row["95% high"]) if row["95% low"] is not None else None, row["n"])
 
 
 def _attention_targets(records, add, add_ratio):
     att = records.get("attention_fp32")
-    if att:
-        add_ratio("exact_p256", "attention p=256, cap 8192, fp32: exact / reference", call_ratio(att, "exact",
-                                                                                                 "reference"))
-        add_ratio("fast_p256", "attention p=256, cap 8192, fp32: fast / reference", call_ratio(att, "fast",
-                                                                                               "reference"))
+    for num in ("exact", "fast") if att else ():
+        add_ratio(f"{num}_p256", f"attention p=256, cap 8192, fp32: {num} / reference",
+                  call_ratio(att, num, "reference"))
     for key, gid in (("attention_fp32", "fast_slice_fp32"), ("attention_bf16", "fast_slice_bf16")):
         rec = records.get(key)
         if not rec:
@@ -192,11 +185,11 @@ def _floor_note(att: dict, position: int) -> str:
     fa, gm = (find_row(att["rows"], mode=m, position=position) for m in ("fast", "gemm_floor"))
     binds = {True: "", False: " (live K/V fit in the last-level cache: it does not bind)",
              None: " (the last-level cache size is unknown)"}[fa["floor_meaningful"]]
-    return (f"DRAM floor {fa['floor_ms']:.3g} ms{binds}: fast {floor_x(att, position).value:.2g}x it, the bare GEMMs "
+    return (f"DRAM floor {fa['floor_ms']:.3g} ms{binds}: fast {fa['x_floor']:.2g}x it, the bare GEMMs "
             f"{gm['x_floor']:.2g}x")
 
 
-def _cache_targets(records, add, not_applicable):
+def _cache_targets(records, add):
     growth = records.get("growth")
     if growth:
         gs, gp = growth["summary"], growth["params"]
@@ -211,13 +204,13 @@ def _cache_targets(records, add, not_applicable):
         else:
             why = f"no exact window here: the patched cache holds all {gp['max_length']} slots and never grows"
             for gid in ("growth_time", "growth_moves", "capacity_bound"):
-                not_applicable(gid, GOALS[gid][0] if gid in GOALS else MUST_HOLD[gid], why)
+                add(gid, GOALS[gid][0] if gid in GOALS else MUST_HOLD[gid], not_here=why)
     kv = records.get("kv")
     if kv and kv.get("right_sized", True):
         add("kv_bytes", f"KV of a {kv['params']['prefill'] + kv['params']['steps']}-token request: patched / upstream",
             kv["ratio"], kv.get("note", ""))
     elif kv:
-        not_applicable("kv_bytes", GOALS["kv_bytes"][0], kv.get("note", "no exact window here"))
+        add("kv_bytes", GOALS["kv_bytes"][0], not_here=kv.get("note", "no exact window here"))
 
 
 #: the finding that counts :func:`met_count` (05 prints it; a report derives it again)

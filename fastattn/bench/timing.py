@@ -6,7 +6,7 @@ import statistics
 import time
 from typing import Optional, Sequence
 
-from ..clock import interleaved, sync
+from ..clock import interleaved
 from .noise import delta, disturbed, host_counters, others_busy, quantile
 from .stats import quiet
 
@@ -16,9 +16,6 @@ def progress_bar(it, enabled: bool, desc: str):
         return it
     from tqdm.auto import tqdm
     return tqdm(it, desc=desc, leave=False)
-
-
-sync_device = sync
 
 
 def time_interleaved(fns: dict, *, repeats: int = 7, warmup: int = 2, device="cpu", seed: int = 0,

@@ -8,12 +8,12 @@ from typing import Optional, Sequence
 
 from .stats import YES, pct, verdict
 
-__all__ = ["resistant_slope", "trend", "stretches", "TOLERANCE"]
-
 #: relative change over the whole stream below which a stream is flat: a quiet 2-core box drifts by some 10% over
 #: a short stream (its interval wider still), and #293's symptom is a 3-6x growth
 TOLERANCE = 0.25
 RESAMPLES = 1000
+#: the share of a stream's chunks that must be quiet for a verdict
+MIN_QUIET = 0.5
 
 
 def resistant_slope(x: Sequence[float], y: Sequence[float]) -> Optional[float]:
@@ -45,13 +45,13 @@ def pooled_slope(series: list) -> Optional[float]:
     return sum(m * n for m, n in fits) / sum(n for _, n in fits) if fits else None
 
 
-def _bootstrap(series: list, block: int, seed: int) -> list:
+def _bootstrap(series: list, block: int) -> list:
     """Slopes of resampled streams: the same blocks of chunk indices drawn for every repeat."""
     idx = sorted({i for s in series for i, _ in s})
     if len(idx) < 6:
         return []
     starts = list(range(0, max(1, len(idx) - block + 1)))
-    rng = random.Random(seed)
+    rng = random.Random(0)
     by = [dict(s) for s in series]
     slopes = []
     for _ in range(RESAMPLES):
@@ -66,16 +66,14 @@ def _bootstrap(series: list, block: int, seed: int) -> list:
     return slopes
 
 
-def trend(repeats: Sequence[Sequence[tuple]], *, tolerance: float = TOLERANCE, min_quiet: float = 0.5,
-          seed: int = 0) -> dict:
+def trend(repeats: Sequence[Sequence[tuple]]) -> dict:
     """The trend over ``repeats`` of ``(chunk, ms, disturbed)`` (chunk 0 and disturbed ones out): ``slope_ms_per_100``,
     ``ci``, ``change`` (relative to ``level_ms``), ``change_ci``, ``per_repeat_change``, ``verdict`` (grows, shrinks,
     flat, inconclusive), ``why``, ``disturbed``, ``disturbed_chunks``, ``quiet_share``, ``repeats``."""
     series = [[(c, ms) for c, ms, bad in r if c > 0 and not bad] for r in repeats]
-    flagged = sorted({c for r in repeats for c, _, bad in r if bad})
-    total = sum(1 for r in repeats for c, _, _ in r if c > 0)
-    quiet = sum(len(s) for s in series)
-    out = {"repeats": len(repeats), "disturbed": total - quiet, "disturbed_chunks": stretches(flagged),
+    total, quiet = sum(1 for r in repeats for c, _, _ in r if c > 0), sum(len(s) for s in series)
+    out = {"repeats": len(repeats), "disturbed": total - quiet,
+           "disturbed_chunks": stretches({c for r in repeats for c, _, bad in r if bad}),
            "quiet_share": quiet / total if total else 0.0, "slope_ms_per_100": None, "ci": None, "change": None,
            "change_ci": None, "level_ms": None, "per_repeat_change": []}
     pooled = [p for s in series for p in s]
@@ -84,33 +82,32 @@ def trend(repeats: Sequence[Sequence[tuple]], *, tolerance: float = TOLERANCE, m
         return {**out, "verdict": "inconclusive", "why": "too few quiet chunks to fit a slope"}
     span = max(p[0] for p in pooled) - min(p[0] for p in pooled)
     level = statistics.median(p[1] for p in pooled)
-    block = max(5, span // 20)
-    boot = sorted(_bootstrap(series, block, seed))
+    boot = sorted(_bootstrap(series, max(5, span // 20)))
     lo, hi = (boot[int(0.025 * (len(boot) - 1))], boot[int(0.975 * (len(boot) - 1))]) if boot else (slope, slope)
     rel = lambda s: s * span / level if level else 0.0  # noqa: E731
     per = [rel(s) for s in (resistant_slope([p[0] for p in r], [p[1] for p in r]) for r in series) if s is not None]
     out.update(slope_ms_per_100=slope * 100, ci=[lo * 100, hi * 100], change=rel(slope),
                change_ci=[rel(lo), rel(hi)], level_ms=level, per_repeat_change=per)
-    return {**out, **_verdict(out, len(repeats), tolerance, min_quiet)}
+    return {**out, **_verdict(out)}
 
 
-def _verdict(t: dict, n_repeats: int, tolerance: float, min_quiet: float) -> dict:
+def _verdict(t: dict) -> dict:
     busy = ", ".join(f"{a}-{b}" for a, b in t["disturbed_chunks"][:6])
-    if t["quiet_share"] < min_quiet:
+    if t["quiet_share"] < MIN_QUIET:
         return {"verdict": "inconclusive", "why": f"the machine was busy: {t['disturbed']} chunks disturbed "
                                                   f"(chunks {busy})"}
-    if n_repeats < 2:
+    if t["repeats"] < 2:
         return {"verdict": "inconclusive", "why": "one repeat: a trend needs at least two"}
-    lo, hi = t["change_ci"]
-    every = len(t["per_repeat_change"]) == n_repeats
-    if lo > 0 and t["change"] > tolerance and every and min(t["per_repeat_change"]) > tolerance / 2:
+    (lo, hi), per = t["change_ci"], t["per_repeat_change"]
+    every = len(per) == t["repeats"]
+    if lo > 0 and t["change"] > TOLERANCE and every and min(per) > TOLERANCE / 2:
         return {"verdict": "grows", "why": "the interval is above zero and every repeat grows"}
-    if hi < 0 and t["change"] < -tolerance and every and max(t["per_repeat_change"]) < -tolerance / 2:
+    if hi < 0 and t["change"] < -TOLERANCE and every and max(per) < -TOLERANCE / 2:
         return {"verdict": "shrinks", "why": "the interval is below zero and every repeat shrinks"}
-    if verdict((lo, hi), -tolerance, tolerance) == YES:  # the one interval rule (stats.verdict)
-        return {"verdict": "flat", "why": f"the change over the stream lies within ±{tolerance:.0%}"}
+    if verdict((lo, hi), -TOLERANCE, TOLERANCE) == YES:  # the one interval rule (stats.verdict)
+        return {"verdict": "flat", "why": f"the change over the stream lies within ±{TOLERANCE:.0%}"}
     return {"verdict": "inconclusive", "why": f"the interval of the change, [{pct(lo)}, {pct(hi)}], spans the "
-                                              f"±{tolerance:.0%} tolerance"}
+                                              f"±{TOLERANCE:.0%} tolerance"}
 
 
 def describe(t: dict) -> str:

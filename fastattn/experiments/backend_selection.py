@@ -4,10 +4,8 @@ from __future__ import annotations
 
 import torch
 
-from ..claims import MATH_OP, math_fallback_verdict, matrix_claims  # noqa: F401 (02 shows the ledger's verdict)
+from ..claims import math_fallback_verdict, matrix_claims
 from ..devices import runtime_dtype
-
-__all__ = ["check_claims", "findings", "key_findings"]
 
 
 def _rows_of(rows: list, device) -> tuple:
@@ -21,7 +19,7 @@ def check_claims(rows: list, device="cpu") -> list[dict]:
     """``[{claim, shows, verdict}]``: the ledger's kernel claims on this device's matrix rows (one rule for 02 and the
     ledger), then fastattn's window and the ``is_causal`` trap, in voxcpm's dtype on ``device``."""
     mine, dt = _rows_of(rows, device)
-    by = lambda case: next((r for r in mine if r["case"].startswith(case)), None)  # noqa: E731
+    by = lambda case: next((r for r in mine if r["case"].startswith(case)), None)
     up, exact, causal = by("upstream"), by("exact"), by("is_causal")
     out = [{"claim": r["claim"], "shows": r["evidence"], "verdict": r["verdict"]}
            for r in matrix_claims({"rows": rows, "env": {"device": str(device)}})]

@@ -13,22 +13,17 @@ from ..masks import MaskInfo, attention
 from ..modes import MODES
 from ..step import attention_step, f64_attention
 
-__all__ = ["exactness_sweep", "sweep_summary", "gqa_check", "calibration_ladders", "padded_batch_check",
-           "stale_nan_check"]
-
 
 @torch.no_grad()
 def exactness_sweep(positions: Sequence[int], *, capacity: int = 2048, dtypes=("float32", "bfloat16"),
                     hq: int = 16, hkv: int = 2, head_dim: int = 128, bucket: Optional[int] = None, device="cpu",
                     seed: int = 0) -> list[dict]:
-    """One row per dtype and position: ``exact`` == ``reference``?, and ``fast``'s and their distances (vs reference,
-    vs float64) on random data; a position outside the capacity raises ValueError."""
-    rows = []
+    """Per dtype and position on random data: ``exact`` and ``fast`` vs ``reference`` (identical? distance), vs f64."""
+    rows, dist = [], lambda a, b: (a.double() - b.double()).abs().max().item()
     for name in dtypes:
         dt = getattr(torch, name)
         g = torch.Generator().manual_seed(seed)
-        k = torch.randn(1, hkv, capacity, head_dim, generator=g).to(device=device, dtype=dt)
-        v = torch.randn(1, hkv, capacity, head_dim, generator=g).to(device=device, dtype=dt)
+        k, v = (torch.randn(1, hkv, capacity, head_dim, generator=g).to(device=device, dtype=dt) for _ in range(2))
         for p in positions:
             if not 0 <= p < capacity:
                 raise ValueError(f"positions must be in [0, capacity={capacity}), got {p}")
@@ -38,11 +33,9 @@ def exactness_sweep(positions: Sequence[int], *, capacity: int = 2048, dtypes=("
             fa = attention_step(q, k, v, p + 1, mode="fast")
             r64 = f64_attention(q, k, v, p + 1)
             rows.append({"dtype": name, "position": p, "exact_identical": bool(torch.equal(ex, ref)),
-                         "exact_max_abs": (ex.double() - ref.double()).abs().max().item(),
-                         "fast_identical": bool(torch.equal(fa, ref)),
-                         "fast_max_abs": (fa.double() - ref.double()).abs().max().item(),
-                         "reference_vs_f64": (ref.double() - r64).abs().max().item(),
-                         "fast_vs_f64": (fa.double() - r64).abs().max().item()})
+                         "exact_max_abs": dist(ex, ref), "fast_identical": bool(torch.equal(fa, ref)),
+                         "fast_max_abs": dist(fa, ref), "reference_vs_f64": dist(ref, r64),
+                         "fast_vs_f64": dist(fa, r64)})
     return rows
 
 
@@ -64,17 +57,17 @@ def gqa_check(device="cpu", *, seed: int = 0, capacity: int = 1024, batch: int =
     """Per GQA grouping, batched: ``exact`` == ``reference`` at every 37th length; every mode gives v[0] at one key."""
     device = resolve_device(device)
     g = torch.Generator().manual_seed(seed)
-    out = {}
+    out, lengths = {}, range(1, capacity + 1, 37)
     for hq, hkv in ((16, 2), (8, 8), (8, 1)):
         q = torch.randn(batch, hq, 1, 128, generator=g).to(device)
         k = torch.randn(batch, hkv, capacity, 128, generator=g).to(device)
         v = torch.randn(k.shape, generator=g).to(device)
         same = all(torch.equal(attention_step(q, k, v, n, mode="reference"), attention_step(q, k, v, n))
-                   for n in range(1, capacity + 1, 37))
+                   for n in lengths)
         p0 = all(torch.equal(attention_step(q, k, v, 1, mode=m), v[:, :, :1].repeat_interleave(hq // hkv, 1))
                  for m in MODES)
         out[f"{hq}/{hkv} heads, batch {batch}, {device.type}"] = {
-            f"exact == reference ({len(range(1, capacity + 1, 37))} lengths)": same,
+            f"exact == reference ({len(lengths)} lengths)": same,
             "position 0 returns v[0] in every mode": p0}
     return out
 

@@ -5,9 +5,9 @@ from __future__ import annotations
 import torch
 
 from ..graphs import graph_counts, reset_graph_counts
-from ..patch import PatchError, cache_bytes, patch_status, patch_voxcpm
-
-__all__ = ["compare_with_upstream", "compile_demo", "naive_slice_forward_step", "findings", "KEY_FINDINGS"]
+from ..models import build_voxcpm2, silence_progress
+from ..patch import PatchError, cache_bytes, original_functions, patch_status, patch_voxcpm, swapped
+from ..upstream import max_abs_diff
 
 
 def compare_with_upstream(model, *, text: str, steps: int, mode: str = "exact", cache: bool = True,
@@ -27,8 +27,7 @@ def compare_with_upstream(model, *, text: str, steps: int, mode: str = "exact", 
     with patch_voxcpm(model, mode=mode, cache=cache):
         ours, our_kv, _ = run()
     per = [bool(a.shape == b.shape and (a == b).all()) for a, b in zip(up, ours)]
-    diffs = [float((a.double() - b.double()).abs().max()) if a.shape == b.shape else float("inf")
-             for a, b in zip(up, ours)]
+    diffs = [max_abs_diff(a, b) for a, b in zip(up, ours)]
     return {"mode": mode, "cache": cache, "streaming": streaming, "steps": steps, "final_length": length,
             "identical": len(up) == len(ours) and all(per), "chunks": len(up), "chunks_identical": sum(per),
             "first_diff_chunk": next((i for i, ok in enumerate(per) if not ok), None),
@@ -56,19 +55,15 @@ def compile_demo(variant: str, *, steps: int = 160, bucket: int = 16, text: str 
                  seed: int = 0) -> dict:
     """A fresh tiny model's base LM step compiled like optimize() (fullgraph, eager backend), decoded: graph counts,
     ``error`` (or None), ``equal_to_eager``. ``variant``: upstream, naive_slice or patched (``bucket``-slot cache)."""
-    from ..models import build_voxcpm2, silence_progress
-    from ..patch import original_functions, patch_voxcpm, swapped
     if variant not in ("upstream", "naive_slice", "patched"):
         raise ValueError(f"variant must be 'upstream', 'naive_slice' or 'patched'; got {variant!r}")
     silence_progress()
     fns = dict(original_functions())
     if variant == "naive_slice":
         fns["MiniCPMAttention.forward_step"] = naive_slice_forward_step
-    handle = None
     with swapped(fns if variant != "patched" else {}):
         model = build_voxcpm2("tiny", dtype="float32", seed=seed)
-        if variant == "patched":
-            handle = patch_voxcpm(model, bucket=bucket)
+        handle = patch_voxcpm(model, bucket=bucket) if variant == "patched" else None
         try:
             def run():
                 torch.manual_seed(seed)
@@ -125,6 +120,5 @@ def findings(results: dict, fast: dict, trap: dict, through_diff: dict, restored
         "compiled decode forms: fastest accepted here": (
             f"{choice['winner']} at this model's geometry ({choice['hq']}/{choice['hkv']} heads, "
             f"d {choice['head_dim']}, {choice['capacity']} slots; {choice['device']}, {choice['dtype']}; medians, "
-            "no interval: 05 and the "
-            "decode_forms records time VoxCPM2's geometry)"),
+            "no interval: 05 and the decode_forms records time VoxCPM2's geometry)"),
     }
