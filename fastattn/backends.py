@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import os
 import re
-import sys
 import tempfile
 import warnings
 from dataclasses import asdict, dataclass, field
@@ -118,16 +116,9 @@ def native_warnings(text: str) -> list[str]:
 
 def call_capturing_native_stderr(fn) -> tuple:
     """``(fn(), text fn wrote to fd 2)``: C++ code writes there directly, Python's ``warnings`` never sees it."""
-    sys.stderr.flush()
-    saved = os.dup(2)
     with tempfile.TemporaryFile(mode="w+b") as tmp:
-        os.dup2(tmp.fileno(), 2)
-        try:
+        with quiet_native_stderr(tmp):
             result = fn()
-        finally:
-            sys.stderr.flush()
-            os.dup2(saved, 2)
-            os.close(saved)
         tmp.seek(0)
         return result, tmp.read().decode(errors="replace")
 

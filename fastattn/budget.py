@@ -14,7 +14,7 @@ from .models import build_voxcpm2, silence_progress
 from .paths import data_dir, notebooks
 
 __all__ = ["BUDGET_S", "SCALABLE", "probe", "calibration", "plan", "profile_estimate", "notebook_budget",
-           "plan_lines", "stream_seconds", "whole_seconds"]
+           "plan_lines"]
 
 BUDGET_S = 600.0
 #: the share of the budget the plan fills: the estimates are estimates (05 then sizes its last part to the time left)
@@ -99,12 +99,7 @@ def _speed(probe_rec: dict, cal: dict) -> dict:
     return out
 
 
-def stream_seconds(chunks: int, chunk_ms: float) -> float:
-    """01's stream: ``STREAMS`` streams of ``chunks`` chunks at ``chunk_ms`` each."""
-    return STREAMS * chunks * chunk_ms / 1e3
-
-
-def whole_seconds(steps: int, step_s: dict, build_s: float = 0.0, repeats: int = 2) -> float:
+def _whole_seconds(steps: int, step_s: dict, build_s: float, repeats: int) -> float:
     """05's whole decodes (s): per dtype a build, a warm-up, two variants x ``repeats`` of ``steps``."""
     return sum(DECODES / len(step_s) * repeats / 2 * (steps + 1) * s + 2 * s + build_s for s in step_s.values())
 
@@ -133,9 +128,9 @@ def plan(probe_rec: dict, notebooks, *, given: Optional[dict] = None, budget_s: 
     stems = [Path(n).stem for n in notebooks]
     per_nb = {s: est["fixed_s"].get(s, 0.0) for s in stems}
     sizes = {name: given.get(name, d) for name, (nb, d, _) in SCALABLE.items() if nb in stems}
-    cost = {"chunks": lambda v: stream_seconds(v, est["chunk_ms"]),  # seconds of a sized measurement at size v
+    cost = {"chunks": lambda v: STREAMS * v * est["chunk_ms"] / 1e3,  # seconds of a sized measurement at size v
             "repeats": lambda v: est["sweep_s"] * v / SCALABLE["repeats"][1],  # 05's sweeps, linear in their repeats
-            "steps": lambda v: whole_seconds(v, est["full_step_s"], est["full_build_s"], whole_repeats)}
+            "steps": lambda v: _whole_seconds(v, est["full_step_s"], est["full_build_s"], whole_repeats)}
     free = {n for n in sizes if n not in given}
     room = FILL * budget_s - sum(per_nb.values()) - sum(cost[n](sizes[n]) for n in sizes if n not in free)
     factor, pinned = _fit(free, sizes, cost, room)

@@ -120,13 +120,16 @@ def _device(rec: dict) -> str:
     return str(rec.get("env", {}).get("device") or "cpu").split(":")[0]
 
 
+def runtime_rows(rows: list, device) -> list:
+    """A backend matrix's rows in voxcpm's runtime dtype on ``device`` (bf16 on CPU and CUDA); all where it has none."""
+    dt = runtime_dtype(device)
+    return [r for r in rows if r["dtype"] == dt] or rows
+
+
 def _matrix_row(recs, case):
-    """02's recorded matrix row of ``case`` in voxcpm's runtime dtype on its device (any dtype where it has none)."""
+    """02's recorded matrix row of ``case`` in voxcpm's runtime dtype on its device (:func:`runtime_rows`)."""
     m = _first(recs, "backend_matrix")
-    if not m:
-        return None
-    dt = runtime_dtype(_device(m))
-    rows = [r for r in m["rows"] if r["dtype"] == dt] or m["rows"]
+    rows = runtime_rows(m["rows"], _device(m)) if m else []
     return next((r for r in rows if r["case"].startswith(case)), None)
 
 

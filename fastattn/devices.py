@@ -9,7 +9,7 @@ import subprocess
 import sys
 import sysconfig
 import warnings
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from datetime import datetime, timezone
 from importlib.metadata import PackageNotFoundError, version
 from typing import Optional
@@ -188,14 +188,16 @@ def env_facts(device="cpu", dtype=None) -> dict:
 
 
 @contextmanager
-def quiet_native_stderr():
-    """Silence fd 2 for a block (kineto prints a C++ line per profiler start/stop); exceptions propagate."""
+def quiet_native_stderr(into=None):
+    """Point fd 2 at ``into`` (a file; None: os.devnull) for a block: C++ code writes there directly, never through
+    Python (kineto prints a line per profiler start/stop, c10 its warnings); restored on exceptions too."""
     sys.stderr.flush()
     saved = os.dup(2)
     try:
-        with open(os.devnull, "w") as devnull:
-            os.dup2(devnull.fileno(), 2)
+        with open(os.devnull, "w") if into is None else nullcontext(into) as target:
+            os.dup2(target.fileno(), 2)
             yield
     finally:
+        sys.stderr.flush()
         os.dup2(saved, 2)
         os.close(saved)

@@ -10,6 +10,7 @@ import re
 import statistics
 import sys
 import time
+from contextlib import nullcontext
 from pathlib import Path
 from typing import Callable, Optional
 
@@ -19,9 +20,8 @@ from . import bench, runner
 from .backends import backend_matrix, explain_sdpa
 from .bench.forms import check_lines, form_lines, kit_lines, stack_sweep
 from .bench.records import env_record, load_record, record
-from .bench.stats import fmt_ci
+from .bench.stats import fmt_ci, quiet_ratio
 from .bench.stream import sixths, text_for, time_chunks
-from .bench.targets import quiet_ratio
 from .bench.timing import stats_ms, time_interleaved
 from .bench.trend import describe, trend
 from .clock import interleaved, sync
@@ -35,7 +35,7 @@ from .patch import patch_voxcpm
 from .paths import atomic_write_text
 from .runner import Step
 from .static import check_form, decode_data, flex_available, fresh_positions, upstream_masked
-from .upstream import run_in_patched_copy, upstream_decode
+from .upstream import max_abs_diff, run_in_patched_copy, upstream_decode
 
 #: the text the kit's decodes read
 KIT_TEXT = "The quick brown fox jumps over the lazy dog. " * 4
@@ -45,9 +45,6 @@ FIRST_CONTACT = ("environment", "forms_check", "static_inputs", "optimize_counte
 QUICK_BUDGET_S = 480
 #: what a patched-copy child runs: a function of this module, its arguments from argv
 _LAUNCH = "import sys; from fastattn import gpucheck; gpucheck.{}(*sys.argv[1:])"
-
-__all__ = ["gpu_check", "main", "select_device", "child_env", "stream_chunks", "upstream_optimized", "kit_decode",
-           "counted_decode", "kit_child", "diff_child", "FIRST_CONTACT", "Step"]
 
 
 def folder_name(device: torch.device) -> str:
@@ -76,46 +73,38 @@ def _steps(device: torch.device, size: dict) -> list:
     gpu = device.type == "cuda"
     cuda_only = None if gpu else "CUDA graphs and upstream's reduce-overhead compile need CUDA"
     no_cc = compile_toolchain(device)  # a compile step's reason to skip; eager steps still run
-    compiled = lambda why=None: why or no_cc  # noqa: E731
-    est = lambda cuda_s, cpu_s: cuda_s if gpu else cpu_s  # noqa: E731
-    rec = _recorder(device)
-    small = "small" if size["preset"] != "tiny" else "tiny"
-    return [
-        Step("environment", lambda: _environment(device, size), est(30, 15), None),
-        Step("forms_check", lambda: _forms_check(device, size), est(100, 40), compiled()),
-        Step("static_inputs", lambda: _static_inputs(device, size), est(90, 30), compiled()),
-        Step("optimize_counters", lambda: _optimize_counters(device, size), est(150, 0), compiled(cuda_only)),
-        Step("eager_slices", lambda: _eager_slices(device, size), est(10, 5), None),
-        Step("exactness_calibration", lambda: [rec("exactness_calibration", {"capacity": size["capacity"]},
-                                                   calibration_ladders(device, capacity=size["capacity"],
-                                                                       dtypes=("bfloat16", "float32")))],
-             est(30, 30), None),
-        Step("attention_sweep", lambda: [bench.attention_sweep(size["positions"], capacity=size["capacity"], dtype=dt,
-                                                               device=device, repeats=size["repeats"], progress=False,
-                                                               caches=36 if gpu else 1)  # K/V past L2, as 36 layers
-                                         for dt in ("bfloat16", "float32")], est(60, 60), None),
-        Step("decode_step_sweep", lambda: [bench.decode_step_sweep(size["positions"], preset=small, dtype="bfloat16",
-                                                                   device=device, repeats=size["repeats"],
-                                                                   progress=False, slice_fix=True)], est(60, 60), None),
-        Step("whole_decode_eager", lambda: [bench.whole_decode(size["preset"], steps=size["steps"], dtype="bfloat16",
-                                                               device=str(device), repeats=1, progress=False)],
-             est(60, 60), None),
-        Step("whole_decode_optimized", lambda: [_optimized_decode(device, size)], est(480, 0), compiled(cuda_only)),
-        Step("stream_under_optimize", lambda: [_stream_under_upstream_optimize(device, size)], est(360, 0),
-             compiled(cuda_only)),
-        Step("upstream_diff_compiled", lambda: [_diff_compiled(device, size)], est(300, 0), compiled(cuda_only)),
-        Step("decode_forms", lambda: [bench.form_sweep(size["form_positions"], device=device, dtype=dt,
-                                                       capacity=size["capacity"], repeats=size["repeats"],
-                                                       progress=False, layers=size["layers"])
-                                      for dt in size["form_dtypes"]], est(600, 0),
-             compiled(cuda_only and "the CUDA opt-in is chosen on CUDA (on CPU: notebook 04's graph_choice)")),
-        Step("kit_decode", lambda: [kit_decode(device, preset=size["preset"], steps=size["steps"],
-                                               chunks=size["stream_chunks"], repeats=3)], est(900, 0),
-             compiled(cuda_only)),
-        Step("kit_decode_eager", lambda: [kit_decode(device, preset="small", steps=size["steps"], chunks=20, repeats=3,
-                                                     compile=False)], est(200, 0),
-             cuda_only and "eager live against masked matters where cuDNN plans per key length (CUDA)"),
+    cap, rec, small = size["capacity"], _recorder(device), "small" if size["preset"] != "tiny" else "tiny"
+    timed = dict(device=device, repeats=size["repeats"], progress=False)
+    table = [  # name, () -> its records, estimate on CUDA and elsewhere (s), why it cannot run here
+        ("environment", lambda: _environment(device, size), 30, 15, None),
+        ("forms_check", lambda: _forms_check(device, size), 100, 40, no_cc),
+        ("static_inputs", lambda: _static_inputs(device, size), 90, 30, no_cc),
+        ("optimize_counters", lambda: _optimize_counters(device, size), 150, 0, cuda_only or no_cc),
+        ("eager_slices", lambda: _eager_slices(device, size), 10, 5, None),
+        ("exactness_calibration", lambda: [rec("exactness_calibration", {"capacity": cap}, calibration_ladders(
+            device, capacity=cap, dtypes=("bfloat16", "float32")))], 30, 30, None),
+        ("attention_sweep", lambda: [bench.attention_sweep(size["positions"], capacity=cap, dtype=dt, **timed,
+                                                           caches=36 if gpu else 1)  # K/V past L2, as 36 layers
+                                     for dt in ("bfloat16", "float32")], 60, 60, None),
+        ("decode_step_sweep", lambda: [bench.decode_step_sweep(size["positions"], preset=small, dtype="bfloat16",
+                                                               slice_fix=True, **timed)], 60, 60, None),
+        ("whole_decode_eager", lambda: [bench.whole_decode(size["preset"], steps=size["steps"], dtype="bfloat16",
+                                                            device=str(device), repeats=1, progress=False)],
+         60, 60, None),
+        ("whole_decode_optimized", lambda: [_optimized_decode(device, size)], 480, 0, cuda_only or no_cc),
+        ("stream_under_optimize", lambda: [_stream_under_upstream_optimize(device, size)], 360, 0,
+         cuda_only or no_cc),
+        ("upstream_diff_compiled", lambda: [_diff_compiled(device, size)], 300, 0, cuda_only or no_cc),
+        ("decode_forms", lambda: [bench.form_sweep(size["form_positions"], dtype=dt, capacity=cap,
+                                                   layers=size["layers"], **timed) for dt in size["form_dtypes"]],
+         600, 0, (cuda_only and "the CUDA opt-in is chosen on CUDA (on CPU: notebook 04's graph_choice)") or no_cc),
+        ("kit_decode", lambda: [kit_decode(device, preset=size["preset"], steps=size["steps"],
+                                           chunks=size["stream_chunks"], repeats=3)], 900, 0, cuda_only or no_cc),
+        ("kit_decode_eager", lambda: [kit_decode(device, preset="small", steps=size["steps"], chunks=20, repeats=3,
+                                                 compile=False)], 200, 0,
+         cuda_only and "eager live against masked matters where cuDNN plans per key length (CUDA)"),
     ]
+    return [Step(name, fn, cuda_s if gpu else cpu_s, skip) for name, fn, cuda_s, cpu_s, skip in table]
 
 
 def _recorder(device, dtype=None) -> Callable:
@@ -132,8 +121,7 @@ def _environment(device, size) -> list:
         r["refused"] = {b: e["reason"] for b, e in r.pop("report", {}).get("eligibility", {}).items()
                         if not e["eligible"]}
     rec = _recorder(device)
-    return [rec("doctor", {}, [doctor()]),
-            rec("backend_matrix", {"dtypes": list(size["dtypes"])}, rows)]
+    return [rec("doctor", {}, [doctor()]), rec("backend_matrix", {"dtypes": list(size["dtypes"])}, rows)]
 
 
 def _forms_check(device, size) -> list:
@@ -187,32 +175,26 @@ def _optimize_counters(device, size) -> list:
 
 def _eager_slices(device, size) -> list:
     """Eager slices at fresh key counts (SDPA's pick, no cuDNN) vs one repeated count and the masked call."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
     n, p, cap = size["slice_calls"], size["slice_position"], size["capacity"]
     q, k, v = decode_data(device, torch.bfloat16, capacity=cap, seed=0, **size["geometry"])
     walk = fresh_positions(p, n + 2, cap, device=device, dtype=torch.bfloat16)  # 2 warm-up calls, n timed: all new
     pos = [torch.tensor([i], device=device) for i in walk]
     sliced = lambda i: sdpa_slice(q, k[:, :, :i + 1], v[:, :, :i + 1])  # noqa: E731
-    fns = {"slice, fresh length per call": _walker(walk, sliced), "slice, one length": lambda: sliced(p),
-           "slice, fresh length, cuDNN left out": _walker(walk, lambda i: _without_cudnn(sliced, i)),
-           "masked, whole cache": _walker(pos, lambda t: upstream_masked(q, k, v, t))}
+
+    def without_cudnn(i):  # SDPA limited to flash, efficient and math: the kit's eager ``live`` on CUDA
+        with sdpa_kernel([SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]):
+            return sliced(i)
+    # a lazy map's __next__: each call runs on the walk's next key count
+    fns = {"slice, fresh length per call": map(sliced, walk).__next__, "slice, one length": lambda: sliced(p),
+           "slice, fresh length, cuDNN left out": map(without_cudnn, walk).__next__,
+           "masked, whole cache": map(lambda t: upstream_masked(q, k, v, t), pos).__next__}
     host = {}
     times = time_interleaved(fns, repeats=n, warmup=2, device=device, host=host)
     rows = [{"variant": name, "position": p, **stats_ms(t, host[name])} for name, t in times.items()]
     chosen = explain_sdpa(q, k[:, :, :p + 1], v[:, :, :p + 1], enable_gqa=True).backend
     return [_recorder(device, "bfloat16")("eager_slices", {"position": p, "calls": n, "capacity": cap,
                                                            **size["geometry"]}, rows, slice_backend=chosen)]
-
-
-def _without_cudnn(fn: Callable, *args):
-    """``fn(*args)`` with SDPA limited to flash, efficient and math: the kit's eager ``live`` on CUDA."""
-    from torch.nn.attention import SDPBackend, sdpa_kernel
-    with sdpa_kernel([SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]):
-        return fn(*args)
-
-
-def _walker(items: list, fn: Callable) -> Callable:
-    it = iter(items)
-    return lambda: fn(next(it))
 
 
 # --------------------------------------------------------------------------- the full run's own steps
@@ -227,17 +209,12 @@ def upstream_optimized(model) -> None:
 def _optimized_decode(device, size) -> dict:
     """Upstream under ``optimize()`` vs patched under :func:`fastattn.optimize`: outputs and graph counts."""
     rows, outs = [], {}
-    for variant in ("upstream", "patched"):
+    for variant, patch, prepare in (("upstream", nullcontext, upstream_optimized), ("patched", patch_voxcpm, optimize)):
         model = build_voxcpm2(size["preset"], device="cuda", dtype="bfloat16")
-        handle = patch_voxcpm(model) if variant == "patched" else None
-        try:
+        with patch(model):  # reverted after the decode, even a failed one
             torch._dynamo.reset()
-            outs[variant], row = counted_decode(model, optimize if handle else upstream_optimized, size["steps"],
-                                                device)
-            rows.append(dict(row, variant=variant))
-        finally:
-            if handle is not None:
-                handle.revert()
+            outs[variant], row = counted_decode(model, prepare, size["steps"], device)
+        rows.append(dict(row, variant=variant))
     return _recorder(device, "bfloat16")("whole_decode_optimized", dict(size), rows,
                                          identical=bool(torch.equal(outs["upstream"], outs["patched"])))
 
@@ -263,12 +240,11 @@ def _stream_under_upstream_optimize(device, size) -> dict:
     torch._dynamo.reset()
     reset_graph_counts()
     upstream_optimized(model)
-    rows = [dict(r, repeat=k) for k in range(2)
-            for r in stream_chunks(model, chunks, text=text_for(chunks), device=device)]
-    t = trend([[(r["chunk"], r["ms"], r["disturbed"]) for r in rows if r["repeat"] == k] for k in range(2)])
+    runs = [stream_chunks(model, chunks, text=text_for(chunks), device=device) for _ in range(2)]
+    rows = [dict(r, repeat=k) for k, run in enumerate(runs) for r in run]
+    t = trend([[(r["chunk"], r["ms"], r["disturbed"]) for r in run] for run in runs])
     return _recorder(device, "bfloat16")("stream_under_optimize", {**size, "chunks": chunks}, rows,
-                                         sixths=sixths([r["ms"] for r in rows if r["repeat"] == 0]), trend=t,
-                                         verdict=describe(t),
+                                         sixths=sixths([r["ms"] for r in runs[0]]), trend=t, verdict=describe(t),
                                          graphs_recorded_after_first_sixth=_grew_after(rows, "cudagraph_recordings"),
                                          graphs_compiled_after_first_sixth=_grew_after(rows, "unique_graphs"))
 
@@ -288,10 +264,8 @@ def _in_copy(root: str) -> None:
 def diff_child(root: str, preset: str, steps: str, out: str) -> None:
     """:func:`_diff_compiled`'s child (the right-sized kit's copy): a decode under upstream's ``optimize()``."""
     _in_copy(root)
-    m = build_voxcpm2(preset, device="cuda", dtype="bfloat16")
-    upstream_optimized(m)
-    torch.manual_seed(0)
-    w = m.generate("hello world " * 8, min_len=int(steps), max_len=int(steps), inference_timesteps=2)
+    model = build_voxcpm2(preset, device="cuda", dtype="bfloat16")
+    w, _ = counted_decode(model, upstream_optimized, int(steps), "cuda", text="hello world " * 8)
     torch.save({"shape": list(w.shape)}, out)
 
 
@@ -338,8 +312,7 @@ def kit_child(root, preset, device, steps, chunks, repeats, compile_, out) -> No
         rows.append({"mode": mode, "phase": "optimize()" if compiled else "eager",
                      "wall_s": statistics.median(times[mode]), "wall_samples_s": times[mode], "chunks": chunks,
                      "chunk_ms": [r["ms"] for r in stream], "compile_counts": warm[mode],
-                     "unique_graphs": warm[mode]["unique_graphs"] + end["unique_graphs"],
-                     "cudagraph_skips": warm[mode]["cudagraph_skips"] + end["cudagraph_skips"],
+                     **{k: warm[mode][k] + end[k] for k in ("unique_graphs", "cudagraph_skips")},
                      "cudagraph_skip_reasons": sorted({*warm[mode]["cudagraph_skip_reasons"],
                                                        *end["cudagraph_skip_reasons"]}),
                      "cudagraph_recordings": None if None in rec else rec[1] - rec[0]})
@@ -362,8 +335,7 @@ def kit_decode(device, *, preset: str = "small", steps: int = 12, chunks: int = 
     live, masked = res["wavs"]["live"], res["wavs"]["masked"]
     return rec("kit_decode", {"preset": preset, "steps": steps, "chunks": chunks, "repeats": repeats,
                               "compile": compile}, res["rows"], identical_off=bool(torch.equal(ref, masked)),
-               max_abs_diff_on=float((live.double() - masked.double()).abs().max()) if live.shape == masked.shape
-               else float("inf"))
+               max_abs_diff_on=max_abs_diff(live, masked))
 
 
 # --------------------------------------------------------------------------- the runner
@@ -405,38 +377,35 @@ def gpu_check(device="cuda", *, quick: bool = False, out=None, log=print, only=N
 
 def _failures(rec: dict) -> list[str]:
     """What a step's record says went wrong: outputs not bit-identical, a subprocess that failed."""
-    out = [f"{rec['kind']}: not bit-identical to upstream"] if rec.get("identical") is False else []
-    out += [f"{rec['kind']}: decode_attention off is not bit-identical to upstream"] \
-        if rec.get("identical_off") is False else []
-    out += [f"{rec['kind']}: exit status {r['returncode']}: {(r.get('stderr') or '').strip()[-160:]}"
-            for r in rec.get("rows", []) if r.get("returncode") not in (None, 0)]
-    return out
+    out = [f"{rec['kind']}: {what}" for key, what in (("identical", "not bit-identical to upstream"), (
+        "identical_off", "decode_attention off is not bit-identical to upstream")) if rec.get(key) is False]
+    return out + [f"{rec['kind']}: exit status {r['returncode']}: {(r.get('stderr') or '').strip()[-160:]}"
+                  for r in rec.get("rows", []) if r.get("returncode") not in (None, 0)]
 
 
 def summary_lines(folder: Path, steps: list, head: list) -> list:
     """``summary.md``'s lines: each step's outcome, the first-contact answers, the CUDA opt-in section."""
     entries, kept = runner.log_entries(folder), {}
     lines = [*head, "", "| step | outcome | seconds |", "|---|---|---|"]
-    planned = [(s.name, s.skip) for s in steps]
-    earlier = [(n, None) for n in entries if n not in {name for name, _ in planned}]  # an earlier call's (--resume)
-    for name, skip in planned + earlier:
+    earlier = [(n, None) for n in entries if n not in {s.name for s in steps}]  # an earlier call's (--resume)
+    for name, skip in [(s.name, s.skip) for s in steps] + earlier:
         e = entries.get(name)
         if e is None:
             lines.append(f"| {name} | {'skipped: ' + skip if skip else 'not run (not reached, or killed)'} | |")
             continue
         kept[name] = recs = [load_record(folder / f) for f in e.get("files", [])]
-        bad = [why for r in recs for why in _failures(r)] or ([e["why"]] if e["status"] == "failed" else [])
         files = ", ".join(e.get("files", []))
-        what = f"ok: {files}" if e["status"] == "ok" else f"{e['status']}: " + "; ".join(bad or [e.get("why") or ""]) \
-            + (f" (records: {files})" if files else "")
+        bad = "; ".join([why for r in recs for why in _failures(r)] or [e.get("why") or ""])
+        what = f"ok: {files}" if e["status"] == "ok" else (
+            f"{e['status']}: {bad}" + (f" (records: {files})" if files else ""))
         lines.append(f"| {name} | {what} | {e['seconds']:.1f} |")
     lines += first_contact_lines({k: v for k, v in kept.items() if k in FIRST_CONTACT})
-    return lines + opt_in_section(kept.get("decode_forms"), kept.get("kit_decode", []) + kept.get("kit_decode_eager",
-                                                                                                  []))
+    kits = kept.get("kit_decode", []) + kept.get("kit_decode_eager", [])
+    return lines + opt_in_section(kept.get("decode_forms"), kits)
 
 
-def _ratio_line(rows: list, num: str, den: str, key: str = "variant") -> str:
-    a, b = (next(r for r in rows if r[key] == name) for name in (num, den))
+def _ratio_line(rows: list, num: str, den: str) -> str:
+    a, b = (next(r for r in rows if r["variant"] == name) for name in (num, den))
     r, ci, _, _ = quiet_ratio(a, b)
     return f"{num} / {den}: {r:.2f}x {fmt_ci(ci)}"
 

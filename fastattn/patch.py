@@ -316,14 +316,18 @@ def patch_status() -> dict:
         return _status(_STATE)
 
 
+def cache_nbytes(cache) -> int:
+    """KV storage bytes one cache holds now: a patched cache's ``nbytes``, upstream's whole preallocated tensor."""
+    return cache.nbytes if hasattr(cache, "nbytes") else cache.kv_cache.numel() * cache.kv_cache.element_size()
+
+
 def cache_bytes(model) -> dict:
     """KV storage bytes held by a model's LMs now: ``{"base_lm": n, "residual_lm": n, "total": n}``."""
     out = {}
     for name in ("base_lm", "residual_lm"):
         lm = getattr(model, name, None)
         if lm is not None and lm.kv_cache is not None:
-            c = lm.kv_cache
-            out[name] = c.nbytes if hasattr(c, "nbytes") else c.kv_cache.numel() * c.kv_cache.element_size()
+            out[name] = cache_nbytes(lm.kv_cache)
     out["total"] = sum(out.values())
     return out
 

@@ -11,6 +11,7 @@ from .bench import dtype_table
 from .bench.metrics import kv_mb
 from .bench.stats import fmt_ci
 from .bench.stream import COMPONENTS, stream_trends
+from .bench.targets import met_word
 from .paths import load_published  # noqa: F401 - re-exported: 05 reads the seeds through plots
 from .tables import fmt, html_table
 
@@ -279,7 +280,7 @@ def consumers(rec: dict, *, ax=None):
 def targets_table(targets: list) -> str:
     def row(t):
         ci = "" if t.get("ci_low") is None else fmt_ci((t["ci_low"], t["ci_high"]))
-        met = t.get("verdict", {True: "yes", False: "no"}.get(t["passed"])) or "n/a"
+        met = met_word(t) or "n/a"
         return {"target": t["target"], "measured": fmt(t["measured"]), "95% CI": ci, "n": t.get("n") or "",
                 "goal": t["goal"], "met": met.upper() if met == "no" else met, "note": t.get("note", "")}
     return html_table([row(t) for t in targets], ["target", "measured", "95% CI", "n", "goal", "met", "note"],

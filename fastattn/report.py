@@ -13,7 +13,7 @@ from . import profiling
 from .bench.metrics import slice_evidence
 from .bench.records import Run, load_run
 from .bench.stats import fmt_ci
-from .bench.targets import TARGETS_MET, met_count, run_targets
+from .bench.targets import TARGETS_MET, met_count, met_word, run_targets
 from .claims import claims_ledger
 from .devices import cpu_features
 from .diagnosis import diagnosis, diagnosis_findings, reply_293, stream_findings
@@ -76,8 +76,7 @@ def _verdict_rows(targets: list) -> list:
         ci = f" {fmt_ci((t['ci_low'], t['ci_high']))}" if t.get("ci_low") is not None else ""
         return fmt(t["measured"]) + ci + (f" (n={t['n']})" if t.get("n") else "")
     return [{"claim": t["target"], "measured (95% CI)": measured(t), "goal": t["goal"],
-             "met": t.get("verdict", {True: "yes", False: "no"}.get(t["passed"])),
-             "note": short(t.get("note", ""), None)} for t in targets]
+             "met": met_word(t), "note": short(t.get("note", ""), None)} for t in targets]
 
 
 def _split_findings(nb: dict, fresh: dict) -> tuple:

@@ -81,7 +81,7 @@ def open_folder(folder: Path, resume: bool) -> Path:
     return folder
 
 
-def run_step(step: Step, folder: Path, left: Optional[float], failures: Callable) -> dict:
+def _run_step(step: Step, folder: Path, left: Optional[float], failures: Callable) -> dict:
     """Run one step under the deadline; save its records at once; return its log entry."""
     if left is not None and step.estimate_s > left:
         return {"step": step.name, "status": "stopped", "seconds": 0.0,
@@ -113,8 +113,8 @@ def run_steps(steps: list, folder: Path, *, budget: Optional[float] = None, resu
         if s.skip or s.name in done:
             log(f"[{tag}] {s.name}: {'skipped (' + s.skip + ')' if s.skip else 'ended ok earlier'}")
             continue
-        entries[s.name] = entry = run_step(s, folder, None if budget is None else
-                                           budget - (time.perf_counter() - t_start), failures)
+        entries[s.name] = entry = _run_step(s, folder, None if budget is None else
+                                            budget - (time.perf_counter() - t_start), failures)
         with open(Path(folder) / "steps.jsonl", "a") as f:
             f.write(json.dumps(entry, default=str) + "\n")
         after()

@@ -18,8 +18,7 @@ from . import budget
 from .bench import cli as bench_cli
 from .bench import env_record, record, save_record
 from .budget import BUDGET_S, SCALABLE, notebook_budget, unplannable
-from .devices import DTYPES
-from .devices import resolve_device as resolve
+from .devices import DTYPES, resolve_device
 from .doctor import doctor
 from .models import PRESETS, silence_progress
 from .nbexec import ENGINE
@@ -27,25 +26,20 @@ from .paths import atomic_write_text, data_dir, notebooks, reports_dir, without_
 from .report import write_report
 from .tables import fmt, html_table, md_text
 
-__all__ = ["check_params", "resolve_device", "time_left", "provenance", "save_figure", "save", "save_rows", "table",
+__all__ = ["check_params", "time_left", "provenance", "save_figure", "save", "save_rows", "table",
            "findings", "run_workbook", "notebooks", "PRESETS", "DTYPE_NAMES"]
 
 DTYPE_NAMES = tuple(DTYPES)
 
 
 # --------------------------------------------------------------------------- notebook helpers
-def resolve_device(device: str) -> str:
-    """The device name a notebook runs on (``auto`` resolved); see :func:`fastattn.bench.resolve_device`."""
-    return str(resolve(device))
-
-
 def check_params(**params) -> dict:
     """Validate a notebook's parameters, returned resolved; a ValueError names a bad one, unknown ones pass.
     ``budget_s`` starts :func:`time_left`'s clock."""
     p = dict(params)
     if "device" in p:
         try:
-            p["device"] = resolve_device(p["device"])
+            p["device"] = str(resolve_device(p["device"]))  # the device name a notebook runs on, auto resolved
         except ValueError as exc:
             raise ValueError(f"parameter device={p['device']!r}: {exc}") from None
     for name, allowed in (("dtype", DTYPE_NAMES), ("preset", PRESETS), ("step_preset", PRESETS)):
@@ -228,7 +222,7 @@ def run_workbook(params: Optional[dict] = None, *, only: Optional[list] = None, 
     for nb in nbs:  # a profile's sizes are its notebook's own
         _validate_run(prof.get("notebooks", {}).get(nb.stem, {}), [nb])
     per_nb = {nb.stem: {**prof.get("notebooks", {}).get(nb.stem, {}), **params} for nb in nbs}
-    device = resolve_device(str(params.get("device", "auto")))  # ValueError for cuda without CUDA
+    device = str(resolve_device(str(params.get("device", "auto"))))  # ValueError for cuda without CUDA
     if budget_s and unplannable(device):
         log(f"[fastattn] {unplannable(device)}")
         budget_s = None

@@ -11,8 +11,8 @@ import pytest
 
 from fastattn import bench
 from fastattn.bench.noise import disturbed, others_busy
+from fastattn.bench.stats import quiet_pairs
 from fastattn.bench.stream import sixths
-from fastattn.bench.targets import quiet_pairs
 from fastattn.bench.timing import stats_ms
 from fastattn.bench.trend import describe, resistant_slope, stretches, trend
 

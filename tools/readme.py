@@ -12,12 +12,12 @@ from typing import Optional
 from fastattn.bench.metrics import (
     HEADLINES,
     attention_free_ratio,
-    attention_record,
     attention_share,
     call_ratio,
     dtype_ratio_text,
     dtype_recommendation,
     dtype_table,
+    headlines,
     kv_mb,
     matrix_rows,
     others_line,
@@ -26,7 +26,7 @@ from fastattn.bench.metrics import (
 )
 from fastattn.bench.records import find_row, load_run
 from fastattn.bench.stream import stream_verdicts
-from fastattn.bench.targets import met_count, run_targets
+from fastattn.bench.targets import met_count, run_targets, target_records
 from fastattn.claims import claims_ledger, math_fallback_reason
 from fastattn.devices import cpu_features, machine_label, runtime_dtype
 from fastattn.paths import data_dir, repo_root
@@ -45,16 +45,14 @@ MATRIX_CASE = "upstream: bool mask over full cache + GQA"
 def records(ref: Path) -> dict:
     """The reference run's records by role (None where the run lacks one)."""
     run = load_run(ref)
-    att = lambda dt, cold: attention_record(run, dt, cold)  # noqa: E731
-    growth = max(run.all("cache_growth"), key=lambda r: r["params"]["steps"], default=None)  # latest save
+    found = target_records(run)
     stored = run.get("targets")  # its env names the machine; its rows are judged again by this code
     return {"run": run, "targets": stored and {**stored, "rows": run_targets(run) or stored["rows"]},
-            "stream": run.get("stream_profile"),
-            "whole": run.get("whole_decode"), "kv": run.get("kv_memory", dtype="bfloat16"),
+            "stream": run.get("stream_profile"), "whole": found["whole"], "kv": found["kv"],
             "matrix": run.get("backend_matrix"), "ladder": run.get("exactness_calibration"),
-            "att32": att("float32", False), "cold": att("float32", True), "costs": run.get("dtype_costs"),
-            "rss": run.get("peak_rss"), "growth": growth, "comp": run.get("compiled_step"),
-            "dec32": run.get("decode_step", dtype="float32"), "dtypes": run.get("dtype_decode"),
+            "att32": found["attention_fp32"], "cold": found["attention_fp32_cold"], "costs": run.get("dtype_costs"),
+            "rss": run.get("peak_rss"), "growth": found["growth"], "comp": run.get("compiled_step"),
+            "dec32": found["decode_fp32"], "dtypes": found["dtypes"],
             "forms": run.get("decode_forms", dtype="bfloat16")}
 
 
@@ -202,7 +200,7 @@ def reference_findings(ref: Path, other: Optional[Path] = None) -> str:
             ("`exact` bit-identical to upstream", _exact(r) if not _exact(r).startswith("yes:") else
              "No key window is exact by construction on this device's kernels: `exact` attends over all "
              f"{masked['keys']} slots, upstream's computation minus its per-request zero-fill")]
-    rows += [(k, f.text()) for k, f in ((k, fn(run)) for k, fn in HEADLINES.items()) if f is not None]
+    rows += [(k, f.text()) for k, f in headlines(run).items()]
     rows += [(f"target: {x['target']}", f"{x.get('verdict') or 'n/a'} ({x['goal']}); {x['note']}".rstrip("; "))
              for x in t.values()]
     rows += [(k, v) for k, v in (("fast against the floor, p=4096, fp32", r["cold"] and _floor(r)),

@@ -14,7 +14,7 @@ from ..devices import dtype_name, quiet_native_stderr, resolve_device
 from ..devices import dtype_of as _dtype
 from ..forward import cache_granularity
 from ..models import voxcpm2_config
-from ..patch import original_functions, swapped, variant_functions
+from ..patch import cache_nbytes, original_functions, swapped, variant_functions
 from .lm import lm_and_caches, lm_config, start_request
 from .records import env_record, record
 from .rss_probe import reset_peak
@@ -28,10 +28,6 @@ def _base_lm(preset: str, device, dt, max_length: int, bucket, prefill: int) -> 
     geo = (cfg.num_hidden_layers, cfg.num_key_value_heads, cfg.kv_channels, 1, device, dt)
     g = cache_granularity(cfg, torch.device(device), dt, max_length, bucket)
     return geo, g, [(torch.randn(1, geo[1], prefill, geo[2], dtype=dt, device=device),) * 2 for _ in range(geo[0])]
-
-
-def _nbytes(cache) -> int:
-    return cache.nbytes if hasattr(cache, "nbytes") else cache.kv_cache.numel() * cache.kv_cache.element_size()
 
 
 def kv_memory(preset: str = "full", *, prefill: int = 100, steps: int = 200, dtype="bfloat16",
@@ -50,7 +46,7 @@ def kv_memory(preset: str = "full", *, prefill: int = 100, steps: int = 200, dty
         for _ in range(min(steps, max_length - prefill)):
             pa.step()
         rows += [{"lm": name, "variant": "upstream", "layers": layers, "slots": up.kv_cache.shape[4],
-                  "bytes": _nbytes(up)},
+                  "bytes": cache_nbytes(up)},
                  {"lm": name, "variant": "patched", "layers": layers, "slots": pa.capacity, "bytes": pa.nbytes}]
         sized = pa.windowed  # the same granularity for both LMs
         del up, pa
@@ -91,7 +87,7 @@ def step_allocations(*, preset: str = "small", layers: int = 1, dtype="float32",
                 allocs = [e for e in prof.events() if e.cpu_memory_usage > 0]
                 counted = {"allocated_bytes": sum(e.cpu_memory_usage for e in allocs), "allocations": len(allocs),
                            "largest": sorted(((e.name, e.cpu_memory_usage) for e in allocs), key=lambda t: -t[1])[:5]}
-        out[name] = {**counted, "cache_bytes": _nbytes(cache)}
+        out[name] = {**counted, "cache_bytes": cache_nbytes(cache)}
     return record("step_allocations", env=env_record(device, dt),
                   params={"preset": preset, "layers": layers, "dtype": dtype, "position": position},
                   rows=[{"variant": n, **{k: v for k, v in d.items() if k != "largest"}} for n, d in out.items()],
@@ -123,7 +119,7 @@ def fill_cost(preset: str = "full", *, prefill: int = 100, dtype="bfloat16", dev
     host: dict = {}
     times = time_interleaved({n: (lambda c=c: c.fill_caches(kv)) for n, c in caches.items()}, repeats=repeats,
                              warmup=warmup, device=device, host=host)
-    rows = [{"variant": n, **stats_ms(times[n], host[n]), "cache_bytes": _nbytes(c)} for n, c in caches.items()]
+    rows = [{"variant": n, **stats_ms(times[n], host[n]), "cache_bytes": cache_nbytes(c)} for n, c in caches.items()]
     return record("fill_cost", env=env_record(device, dt), rows=rows,
                   params={"preset": preset, "layers": geo[0], "prefill": prefill, "dtype": dtype_name(dt),
                           "max_length": max_length, "granularity": g})

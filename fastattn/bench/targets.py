@@ -16,7 +16,7 @@ from .metrics import (
     whole_ratio,
 )
 from .records import find_row
-from .stats import judge, judge_all, quiet_pairs, quiet_ratio  # noqa: F401 (re-exported)
+from .stats import judge, judge_all
 
 #: id -> (what is judged, bound): every target of the workbook (:data:`HISTORY` says which were restated)
 GOALS = {
@@ -65,15 +65,20 @@ def target_goals() -> list[dict]:
         [{"target": what, "goal": "True", "history": "as first set"} for what in MUST_HOLD.values()]
 
 
-def run_targets(run) -> list[dict]:
-    """:func:`check_targets` over a :class:`.records.Run`'s records, found as notebook 05 passes them."""
+def target_records(run) -> dict:
+    """The records :func:`check_targets` judges, found in a :class:`.records.Run` as notebook 05 passes them (None
+    where the run has none)."""
     att = lambda dt, cold: attention_record(run, dt, cold)  # noqa: E731
     growth = max(run.all("cache_growth"), key=lambda r: r["params"]["steps"], default=None)  # latest save
-    found = {"attention_fp32": att("float32", False), "attention_bf16": att("bfloat16", False),
-             "attention_fp32_cold": att("float32", True), "decode_bf16": run.get("decode_step", dtype="bfloat16"),
-             "decode_fp32": run.get("decode_step", dtype="float32"), "kv": run.get("kv_memory", dtype="bfloat16"),
-             "growth": growth, "whole": run.get("whole_decode"), "dtypes": run.get("dtype_decode")}
-    return check_targets({k: v for k, v in found.items() if v is not None})
+    return {"attention_fp32": att("float32", False), "attention_bf16": att("bfloat16", False),
+            "attention_fp32_cold": att("float32", True), "decode_bf16": run.get("decode_step", dtype="bfloat16"),
+            "decode_fp32": run.get("decode_step", dtype="float32"), "kv": run.get("kv_memory", dtype="bfloat16"),
+            "growth": growth, "whole": run.get("whole_decode"), "dtypes": run.get("dtype_decode")}
+
+
+def run_targets(run) -> list[dict]:
+    """:func:`check_targets` over a :class:`.records.Run`'s :func:`target_records`."""
+    return check_targets({k: v for k, v in target_records(run).items() if v is not None})
 
 
 def check_targets(records: dict) -> list[dict]:
@@ -217,9 +222,14 @@ def _cache_targets(records, add):
 TARGETS_MET = "targets met"
 
 
+def met_word(t: dict) -> str | None:
+    """A target row's yes / no / undecided (a stored row without ``verdict``: from ``passed``); None: not judged."""
+    return t.get("verdict", {True: "yes", False: "no"}.get(t["passed"]))
+
+
 def met_count(targets: list) -> str:
     """``"met/judged"`` over the targets that apply here, and how many are undecided."""
-    v = [t.get("verdict", {True: "yes", False: "no"}.get(t["passed"])) for t in targets]
+    v = [met_word(t) for t in targets]
     judged, undecided = sum(x in ("yes", "no") for x in v), v.count("undecided")
     return f"{v.count('yes')}/{judged}" + (f", {undecided} undecided" if undecided else "")
 

@@ -4,27 +4,19 @@ from __future__ import annotations
 
 import torch
 
-from ..claims import math_fallback_verdict, matrix_claims
-from ..devices import runtime_dtype
-
-
-def _rows_of(rows: list, device) -> tuple:
-    """The matrix rows in voxcpm's runtime dtype on ``device`` (bf16 on CPU and CUDA), and that dtype."""
-    dt = runtime_dtype(device)
-    mine = [r for r in rows if r["dtype"] == dt] or rows
-    return mine, mine[0]["dtype"]
+from ..claims import math_fallback_verdict, matrix_claims, runtime_rows
 
 
 def check_claims(rows: list, device="cpu") -> list[dict]:
     """``[{claim, shows, verdict}]``: the ledger's kernel claims on this device's matrix rows (one rule for 02 and the
     ledger), then fastattn's window and the ``is_causal`` trap, in voxcpm's dtype on ``device``."""
-    mine, dt = _rows_of(rows, device)
+    mine = runtime_rows(rows, device)
     by = lambda case: next((r for r in mine if r["case"].startswith(case)), None)
     up, exact, causal = by("upstream"), by("exact"), by("is_causal")
     out = [{"claim": r["claim"], "shows": r["evidence"], "verdict": r["verdict"]}
            for r in matrix_claims({"rows": rows, "env": {"device": str(device)}})]
     out.append({"claim": "(fastattn) A window rounded up to a bucket, mask kept inside it, runs the same kernel",
-                "shows": f"{dt} exact call ran {exact['kernel']} over {exact['keys']} keys",
+                "shows": f"{mine[0]['dtype']} exact call ran {exact['kernel']} over {exact['keys']} keys",
                 "verdict": "holds" if exact["kernel"] == up["kernel"] else "differs: " + str(exact["kernel"])})
     out.append(_window_claim(device))
     out.append({"claim": "is_causal=True is a safe way to drop the mask for a one-query decode step",
@@ -36,13 +28,13 @@ def check_claims(rows: list, device="cpu") -> list[dict]:
 
 def findings(rows: list, device, upstream_report, sliced_report, causal_equals_row0: bool, fast_rec: dict) -> dict:
     """02's findings from its reports and matrix, in voxcpm's dtype on ``device``."""
-    mine, dt = _rows_of(rows, device)
+    mine = runtime_rows(rows, device)
     up = next(r for r in mine if r["case"].startswith("upstream") and r["head_dim"] == upstream_report.call["q"][3])
     no_gqa = next((r for r in mine if r["case"].startswith("bool mask, no enable_gqa")), None)
     causal = next(r for r in mine if r["case"].startswith("is_causal"))
     verdict, why = math_fallback_verdict(up, no_gqa)
     return {
-        "dtype of these findings (voxcpm's on this device)": dt,
+        "dtype of these findings (voxcpm's on this device)": mine[0]["dtype"],
         "dispatcher's choice for upstream's masked call": upstream_report.backend,
         "kernel op that ran for upstream's masked call": upstream_report.kernel,
         "helper ops of upstream's masked call": ", ".join(o for o in upstream_report.ops
