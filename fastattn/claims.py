@@ -87,7 +87,7 @@ def _symptom(recs, finds):
              f"{sp.get('weights', 'random')} weights, {_device(s)})")
     if n < SYMPTOM_CHUNKS:
         return NOT_SCALE, f"({n} of {SYMPTOM_CHUNKS}+ chunks) {where}: the claim is about chunk {SYMPTOM_CHUNKS} on"
-    off = _off_scale(s, f"{where}: {describe(t) if t else s['verdict']['upstream']}", real_weights=True,
+    off = _off_scale(s, f"{where}: {describe(t) if t else s.get('verdict', {}).get('upstream')}", real_weights=True,
                      claim_on="CUDA (the post names no GPU)")
     if off:
         return off

@@ -156,7 +156,7 @@ def check_bucket_once(device, dtype, *, hq: int, hkv: int, head_dim: int, bucket
 
 @torch.no_grad()
 def check_exactness(device, dtype, *, hq: int = 16, hkv: int = 2, head_dim: int = 128, bucket: int = 256,
-                    capacity: Optional[int] = None, seed: int = 0) -> dict:
+                    capacity: Optional[int] = None, positions=None, seed: int = 0) -> dict:
     """Int-``bucket`` ``exact`` vs ``reference`` on one draw at bucket edges: weaker than :func:`calibrate_exact`."""
     check_bucket(bucket)
     device = torch.device(device)
@@ -164,8 +164,9 @@ def check_exactness(device, dtype, *, hq: int = 16, hkv: int = 2, head_dim: int 
     if capacity > 1 << 20:
         raise ValueError(f"bucket={bucket} (capacity {capacity}): the self-check would allocate a {capacity}-slot "
                          f"cache; expected a capacity of at most {1 << 20} slots (a window never exceeds the cache)")
-    positions = [p for p in sorted({0, 1, 15, 16, bucket - 1, bucket, bucket + 1, 2 * bucket + 7, 3 * bucket - 1,
-                                    capacity - 1}) if 0 <= p < capacity]
+    if positions is None:
+        positions = sorted({0, 1, 15, 16, bucket - 1, bucket, bucket + 1, 2 * bucket + 7, 3 * bucket - 1, capacity - 1})
+    positions = [p for p in positions if 0 <= p < capacity]
     gen = torch.Generator(device="cpu").manual_seed(seed)
     k = torch.randn(1, hkv, capacity, head_dim, generator=gen).to(device=device, dtype=dtype)
     v = torch.randn(1, hkv, capacity, head_dim, generator=gen).to(device=device, dtype=dtype)

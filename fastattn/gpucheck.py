@@ -11,6 +11,7 @@ import statistics
 import sys
 import time
 from contextlib import nullcontext
+from functools import partial
 from pathlib import Path
 from typing import Callable, Optional
 
@@ -185,8 +186,8 @@ def _eager_slices(device, size) -> list:
     def without_cudnn(i):  # SDPA limited to flash, efficient and math: the kit's eager ``live`` on CUDA
         with sdpa_kernel([SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]):
             return sliced(i)
-    # a lazy map's __next__: each call runs on the walk's next key count
-    fns = {"slice, fresh length per call": map(sliced, walk).__next__, "slice, one length": lambda: sliced(p),
+    # a lazy map's __next__: each call runs on the walk's next key count (C-level wrappers alike, partial too)
+    fns = {"slice, fresh length per call": map(sliced, walk).__next__, "slice, one length": partial(sliced, p),
            "slice, fresh length, cuDNN left out": map(without_cudnn, walk).__next__,
            "masked, whole cache": map(lambda t: upstream_masked(q, k, v, t), pos).__next__}
     host = {}

@@ -14,7 +14,7 @@ from ..devices import dtype_of as _dtype
 from ..exactness import exact_granularity
 from ..fast import LENGTH_CLASSES, fast_report, sdpa_slice
 from ..modes import MODES, REGISTRY
-from ..static import fresh_positions, stack_data
+from ..static import fresh_positions
 from ..step import attention_step
 from .floor import bandwidth, floor_binds, floor_ms, live_kv_bytes
 from .records import env_record, record
@@ -39,7 +39,10 @@ def attention_sweep(positions: Sequence[int], *, capacity: int = 8192, dtype="fl
         raise ValueError(f"modes must be among {MODES}, got {bad}")
     if not isinstance(caches, int) or caches < 1:
         raise ValueError(f"caches must be an int >= 1 (distinct K/V caches to rotate over), got {caches!r}")
-    q, kvs = stack_data(device, dt, hq, hkv, head_dim, capacity, seed, caches)  # cache 0 the same for any caches
+    g = torch.Generator().manual_seed(seed)
+    q = torch.randn(1, hq, 1, head_dim, generator=g).to(device=device, dtype=dt)  # first: cache 0 is the same
+    kvs = [(torch.randn(1, hkv, capacity, head_dim, generator=g).to(device=device, dtype=dt),   # for any caches
+            torch.randn(1, hkv, capacity, head_dim, generator=g).to(device=device, dtype=dt)) for _ in range(caches)]
     bw = bw or bandwidth(device)
     gran = bucket if bucket is not None else exact_granularity(q.device, dt, hq=hq, hkv=hkv, head_dim=head_dim,
                                                                capacity=capacity)
