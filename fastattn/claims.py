@@ -13,7 +13,7 @@ from typing import Optional
 import torch
 
 from .bench.metrics import dtype_recommendation, kv_mb, patched_is_upstream, step_ratio, whole_ratio
-from .bench.records import find_row, load_run
+from .bench.records import Run, find_row, load_run
 from .bench.stats import NO, YES, fmt_ci, quiet, ratio_ci, scaled_ci, verdict
 from .bench.stream import stream_trends
 from .bench.trend import describe
@@ -271,11 +271,12 @@ def _default_exact(recs, finds):
     if gen is not None:
         parts.append(f"whole generate() torch.equal to upstream: {gen}")
     ok = (not sweep or all(r["exact_identical"] for r in sweep["rows"])) and gen is not False
-    cap = sweep["params"]["capacity"] if sweep else None
-    if ok and (cap is None or cap < MAX_LENGTH):  # past the sweep: 03's calibration at the block edges, else nothing
+    reach = max(r["position"] for r in sweep["rows"]) + 1 if sweep else None  # what was swept, not the capacity
+    if ok and (reach is None or reach < MAX_LENGTH):  # past the sweep: 03's calibration at the block edges
         edges = _ladder_edges(_first(recs, "exactness_calibration"))
         if edges is None:
-            parts.append(f"positions {cap} to {MAX_LENGTH - 1} were not swept here" if cap else "no position sweep ran")
+            parts.append(f"positions {reach} to {MAX_LENGTH - 1} were not swept here" if reach else
+                         "no position sweep ran")
             return PARTLY, "; ".join(parts)
         parts.append(edges)
     return (HOLDS if ok else FAILS), "; ".join(parts)
@@ -394,7 +395,8 @@ CLAIMS = [
      _math_fallback),
     ("seed 000", "Slicing the cache to position+1 lets SDPA use flash attention", "voxcpm's dtype on the device",
      _slice_flash),
-    ("seed 000", "After the fix a step costs O(position), not O(max_length)", "positions up to 8192", _o_position),
+    ("seed 000", "After the fix a step costs O(position), not O(max_length)", f"positions up to {MAX_LENGTH}",
+     _o_position),
     ("seed 000", "The sliced result differs only by ~1e-6 (which can shift the stop token)", "fp32 and bf16",
      _rounding),
     ("seed 000", "2.5-3.5x faster per position", "a decode step on the reporter's CUDA GPU, bf16", _per_position),
@@ -407,8 +409,8 @@ CLAIMS = [
      f"every position below {MAX_LENGTH} and whole decodes, on the device", _default_exact),
     ("seed 002", "sdpa_kernel switches SDPA's kernel for all threads (process-wide)", "any torch",
      _sdpa_kernel_process_wide),
-    ("seed 003", "Decode attention cost scales with max_length, not with the sequence", "positions up to 8192",
-     _o_max_length),
+    ("seed 003", "Decode attention cost scales with max_length, not with the sequence",
+     f"positions up to {MAX_LENGTH}", _o_max_length),
     ("seed 003", "Every request zero-fills the whole cache of both LMs", "voxcpm 2.0.3's source", _zero_fill_source),
     ("seed 003", "KV allocation ~605 MB -> ~20-38 MB per request (fp32)", "a 300-token request, full model",
      _kv_sizes),
@@ -432,8 +434,9 @@ def matrix_claims(matrix: dict) -> list:
 
 
 def claims_ledger(run_dir=None) -> list:
-    """``[{source, claim, scale, verdict, evidence}]`` of ``run_dir``'s records; ``scale``: what the claim is about."""
-    run = load_run(run_dir) if run_dir else None
+    """``[{source, claim, scale, verdict, evidence}]`` of ``run_dir``'s records (a folder, or a :class:`.records.Run`
+    already loaded); ``scale``: what the claim is about."""
+    run = run_dir if isinstance(run_dir, Run) else load_run(run_dir) if run_dir else None
     finds, recs, out = run.findings if run else {}, {}, []
     for r in run.records if run else []:
         recs.setdefault(r["kind"], []).append(r)

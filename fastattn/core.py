@@ -44,6 +44,13 @@ def check_positive_int(value, name: str) -> int:
     return value
 
 
+def check_positions(positions, limit: int, name: str) -> None:
+    """Every position in ``[0, limit)``; ``name`` is what ``limit`` is called in the message (capacity, max_length)."""
+    for p in positions:
+        if not 0 <= p < limit:
+            raise ValueError(f"positions must be in [0, {name}={limit}), got {p}")
+
+
 def check_bucket(bucket, *, allow_none: bool = False) -> None:
     if bucket is None and allow_none:
         return

@@ -116,7 +116,7 @@ def _none_grew(up: dict, comps: list) -> str:
 def _attention_row(stream: dict, up: dict) -> dict:
     """The LM steps' trends where timed apart (attention runs there; a growing DiT says nothing), else the chunk's."""
     lms = [c for c in ("base_lm", "residual_lm") if c in up]
-    words = {up[c]["verdict"] for c in lms} or {up.get("verdict") or stream["verdict"]["upstream"].split()[0]}
+    words = {up[c]["verdict"] for c in lms} or {up.get("verdict") or stream["verdict"]["upstream"].split(" (")[0]}
     row = {"hypothesis": "The full-cache attention (every step reads 8192 slots)"}
     if lms:
         row.update({"measured here": "the LM steps (where attention runs): " + _trends(up, lms),

@@ -11,7 +11,7 @@ import torch
 
 from . import compat
 from .bench.metrics import dtype_recommendation
-from .bench.records import load_record
+from .bench.records import load_run
 from .devices import (
     compile_toolchain,
     cpu_features,
@@ -84,15 +84,18 @@ def doctor(calibrate: bool = True) -> dict:
 
 def fastest_dtype_measured() -> Optional[str]:
     """The newest 05 run's fastest dtype on this machine, with its ratio and run name; None where none compared."""
-    found = sorted(reports_dir().glob("*/05_profiling/records/dtype_decode*.json"))
-    for path in reversed(found):
-        rec = load_record(path)
+    runs = reports_dir()
+    for folder in sorted((p for p in runs.iterdir() if p.is_dir()) if runs.is_dir() else [], reverse=True):
+        rec = load_run(folder / "05_profiling").get("dtype_decode")  # the latest save first
+        if rec is None:
+            continue
         if rec.get("env", {}).get("device_name") != cpu_name() and str(rec.get("env", {}).get("device")) == "cpu":
             continue  # another machine's run (a copied report)
         r = dtype_recommendation(rec, rec.get("flags"))
         cfg = r["dtype"] + (" with the patch" if r["patched"] else "")
-        return (f"{cfg}: {r['ratio']:.2f}x of voxcpm's default step ({r['default']}) in run "
-                f"{path.parents[2].name}" + ("" if r["decided"] else " (no faster configuration)"))
+        ratio = r.get("ratio_text") or f"{r['ratio']:.2f}x"
+        return (f"{cfg}: {ratio} of voxcpm's default step ({r['default']}) in run "
+                f"{folder.name}" + ("" if r["decided"] else " (no faster configuration)"))
     return None
 
 

@@ -84,8 +84,9 @@ def _steps(device: torch.device, size: dict) -> list:
         ("eager_slices", lambda: _eager_slices(device, size), 10, 5, None),
         ("exactness_calibration", lambda: [rec("exactness_calibration", {"capacity": cap}, calibration_ladders(
             device, capacity=cap, dtypes=("bfloat16", "float32")))], 30, 30, None),
+        # caches: rotated over that many caches (36: every layer of both LMs)
         ("attention_sweep", lambda: [bench.attention_sweep(size["positions"], capacity=cap, dtype=dt, **timed,
-                                                           caches=36 if gpu else 1)  # K/V past L2, as 36 layers
+                                                           caches=36 if gpu else 1)
                                      for dt in ("bfloat16", "float32")], 60, 60, None),
         ("decode_step_sweep", lambda: [bench.decode_step_sweep(size["positions"], preset=small, dtype="bfloat16",
                                                                slice_fix=True, **timed)], 60, 60, None),

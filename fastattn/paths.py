@@ -12,8 +12,7 @@ import tempfile
 from pathlib import Path
 from typing import Optional
 
-__all__ = ["repo_root", "data_dir", "notebooks_dir", "notebooks", "reports_dir", "atomic_write_text",
-           "without_machine_paths"]
+__all__ = ["repo_root", "data_dir", "notebooks", "reports_dir", "atomic_write_text", "without_machine_paths"]
 
 
 def repo_root() -> Path:
@@ -32,13 +31,9 @@ def data_dir() -> Path:
     return repo_root() / "data"
 
 
-def notebooks_dir() -> Path:
-    return repo_root() / "notebooks"
-
-
 def notebooks() -> list[Path]:
     """The workbook's notebooks (``NN_*.ipynb``), in order."""
-    return sorted(notebooks_dir().glob("[0-9][0-9]_*.ipynb"))
+    return sorted((repo_root() / "notebooks").glob("[0-9][0-9]_*.ipynb"))
 
 
 def reports_dir() -> Path:

@@ -8,7 +8,7 @@ from typing import Optional, Sequence
 import matplotlib.pyplot as plt
 
 from .bench import dtype_table
-from .bench.metrics import kv_mb
+from .bench.metrics import default_key, kv_mb
 from .bench.stats import fmt_ci
 from .bench.stream import COMPONENTS, stream_trends
 from .bench.targets import met_word
@@ -119,7 +119,7 @@ def dtype_decode(rec: dict, *, ax=None):
     fig, ax = (ax.figure, ax) if ax is not None else plt.subplots(figsize=(7, 3.8))
     vals = [r["step s"] for r in rows]
     ax.bar([f"{r['dtype']}\n{r['variant']}" for r in rows], vals, color=[COLORS[r["variant"]] for r in rows])
-    key = next(k for k in rows[0] if k.startswith("x "))
+    key = default_key(rows[0])
     for i, r in enumerate(rows):
         ci = "" if r["95% low"] is None else f"\n[{r['95% low']:.2f}, {r['95% high']:.2f}]"
         mem = f"\npeak {r['peak GB']:.1f} GB" if r["peak GB"] and r["variant"] == "upstream" else ""
@@ -131,14 +131,15 @@ def dtype_decode(rec: dict, *, ax=None):
                                         f"steps; ratio to {key[2:]}"), legend=None, grid=False)
 
 
-def memory(kv: dict, *, published: Optional[list] = None, ax=None):
-    """KV bytes of one request, upstream vs patched (and the seed's figures when given)."""
+def memory(kv: dict, *, ax=None):
+    """KV bytes of one request, upstream vs patched."""
     fig, ax = (ax.figure, ax) if ax is not None else plt.subplots(figsize=(6, 3.6))
     vals = list(kv_mb(kv))
-    ax.bar(["upstream (8192 slots)", "patched (right-sized)"], vals, color=[COLORS["upstream"], COLORS["patched"]])
+    p = kv["params"]
+    ax.bar([f"upstream ({p['max_length']} slots)", "patched (right-sized)"], vals,
+           color=[COLORS["upstream"], COLORS["patched"]])
     for i, v in enumerate(vals):
         ax.annotate(f"{v:.1f} MB", (i, v), ha="center", va="bottom", fontsize=8)
-    p = kv["params"]
     ax.set_ylabel("KV cache MB (both LMs)")
     return _finish(fig, ax, f"KV of one request: {p['preset']} preset, {p['dtype']}, prefill {p['prefill']} + "
                             f"{p['steps']} steps", legend=None, grid=False)

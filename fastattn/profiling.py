@@ -3,6 +3,8 @@ the run report reads too; they measure nothing."""
 
 from __future__ import annotations
 
+from typing import Optional
+
 from .bench.decode import whole_dtypes  # noqa: F401 (05 calls it through this module)
 from .bench.metrics import (
     attention_free_ratio,
@@ -91,9 +93,10 @@ def floor_reading(cold: dict, position: int = 4096) -> dict:
             "gemm_x_dram_floor": gm["x_floor"] if gm else float("nan")}
 
 
-def findings(run: Run) -> dict:
+def findings(run: Run, targets: Optional[list] = None) -> dict:
     """05's findings, each from its records (a run folder or a notebook's own): what 05 prints and what a report
-    derives again from a committed run, by this code. ValueError naming the records a run lacks."""
+    derives again from a committed run, by this code. ``targets``: :func:`.bench.targets.run_targets` of ``run``
+    where the caller holds it (judged here otherwise). ValueError naming the records a run lacks."""
     att = {dt: attention_record(run, dt) for dt in ("float32", "bfloat16")}
     cold = attention_record(run, "float32", cold=True)
     dec = {dt: run.get("decode_step", dtype=dt) for dt in ("bfloat16", "float32")}
@@ -106,7 +109,7 @@ def findings(run: Run) -> dict:
         raise ValueError(f"05's findings rest on its records; {run.folder} lacks: {', '.join(missing)}")
     cold_ps = cold["params"]["positions"]
     p0 = 256 if 256 in cold_ps else cold_ps[0]
-    h = headline(att, dec, whole, run_targets(run), position=p0)
+    h = headline(att, dec, whole, run_targets(run) if targets is None else targets, position=p0)
     fl = floor_reading(cold, 4096 if 4096 in cold_ps else cold_ps[-1])
     h[f"fast at p={fl['position']}, fp32, K/V rotated over caches: x DRAM floor"] = fl["x_dram_floor"]
     h[f"fast at p={fl['position']}, fp32, K/V rotated over caches: x the bare GEMMs' time"] = fl["x_gemm_floor"]
@@ -128,14 +131,14 @@ def headline(att: dict, dec: dict, whole: dict, targets: list, position: int = 2
     val = lambda fig: fig.value if fig else float("nan")  # noqa: E731
     a, d16, d32 = att["float32"], dec["bfloat16"], dec["float32"]
     share = {v: time_shares(whole, v)["lm_attention"] for v in ("upstream", "patched")}
-    p = whole["params"]
+    p, ratio = whole["params"], whole_ratio(whole)
     return {
         f"attention fp32 at p={position}: exact / reference": val(call_ratio(a, "exact", "reference", position)),
         f"attention fp32 at p={position}: fast / reference": val(call_ratio(a, "fast", "reference", position)),
         f"decode step bf16 at p={position}: patched / upstream": val(step_ratio(d16, position)),
         f"decode step fp32 at p={position}: patched / upstream": val(step_ratio(d32, position)),
-        f"whole decode ({p['preset']}, {p['dtype']}, {p['steps']} steps, n={whole_ratio(whole).n}): patched / "
-        "upstream wall": whole_ratio(whole).value,
+        f"whole decode ({p['preset']}, {p['dtype']}, {p['steps']} steps, n={ratio.n}): patched / upstream wall":
+            ratio.value,
         "whole decode output bit-identical": whole["identical"],
         "LM decode attention share of wall time (upstream, patched)":
             f"{share['upstream']:.2f}, {share['patched']:.2f}",

@@ -26,17 +26,18 @@ CSS = ("body{font-family:system-ui,sans-serif;max-width:1100px;margin:2em auto;p
        "font-weight:600}img{max-width:240px;border:1px solid #ddd;margin:4px}code{background:#f6f6f6}")
 
 
-def _fresh(run: Run, targets: list) -> dict:
+def _fresh(run: Run, targets: list, judged: list, rows: Optional[list]) -> dict:
     """``{notebook stem: ({finding: value}, key or None)}`` that this code derives again from the run's records,
-    over what the notebook printed when it ran: 05's findings (else its targets met), 01's streams and #293."""
+    over what the notebook printed when it ran: 05's findings (else its targets met), 01's streams and #293.
+    ``targets``: the rows shown; ``judged``: :func:`run_targets` of ``run``; ``rows``: :func:`_diagnosis` of it."""
     out = {}
     try:
-        found = profiling.findings(run)
+        found = profiling.findings(run, judged)
         out["05_profiling"] = (found, profiling.headline_key(found))
     except ValueError:  # a run without 05's records (05 not run, or stopped): its targets met, where any
         if targets:
             out["05_profiling"] = ({TARGETS_MET: met_count(targets)}, None)
-    stream, rows = run.get("stream_profile", notebook="01_root_cause"), _diagnosis(run)
+    stream = run.get("stream_profile", notebook="01_root_cause")
     if stream:
         out["01_root_cause"] = ({**stream_findings(stream), **diagnosis_findings(rows)}, None)
     return out
@@ -92,13 +93,14 @@ def report_texts(run_dir, summary: dict) -> dict:
     """``{file name: text}`` of a run's ``claims_ledger.json``, ``index.html`` and ``summary.md``."""
     run_dir, run = Path(run_dir), load_run(run_dir)
     stored = run.get("targets")  # judged again from the records by this code; the stored record where none is left
-    targets = run_targets(run) or (stored["rows"] if stored else [])
-    env, verdicts, fresh = _environment(summary, run), _verdict_rows(targets), _fresh(run, targets)
-    full = claims_ledger(run_dir)
+    judged, rows = run_targets(run), _diagnosis(run)
+    targets = judged or (stored["rows"] if stored else [])
+    env, verdicts, fresh = _environment(summary, run), _verdict_rows(targets), _fresh(run, targets, judged, rows)
+    full = claims_ledger(run)
     ledger = [dict(r, evidence=short(r["evidence"], None)) for r in full]  # whole: an interval is never cut
     return {"claims_ledger.json": json.dumps(full, indent=1),
             "index.html": _index_html(run_dir, summary, env, verdicts, ledger, fresh),
-            "summary.md": _summary_md(run_dir, summary, env, verdicts, ledger, fresh)}
+            "summary.md": _summary_md(run_dir, summary, env, verdicts, ledger, fresh, reply_for_293(run, rows))}
 
 
 def write_report(run_dir, summary: dict) -> tuple:
@@ -163,7 +165,8 @@ def _index_html(run_dir: Path, summary: dict, env: dict, verdicts: list, ledger:
     return "\n".join(out)
 
 
-def _summary_md(run_dir: Path, summary: dict, env: dict, verdicts: list, ledger: list, fresh: dict) -> str:
+def _summary_md(run_dir: Path, summary: dict, env: dict, verdicts: list, ledger: list, fresh: dict,
+                reply: Optional[str]) -> str:
     lines = [f"## fastattn workbook: `{summary.get('run') or run_dir.name}` ({summary.get('status', '?')})", "",
              "Environment: " + ", ".join(f"{k} {fmt(v)}" for k, v in env.items()), ""]
     if verdicts:
@@ -174,7 +177,6 @@ def _summary_md(run_dir: Path, summary: dict, env: dict, verdicts: list, ledger:
     dtype = next((c for c in ledger if c["source"] == "voxcpm" and "dtype" in c["claim"]), None)
     if dtype and dtype["verdict"] in ("holds", "does not hold"):
         lines += ["### Which dtype to run on this machine", "", dtype["evidence"], ""]
-    reply = reply_for_293(run_dir)
     if reply:
         lines += ["### A reply for OpenBMB/VoxCPM #293 (from this run's 01)", "", reply, ""]
     if summary.get("plan"):
@@ -201,10 +203,11 @@ def _diagnosis(run: Run) -> Optional[list]:
         "device", "cpu"), kind("prompt_growth"), kind("consumer_contention"))
 
 
-def reply_for_293(run_dir: Path) -> Optional[str]:
-    """The #293 reply from a run's 01 records and the committed torch matrix; None without a stream."""
-    run = load_run(run_dir)
-    rows = _diagnosis(run)
+def reply_for_293(run_dir, rows: Optional[list] = None) -> Optional[str]:
+    """The #293 reply from a run's 01 records (a folder, or a :class:`Run` already loaded) and the committed torch
+    matrix; None without a stream. ``rows``: :func:`_diagnosis` of that run where the caller holds it."""
+    run = run_dir if isinstance(run_dir, Run) else load_run(run_dir)
+    rows = _diagnosis(run) if rows is None else rows
     if rows is None:
         return None
     stream = run.get("stream_profile", notebook="01_root_cause")

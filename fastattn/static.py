@@ -79,14 +79,14 @@ class Form(NamedTuple):
     fn: Callable          # (q, k, v, pos) -> (B, Hq, 1, D)
     label: str            # its letter in the issue and what it is
     window: bool          # the caller hands a bucketed window, not the whole cache
-    scalar_outputs: bool  # compiles into one graph only with capture_scalar_outputs (a host read per step)
+    scalar_outputs: bool  # compiled with capture_scalar_outputs: it reads the key length on the host each step
     graphs: str           # how many graphs a decode records
 
 
 FORMS = {f.name: f for f in (
     Form("slice_live", slice_live, "(a) SDPA over the exact slice (the public fix)", False, True,
-         "one dynamo graph only with capture_scalar_outputs, which upstream's optimize() does not set (fullgraph "
-         "refuses the host read without it); a host read per step, so no CUDA graph"),
+         "one dynamo graph, measured with capture_scalar_outputs=True (which upstream's optimize() does not set); "
+         "it reads the host each step, so CUDA graphs are expected to skip it (not measured: no GPU has run it)"),
     # (b) is (d)'s masked call over the bucketed window the caller hands (form_view)
     Form("bucketed_window", upstream_masked, "(b) bucketed window, mask kept", True, False,
          "at most 2 dynamo graphs; a CUDA graph per window (capacity / bucket at most)"),
@@ -109,7 +109,7 @@ def flex_available(device="cpu") -> Optional[str]:
 
 
 # --------------------------------------------------------------------------- calling a form as a decode does
-def layer_stack(fn: Callable, layers: int, tag: str) -> Callable:
+def layer_stack(fn: Callable, tag: str) -> Callable:
     """``stack(q, caches, pos)``: ``fn`` per layer, each output the next query, as a fresh code object named ``tag``:
     dynamo caches graphs per code object and ignores static addresses, so two stacks never share a graph."""
     def stack(q, caches, pos):
@@ -121,7 +121,7 @@ def layer_stack(fn: Callable, layers: int, tag: str) -> Callable:
 
 
 def compile_form(form: Form, mode: Optional[str] = None, layers: int = 1) -> Callable:
-    stack = layer_stack(form.fn, layers, f"{form.name}_x{layers}")
+    stack = layer_stack(form.fn, f"{form.name}_x{layers}")
     fn = torch.compile(stack, backend="inductor", fullgraph=True, dynamic=None if form.window else False, mode=mode)
     if not form.scalar_outputs:
         return fn

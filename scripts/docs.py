@@ -39,12 +39,13 @@ def generated() -> dict:
     block(root / "README.md", readme.findings_table(ref))
     block(root / "docs" / "results.md", readme.reference_findings(ref, results / readme.OTHER))
     block(root / "docs" / "install.md", prs.install_matrix(), prs.MATRIX_BEGIN, prs.MATRIX_END)
+    dtype_block, forms_block = readme.pr_tables(results)  # machines and forms in a maintainer's words
     for name in readme.PR_FILES:
         path = data / name
         if readme.DTYPE_BEGIN in path.read_text():
-            block(path, readme.dtype_machines(results), readme.DTYPE_BEGIN, readme.DTYPE_END)
+            block(path, dtype_block, readme.DTYPE_BEGIN, readme.DTYPE_END)
         if readme.FORMS_BEGIN in path.read_text():
-            block(path, readme.forms_machines(results), readme.FORMS_BEGIN, readme.FORMS_END)
+            block(path, forms_block, readme.FORMS_BEGIN, readme.FORMS_END)
     out.update({data / prs.PRS / name: text for name, text in prs.documents().items()})
     for kit, (_, diffs, _) in KITS.items():
         out[data / diffs["wheel"]] = upstream_diff("wheel", kit)

@@ -3,7 +3,8 @@
 # Needs Chromium (Debian: apt-get install chromium); make docs does not run it (no browser in make test).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-page="data/results/cpu-xeon-amx-2threads-torch2.13.0/index.html"
+reference="$(.venv/bin/python -c 'from tools.readme import REFERENCE; print(REFERENCE)')"  # the reference run's folder
+page="data/results/$reference/index.html"
 profile="$(mktemp -d)"
 trap 'rm -rf "$profile"' EXIT
 chromium --headless --no-sandbox --disable-gpu --disable-quic --no-first-run --disable-background-networking \

@@ -101,6 +101,22 @@ def test_doctor_cli():
     assert "cpu_capability" in format_doctor(info)  # the text form prints the same facts (one process is enough)
 
 
+def test_fastest_dtype_measured_reads_the_latest_save(tmp_path, monkeypatch):
+    import fastattn.doctor as doc
+    records = tmp_path / "20260101T000000Z-cpu" / "05_profiling" / "records"
+    records.mkdir(parents=True)
+    env = {"device": "cpu", "device_name": doc.cpu_name()}
+    for name, tag in (("dtype_decode.json", "first"), ("dtype_decode-2.json", "second")):  # x-2 sorts before x
+        (records / name).write_text(json.dumps({"kind": "dtype_decode", "env": env, "params": {}, "tag": tag}))
+    monkeypatch.setattr(doc, "reports_dir", lambda: tmp_path)
+    monkeypatch.setattr(doc, "dtype_recommendation", lambda rec, flags: {
+        "dtype": rec["tag"], "patched": False, "ratio": 0.5, "ratio_text": "0.50x (2 decodes)", "default": "bfloat16",
+        "decided": True})
+    line = doc.fastest_dtype_measured()
+    assert line.startswith("second: 0.50x (2 decodes) of voxcpm's default step (bfloat16)")
+    assert line.endswith("in run 20260101T000000Z-cpu")
+
+
 @cuda
 def test_cuda_masked_call_is_not_flash():
     q, k, v, m = decode_call(dtype=torch.bfloat16, device="cuda")

@@ -228,7 +228,21 @@ def test_peak_memory_reads_cudas_allocator_on_cuda(monkeypatch):
     from fastattn.bench import rss_probe
     calls = []
     monkeypatch.setattr(rss_probe.torch.cuda, "reset_peak_memory_stats", lambda *a: calls.append("reset"))
-    monkeypatch.setattr(rss_probe.torch.cuda, "max_memory_allocated", lambda *a: 123)
+    monkeypatch.setattr(rss_probe.torch.cuda, "max_memory_allocated", lambda *a: calls.append("peak") or 123)
     assert rss_probe.reset_peak("cuda:0") is True and calls == ["reset"]
-    assert rss_probe.peak("cuda:0") == 123
-    assert rss_probe.peak("cpu") != 123  # the CPU reads the process's VmHWM (None off Linux)
+    assert rss_probe.peak("cuda:0") == 123 and calls == ["reset", "peak"]
+    cpu = rss_probe.peak("cpu")  # the CPU reads the process's VmHWM (None off Linux), never the allocator
+    assert calls == ["reset", "peak"]
+    assert cpu is None or cpu > 0
+
+
+def test_trim_empties_cudas_cache_on_cuda_only(monkeypatch):
+    """bench.rss_probe.trim's CUDA branch, fed a fake allocator on CPU: a CUDA device's cache is handed back too."""
+    from fastattn.bench import rss_probe
+    calls = []
+    monkeypatch.setattr(rss_probe.torch.cuda, "empty_cache", lambda: calls.append("empty"))
+    rss_probe.trim("cpu")
+    rss_probe.trim()
+    assert calls == []
+    rss_probe.trim(torch.device("cuda", 0))
+    assert calls == ["empty"]

@@ -169,16 +169,17 @@ def test_the_amdahl_line_says_below_its_estimate_only_when_patched_is(patched_s,
     assert ("below that estimate" in line) is below
 
 
-@pytest.mark.parametrize("flags, capacity, verdict, count", [
-    ((True,) * 6, 8192, HOLDS, "6 of 6"), ((True,) * 6, 2048, PARTLY, "6 of 6"),
-    ((True,) * 5 + (False,), 2048, FAILS, "5 of 6")])
-def test_the_exactness_row_counts_calls_and_holds_only_at_the_claims_scale(flags, capacity, verdict, count):
-    """"Every position" is every one below voxcpm's 8192: a sweep of a smaller cache holds in part, and says so."""
+@pytest.mark.parametrize("flags, capacity, last, verdict, count", [
+    ((True,) * 6, 8192, 8191, HOLDS, "6 of 6"), ((True,) * 6, 2048, 511, PARTLY, "6 of 6"),
+    ((True,) * 6, 8192, 511, PARTLY, "6 of 6"), ((True,) * 5 + (False,), 2048, 511, FAILS, "5 of 6")])
+def test_the_exactness_row_counts_calls_and_holds_only_at_the_claims_scale(flags, capacity, last, verdict, count):
+    """"Every position" is every one below voxcpm's 8192: a sweep that stops short of it (whatever its cache's
+    capacity) holds in part, and says so."""
     from fastattn.claims import _default_exact
     rows = [{"dtype": dt, "position": p, "exact_identical": f}
-            for (dt, p), f in zip([(dt, p) for dt in ("bfloat16", "float32") for p in (0, 256, 511)], flags)]
+            for (dt, p), f in zip([(dt, p) for dt in ("bfloat16", "float32") for p in (0, 256, last)], flags)]
     got, evidence = _default_exact({"exactness_sweep": [{"rows": rows, "params": {"capacity": capacity}}]}, {})
-    assert got == verdict and f"exact == reference in {count} calls (3 positions 0-511 x bfloat16, float32, " \
+    assert got == verdict and f"exact == reference in {count} calls (3 positions 0-{last} x bfloat16, float32, " \
         f"capacity {capacity})" in evidence
     assert ("were not swept here" in evidence) is (verdict == PARTLY)
 

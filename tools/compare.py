@@ -10,6 +10,7 @@ from pathlib import Path
 from fastattn.bench.metrics import attention_record, headlines, kv_mb
 from fastattn.bench.records import load_run
 from fastattn.bench.stream import stream_verdicts
+from fastattn.bench.targets import target_records
 from fastattn.paths import atomic_write_text
 from fastattn.report import CSS
 from fastattn.tables import html_table, md_table
@@ -29,7 +30,8 @@ def _measures(run) -> dict:
             out[f"fast's implementation, {dt}"] = ", ".join(sorted(won))
         if att and "exact_granularity" in att["params"]:
             out[f"exact granularity, {dt}"] = str(att["params"]["exact_granularity"])
-    whole, kv = run.get("whole_decode"), run.get("kv_memory", dtype="bfloat16")
+    found = target_records(run)
+    whole, kv = found["whole"], found["kv"]
     if whole:
         out["whole decode output"] = "bit-identical" if whole["identical"] else "differs"
     if kv:

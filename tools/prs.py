@@ -338,7 +338,7 @@ FORM_WORDS = {"flex_decode": "FlexAttention with an in-graph block mask",
               "bucketed_window": "the masked call over a bucketed window", "upstream_masked": "today's masked call"}
 
 
-def _form_words(form: str) -> str:
+def form_words(form: str) -> str:
     return FORM_WORDS.get(form, form)
 
 
@@ -355,6 +355,13 @@ def _forms_winners() -> str:
             "worth on a GPU is not measured.")
 
 
+def _bf16_flags() -> str:
+    """The bf16 instruction flags /proc/cpuinfo can show (:data:`fastattn.devices.BF16_FLAGS`), as a list in words."""
+    from fastattn.devices import BF16_FLAGS
+    names = [f"`{f}`" for f in BF16_FLAGS]
+    return f"{', '.join(names[:-1])} or {names[-1]}" if len(names) > 1 else names[0]
+
+
 def fields() -> dict:
     """Every figure the PR templates (``data/upstream-prs/templates/``) print, by name."""
     from fastattn.upstream import LIVE_ERROR_BOUND
@@ -369,12 +376,12 @@ def fields() -> dict:
             "tests_live": "\n".join(tests["minicpm4_decode_attention"]), "repo": REPO,
             "dtype_table": dtype_machines(_results(), label).strip(), "dtype_seen": _dtype_seen(),
             "slice_evidence": _slice()[0], "live_bound": LIVE_ERROR_BOUND,
-            "forms_table": forms_machines(_results(), label, _form_words, noun="variant").strip(),
+            "forms_table": forms_machines(_results(), label, form_words, noun="variant").strip(),
             "slice_table": _slice_table(),
             "forms_winners": _forms_winners(), "matrix_sizes": _matrix_sizes(), "fp32_weights_x": _fp32_weights_x(),
             "forms_geometry": _forms_geometry(), "bench_table": bench_table(none="(none yet)"),
             **{f"bench_{k.replace('-', '_')}": _bench_rehearsal(k) for k in KITS},
-            "script_dtype": _script_line("cpu-dtype")}
+            "script_dtype": _script_line("cpu-dtype"), "bf16_flags": _bf16_flags()}
 
 
 def reply_293_text() -> str:

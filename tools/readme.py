@@ -254,7 +254,7 @@ def forms_answer(rec: dict, verdict: dict | None = None, name=_code) -> str:
     where = ("decided at every position" if v["decided"] else
              f"decided at {', '.join(map(str, v['decided_at'])) or 'no position'}"
              + "".join(f"; {name(f)} faster at {p}" for p, f in v["other_winners"].items()))
-    caveat = f"; {name(v['winner'])}: {FORMS[v['winner']].graphs}" if FORMS[v["winner"]].scalar_outputs else ""
+    caveat = f"; {FORMS[v['winner']].graphs}" if FORMS[v["winner"]].scalar_outputs else ""
     return (f"{name(v['winner'])}; {name(v['runner_up'])} takes {v['margin']:.2f}x its time (geometric mean; "
             f"{lo:.2f}x-{hi:.2f}x over positions {ps[0]}-{ps[-1]}), {where}{caveat}")
 
@@ -341,6 +341,14 @@ def replace_block(path: Path, block: str, begin: str = BEGIN, end: str = END) ->
 PR_FILES = ("upstream-PR.md",)
 
 
+def pr_tables(results: Path) -> tuple:
+    """(dtype block, forms block) of :data:`PR_FILES` in a maintainer's words: each machine by what it is, not its
+    results folder, and each form by what it does (:data:`tools.prs.FORM_WORDS`), not its key."""
+    from tools.prs import form_words  # here, not at the top: tools.prs imports this module
+    label = lambda folder, env: machine_name(env, folder)  # noqa: E731 - the machine, not the folder name
+    return dtype_machines(results, label), forms_machines(results, label, form_words)
+
+
 def main(argv=None) -> int:
     import argparse
     ap = argparse.ArgumentParser(prog="python -m tools.readme", description=__doc__.split("\n\n")[0])
@@ -354,10 +362,11 @@ def main(argv=None) -> int:
     replace_block(_readme(), block)
     replace_block(_results_md(), reference_findings(results / REFERENCE, results / OTHER))
     headline_figure(results / REFERENCE, results / HEADLINE)
+    dtype_block, forms_block = pr_tables(results)
     for name in PR_FILES:
         path = Path(data_dir()) / name
         if DTYPE_BEGIN in path.read_text():
-            replace_block(path, dtype_machines(results), DTYPE_BEGIN, DTYPE_END)
+            replace_block(path, dtype_block, DTYPE_BEGIN, DTYPE_END)
         if FORMS_BEGIN in path.read_text():
-            replace_block(path, forms_machines(results), FORMS_BEGIN, FORMS_END)
+            replace_block(path, forms_block, FORMS_BEGIN, FORMS_END)
     return 0

@@ -8,7 +8,7 @@ from typing import Optional, Sequence
 import torch
 
 from .. import fast as _fast
-from ..core import causal_mask, f64_attention, random_decode, sdpa
+from ..core import causal_mask, check_positions, f64_attention, random_decode, sdpa
 from ..devices import cpu_flags, dtype_name, resolve_device
 from ..devices import dtype_of as _dtype
 from ..exactness import exact_granularity
@@ -28,12 +28,11 @@ def attention_sweep(positions: Sequence[int], *, capacity: int = 8192, dtype="fl
                     progress: bool = True) -> dict:
     """One ``attention_step`` call per mode at each position (length = position + 1), interleaved. Rows: a timed
     row plus ``mode, position, length, window, max_err_f64, live_bytes, floor_ms, floor_meaningful, x_floor``.
-    ``caches`` > 1 rotates over that many K/V caches (36: every layer of both LMs) so each read is cold;
+    ``caches`` > 1: rotated over that many caches (36: every layer of both LMs); each row's ``floor_meaningful``
+    says whether they outgrow the last-level cache (None: its size unknown);
     ``gemm_floor`` (fp32): the grouped form's two bare GEMMs, the best torch's BLAS does with these bytes."""
     device, dt = resolve_device(device), _dtype(dtype)
-    for p in positions:
-        if not 0 <= p < capacity:
-            raise ValueError(f"positions must be in [0, capacity={capacity}), got {p}")
+    check_positions(positions, capacity, "capacity")
     bad = [m for m in modes if m not in MODES]
     if bad:
         raise ValueError(f"modes must be among {MODES}, got {bad}")

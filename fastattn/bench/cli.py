@@ -7,6 +7,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Optional
 
+from ..core import check_positive_int
 from ..devices import dtype_of, resolve_device
 from ..models import PRESETS
 from ..runner import Step, add_arguments, open_folder, run_steps, select
@@ -86,8 +87,8 @@ def _check_args(args):
     if args.preset is not None and args.preset not in PRESETS:
         raise ValueError(f"--preset must be one of {', '.join(PRESETS)}, got {args.preset!r}")
     for name in ("capacity", "steps", "repeats"):
-        if getattr(args, name) is not None and getattr(args, name) < 1:
-            raise ValueError(f"--{name} must be a positive int, got {getattr(args, name)}")
+        if getattr(args, name) is not None:
+            check_positive_int(getattr(args, name), f"--{name}")
     bad = [p for p in args.positions or () if not 0 <= p < args.capacity]
     if bad or args.positions == []:
         raise ValueError(f"--positions must be a non-empty list of positions in [0, capacity={args.capacity}), "

@@ -11,12 +11,11 @@ from typing import Optional, Sequence
 import numpy as np
 import torch
 
-from ..clock import rotated
+from ..clock import medians, rotated
 from ..models import build_voxcpm2, silence_progress
 from .records import env_record, record
 from .stats import ratio_ci
 from .stream import text_for, time_chunks
-from .timing import time_interleaved
 from .trend import resistant_slope
 
 CHUNK_SAMPLES = 7680  # one VoxCPM2 chunk: a 4-frame patch, 160 ms at 48 kHz
@@ -91,7 +90,7 @@ def stream_audio(preset: str = "small", chunks: int = 30, *, device="cpu", dtype
 
 def _time(fn, repeats: int) -> float:
     """Median ms of ``fn`` over ``repeats`` calls, no warm-up (a pattern's first call is part of its cost)."""
-    return statistics.median(time_interleaved({"fn": fn}, repeats=repeats, warmup=0)["fn"]) * 1e3
+    return medians({"fn": fn}, repeats=repeats, warmup=0)["fn"] * 1e3
 
 
 def consumer_matrix(chunks: Optional[Sequence] = None, *, at: Sequence[int] = AT, sr: int = SAMPLE_RATE,

@@ -26,10 +26,14 @@ class Timers:
 
     def __init__(self, device):
         self.device = torch.device(device)
-        self.cuda = self.device.type == "cuda"
         self.samples: dict = {}
         self.marks: list = []  # one per base-LM decode step, at its start: the loop's period is a step
         self.hosts: list = []  # the host counters at each mark (:func:`.noise.host_counters`)
+
+    @property
+    def cuda(self) -> bool:
+        """Whether the stamps are CUDA events (else perf_counter)."""
+        return self.device.type == "cuda"
 
     def mark(self, fn: Callable) -> Callable:
         def marked(*a, **k):
@@ -198,9 +202,7 @@ def dtype_decode(preset: str = "full", *, dtypes=("bfloat16", "float32"), steps:
                       "parameters": count_parameters(model), "peak_bytes": peak(device),
                       "peak_since": "this dtype's decodes" if reset else "the process's start", "decode": rec}
         del model
-        trim()  # hand the model's memory back: the next dtype's peak starts clean
-        if device.type == "cuda":
-            torch.cuda.empty_cache()
+        trim(device)  # hand the model's memory back: the next dtype's peak starts clean
         spent += time.perf_counter() - t0
     step_s = {d: statistics.median(quiet_steps(o["decode"], "upstream")[0]) for d, o in out.items()}
     params = {"preset": preset, "dtypes": list(dtypes), "steps": steps, "min_steps": min_steps,

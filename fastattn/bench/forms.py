@@ -36,7 +36,7 @@ def stack_sweep(variants: dict, positions, *, device, dtype, capacity: int, hq: 
     calls = {}
     for n, (form, comp, static, layers) in variants.items():
         q, caches = data[static]
-        fn = compile_form(FORMS[form], mode, layers) if comp else layer_stack(FORMS[form].fn, layers, n)
+        fn = compile_form(FORMS[form], mode, layers) if comp else layer_stack(FORMS[form].fn, n)
         calls[n] = form_caller(form, fn, q, caches[:layers], bucket, static=static, host=hosts[n])
     rows = []
     for p in progress_bar(positions, progress, f"forms {dtype_name(dtype)}"):

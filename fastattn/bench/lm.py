@@ -7,6 +7,7 @@ from typing import Optional, Sequence
 import torch
 
 from ..cache import RightSizedKVCache
+from ..core import check_positions
 from ..devices import dtype_name, quiet_native_stderr, resolve_device
 from ..devices import dtype_of as _dtype
 from ..forward import cache_granularity, slice_fix_functions
@@ -75,9 +76,7 @@ def decode_step_sweep(positions: Sequence[int], *, preset: str = "small", layers
     """One decode step, upstream vs patched (``exact``) and optionally the slice fix, interleaved. Rows per variant
     and position: a timed row, ``per_layer_ms``, ``bit_identical``, ``attention_in_step_ms`` (None on CUDA)."""
     device, dt = resolve_device(device), _dtype(dtype)
-    for p in positions:
-        if not 0 <= p < max_length:
-            raise ValueError(f"positions must be in [0, max_length={max_length}), got {p}")
+    check_positions(positions, max_length, "max_length")
     rows, cfg, D, caches, variants = _step_sweep(positions, preset, layers, dt, device, max_length, bucket, repeats,
                                                   warmup, seed, progress, f"decode step {dtype}", slice_fix=slice_fix)
     params = {"preset": preset, "layers": cfg.num_hidden_layers, "hidden": cfg.hidden_size,

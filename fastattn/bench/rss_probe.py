@@ -29,10 +29,13 @@ except (OSError, AttributeError):  # not glibc: nothing to hand back this way
     MALLOC_TRIM = None
 
 
-def trim() -> None:
+def trim(device="cpu") -> None:
+    """Hand retained memory back: reference cycles, then glibc's free lists, and CUDA's cache on a CUDA ``device``."""
     gc.collect()  # tensors held only by reference cycles go first
     if MALLOC_TRIM is not None:
         MALLOC_TRIM(0)
+    if torch.device(device).type == "cuda":
+        torch.cuda.empty_cache()
 
 
 def reset_peak(device="cpu") -> bool:

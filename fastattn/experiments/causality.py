@@ -7,6 +7,7 @@ from typing import Optional, Sequence
 import torch
 
 from ..cache import RightSizedKVCache
+from ..core import check_positions
 from ..devices import resolve_device
 from ..exactness import calibration_ladders  # noqa: F401 (03 shows the ladder)
 from ..masks import MaskInfo, attention
@@ -20,13 +21,12 @@ def exactness_sweep(positions: Sequence[int], *, capacity: int = 2048, dtypes=("
                     seed: int = 0) -> list[dict]:
     """Per dtype and position on random data: ``exact`` and ``fast`` vs ``reference`` (identical? distance), vs f64."""
     rows, dist = [], lambda a, b: (a.double() - b.double()).abs().max().item()
+    check_positions(positions, capacity, "capacity")
     for name in dtypes:
         dt = getattr(torch, name)
         g = torch.Generator().manual_seed(seed)
         k, v = (torch.randn(1, hkv, capacity, head_dim, generator=g).to(device=device, dtype=dt) for _ in range(2))
         for p in positions:
-            if not 0 <= p < capacity:
-                raise ValueError(f"positions must be in [0, capacity={capacity}), got {p}")
             q = torch.randn(1, hq, 1, head_dim, generator=g).to(device=device, dtype=dt)
             ref = attention_step(q, k, v, p + 1, mode="reference")
             ex = attention_step(q, k, v, p + 1, mode="exact", bucket=bucket)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from contextlib import nullcontext
+
 import torch
 
 from ..graphs import graph_counts, reset_graph_counts
@@ -63,24 +65,23 @@ def compile_demo(variant: str, *, steps: int = 160, bucket: int = 16, text: str 
         fns["MiniCPMAttention.forward_step"] = naive_slice_forward_step
     with swapped(fns if variant != "patched" else {}):
         model = build_voxcpm2("tiny", dtype="float32", seed=seed)
-        handle = patch_voxcpm(model, bucket=bucket) if variant == "patched" else None
         try:
-            def run():
-                torch.manual_seed(seed)
-                return model.generate(text, min_len=steps, max_len=steps, inference_timesteps=1)
-            eager = run()
-            torch._dynamo.reset()
-            reset_graph_counts()
-            model.base_lm.forward_step = torch.compile(model.base_lm.forward_step, backend="eager", fullgraph=True)
-            error, equal = None, None
-            try:
-                equal = bool(torch.equal(run(), eager))
-            except Exception as exc:
-                error = f"{type(exc).__name__}: {' '.join(str(exc).split())[:300]}"
-            length = model.base_lm.kv_cache.current_length
+            with patch_voxcpm(model, bucket=bucket) if variant == "patched" else nullcontext():
+                def run():
+                    torch.manual_seed(seed)
+                    return model.generate(text, min_len=steps, max_len=steps, inference_timesteps=1)
+                eager = run()
+                torch._dynamo.reset()
+                reset_graph_counts()
+                model.base_lm.forward_step = torch.compile(model.base_lm.forward_step, backend="eager",
+                                                           fullgraph=True)
+                error, equal = None, None
+                try:
+                    equal = bool(torch.equal(run(), eager))
+                except Exception as exc:
+                    error = f"{type(exc).__name__}: {' '.join(str(exc).split())[:300]}"
+                length = model.base_lm.kv_cache.current_length
         finally:
-            if handle is not None:
-                handle.revert()
             torch._dynamo.reset()
     return {"variant": variant, **graph_counts(), "error": error, "equal_to_eager": equal, "final_length": length,
             "buckets_touched": -(-length // bucket) if variant == "patched" else None}
