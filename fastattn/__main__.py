@@ -1,4 +1,5 @@
-"""``python -m fastattn {doctor,bench,workbook,budget,diff,gpu-check} ...``"""
+"""``python -m fastattn {run,doctor,bench,workbook,budget,diff,gpu-check} ...``: ``run`` is the runtime's; the
+others are the lab's, imported only when one of them runs."""
 
 from __future__ import annotations
 
@@ -6,12 +7,13 @@ import sys
 from importlib import import_module
 
 COMMANDS = {
-    "doctor": ("doctor", "print the environment that decides which attention kernel runs"),
-    "bench": ("bench", "run benchmark sweeps and write records"),
-    "workbook": ("workbook", "run the notebooks headless into a new reports/ folder"),
-    "budget": ("budget", "probe this machine and print the workbook's plan"),
-    "diff": ("upstream", "print (or --write) the upstream-ready diff against the installed voxcpm"),
-    "gpu-check": ("gpucheck", "validate the CUDA path in one command (--device cpu --quick tests the kit)"),
+    "run": ("run", "run a program with voxcpm patched in every Python process it starts"),
+    "doctor": ("lab.doctor", "print the environment that decides which attention kernel runs"),
+    "bench": ("lab.bench", "run benchmark sweeps and write records"),
+    "workbook": ("lab.workbook", "run the notebooks headless into a new reports/ folder"),
+    "budget": ("lab.budget", "probe this machine and print the workbook's plan"),
+    "diff": ("lab.upstream", "print (or --write) the upstream-ready diff against the installed voxcpm"),
+    "gpu-check": ("lab.gpucheck", "validate the CUDA path in one command (--device cpu --quick tests the kit)"),
 }
 
 

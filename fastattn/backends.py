@@ -17,7 +17,6 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 from .core import f64_attention
 from .devices import dtype_name, dtype_of, quiet_native_stderr, resolve_device
 from .exactness import exact_window
-from .tables import html_table
 
 #: aten ops that are attention kernels, by backend.
 KERNEL_OPS = {
@@ -73,7 +72,9 @@ class SDPAReport:
 
     def _repr_html_(self) -> str:
         cols = ("backend", "eligible", "torch's reason", "forced")
-        table = html_table([dict(zip(cols, r)) for r in self._rows()], cols, text=str)
+        cell = lambda tag, vals: "".join(f"<{tag}>{escape(str(v))}</{tag}>" for v in vals)  # noqa: E731
+        table = f"<table><tr>{cell('th', cols)}</tr>" + "".join(f"<tr>{cell('td', r)}</tr>" for r in self._rows()) \
+            + "</table>"
         notes = "".join(f"<li>{escape(n)}</li>" for n in self.notes)
         return (f"<div><b>SDPA call</b> {escape(self._call_line())}<br>"
                 f"<b>dispatcher picks:</b> {escape(self.backend)}<br>"

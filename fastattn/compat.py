@@ -48,7 +48,7 @@ def _broken_reason() -> str | None:
     existing = sys.modules.get("torchaudio")
     if existing is not None:
         return getattr(existing, "__fastattn_reason__", None)
-    if importlib.util.find_spec("torchaudio") is None:
+    if importlib.machinery.PathFinder.find_spec("torchaudio") is None:  # on sys.path: not fastattn_hook's placeholder
         return "torchaudio is not installed"
     try:
         importlib.import_module("torchaudio")

@@ -1,16 +1,14 @@
-"""Devices, dtypes and the environment facts every record carries."""
+"""Devices, dtypes, and the facts that decide which kernels run here (CPU features, toolchain)."""
 
 from __future__ import annotations
 
 import os
 import platform
 import shutil
-import subprocess
 import sys
 import sysconfig
 import warnings
 from contextlib import contextmanager, nullcontext
-from datetime import datetime, timezone
 from importlib.metadata import PackageNotFoundError, version
 from typing import Optional
 
@@ -142,19 +140,6 @@ def native_bf16(flags: Optional[dict] = None) -> Optional[bool]:
     return any(flags.get(n) for n in BF16_FLAGS) if flags else None
 
 
-def git_commit() -> str:
-    from .paths import repo_root
-    try:
-        root = repo_root()
-        sha = subprocess.run(["git", "rev-parse", "--short=12", "HEAD"], cwd=root, capture_output=True, text=True,
-                             timeout=10).stdout.strip()
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=root,
-                               capture_output=True, text=True, timeout=10).stdout.strip()
-        return (sha + ("-dirty" if dirty else "")) if sha else "unknown"
-    except Exception:  # noqa: BLE001 - no git, no checkout: the commit is unknown, not an error
-        return "unknown"
-
-
 def device_name(device) -> str:
     device = torch.device(device)
     return torch.cuda.get_device_name(device) if device.type == "cuda" else cpu_name()
@@ -170,21 +155,6 @@ def compile_toolchain(device="cpu") -> Optional[str]:
     missing = [] if found else [f"no {'C' if cuda else 'C++'} compiler (${var}, {' or '.join(names)})"]
     missing += [] if os.path.exists(header) else [f"no Python.h at {header} (the python3-dev package)"]
     return "; ".join(missing) + ": torch.compile cannot build here" if missing else None
-
-
-def env_facts(device="cpu", dtype=None) -> dict:
-    """What a record needs to be compared across boxes (voxcpm's version read safely: torch-only use works)."""
-    device = torch.device(device)
-    return {
-        "time_utc": datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
-        "torch": torch.__version__, "voxcpm": package_version("voxcpm"), "fastattn": package_version("fastattn"),
-        "git_commit": git_commit(), "device": str(device), "device_name": device_name(device),
-        "dtype": None if dtype is None else dtype_name(dtype_of(dtype)),
-        "threads": torch.get_num_threads(),
-        "cpu_capability": getattr(torch.backends.cpu, "get_cpu_capability", lambda: "unknown")(),
-        "cpu_features": cpu_features() if device.type == "cpu" else None,
-        "python": sys.version.split()[0],
-    }
 
 
 @contextmanager

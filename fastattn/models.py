@@ -17,7 +17,6 @@ import torch
 
 from . import compat
 from .devices import DTYPES, resolve_device
-from .paths import data_dir
 
 PRESETS = ("tiny", "small", "full")
 #: voxcpm's ``max_length``: the slots every LM's cache holds, and "every position" of a claim
@@ -25,8 +24,8 @@ MAX_LENGTH = 8192
 
 
 def architecture() -> dict:
-    """The architecture file as a dict (``full``, ``presets``, ``_provenance``)."""
-    return json.loads((data_dir() / "voxcpm2_architecture.json").read_text())
+    """The architecture file beside this module, as a dict (``full``, ``presets``, ``_provenance``)."""
+    return json.loads((Path(__file__).with_name("voxcpm2_architecture.json")).read_text())
 
 
 def _merge(base: dict, over: dict) -> dict:
@@ -129,7 +128,8 @@ def save_voxcpm2(model, path) -> Path:
     lm = {k: v for k, v in state.items() if not k.startswith("audio_vae.")}
     save_file(lm, str(p / "model.safetensors"))
     save_file(vae, str(p / "audiovae.safetensors"))
-    (p / "config.json").write_text(model.config.model_dump_json(indent=1))
+    config = {"architecture": "voxcpm2", **json.loads(model.config.model_dump_json())}  # VoxCPM() reads it
+    (p / "config.json").write_text(json.dumps(config, indent=1))
     tok.save_pretrained(str(p))
     return p
 

@@ -9,8 +9,8 @@ import sys
 from pathlib import Path
 from typing import Optional
 
-from fastattn.budget import SCALABLE, probe, probe_ms
-from fastattn.paths import atomic_write_text, data_dir
+from fastattn.lab.budget import SCALABLE, probe, probe_ms
+from fastattn.lab.paths import atomic_write_text, data_dir
 
 
 def calibrate(run_dirs, probe_rec: dict, path: Optional[Path] = None) -> dict:

@@ -14,12 +14,12 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tools/ beside fastattn/
 
-from fastattn.bench.records import load_run, record_texts  # noqa: E402
-from fastattn.bench.targets import run_targets  # noqa: E402
-from fastattn.paths import atomic_write_text, data_dir, repo_root  # noqa: E402
-from fastattn.report import report_texts  # noqa: E402
-from fastattn.upstream import KITS, upstream_diff  # noqa: E402
-from tools import prs, readme  # noqa: E402
+from fastattn.lab.bench.records import load_run, record_texts  # noqa: E402
+from fastattn.lab.bench.targets import run_targets  # noqa: E402
+from fastattn.lab.paths import atomic_write_text, data_dir, repo_root  # noqa: E402
+from fastattn.lab.report import report_texts  # noqa: E402
+from fastattn.lab.upstream import KITS, upstream_diff  # noqa: E402
+from tools import prs, readme, sources  # noqa: E402
 
 
 def _with_block(text: str, block: str, begin: str, end: str) -> str:
@@ -30,14 +30,14 @@ def _with_block(text: str, block: str, begin: str, end: str) -> str:
 def generated() -> dict:
     """``{path: text or PNG bytes}``: every generated file as the records and the code make it now."""
     root, data = Path(repo_root()), Path(data_dir())
-    results, ref = data / "results", data / "results" / readme.REFERENCE
+    results, ref = data / "results", data / "results" / sources.REFERENCE
     out: dict = {}
 
     def block(path: Path, text: str, begin: str = readme.BEGIN, end: str = readme.END) -> None:
         out[path] = _with_block(out.get(path) or path.read_text(), text, begin, end)
 
     block(root / "README.md", readme.findings_table(ref))
-    block(root / "docs" / "results.md", readme.reference_findings(ref, results / readme.OTHER))
+    block(root / "docs" / "results.md", readme.reference_findings(ref, results / sources.OTHER))
     block(root / "docs" / "install.md", prs.install_matrix(), prs.MATRIX_BEGIN, prs.MATRIX_END)
     dtype_block, forms_block = readme.pr_tables(results)  # machines and forms in a maintainer's words
     for name in readme.PR_FILES:
@@ -68,7 +68,7 @@ def stale(files: dict) -> list:
 
 def targets_rejudged() -> dict:
     """``{path: text}``: each committed run's ``targets`` record (JSON and CSV) judged again from its records by
-    today's rules (:func:`fastattn.bench.targets.run_targets`), its env and params kept. The reports read it."""
+    today's rules (:func:`fastattn.lab.bench.targets.run_targets`), its env and params kept. The reports read it."""
     out = {}
     for folder in sorted(p for p in (Path(data_dir()) / "results").iterdir() if (p / "summary.json").exists()):
         run = load_run(folder)

@@ -21,7 +21,7 @@ from pathlib import Path
 import torch
 
 import fastattn
-from fastattn.bench.records import env_record, record, save_record
+from fastattn.lab.bench.records import env_record, record, save_record
 
 ROOT = Path(__file__).resolve().parents[1]
 TEXT = "hello world this is a test sentence " * 12
@@ -41,7 +41,7 @@ def windows(dtype):
 
 
 def through_diff(dtype, granularity=None):
-    from fastattn.upstream import decode_with_diff
+    from fastattn.lab.upstream import decode_with_diff
     r = decode_with_diff("tiny", text=TEXT, steps=STEPS, dtype=dtype, seed=1, granularity=granularity)
     return {"identical": r["identical"], "max_abs_diff": r["max_abs_diff"], "capacity": r["diff_capacity"]}
 
@@ -65,7 +65,7 @@ def exact_patch(dtype):
 def kit_tests(_):
     import shutil
 
-    from fastattn.upstream import KITS, patched_copy
+    from fastattn.lab.upstream import KITS, patched_copy
     with tempfile.TemporaryDirectory() as tmp:
         root = patched_copy(Path(tmp), list(KITS), layout="src")
         shutil.copytree(ROOT / "data" / "upstream-tests", root / "tests")

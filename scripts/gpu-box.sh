@@ -51,12 +51,12 @@ PYTHON=$KIT
 if [ "${1:-}" = --install-only ]; then echo "[gpu-box] installed; the kit's Python: $PYTHON"; exit 0; fi
 # fastattn reads data/ and notebooks/ from its checkout; the wheel has neither. Where the fastattn that runs
 # here finds no checkout (and FASTATTN_ROOT is unset), use the copies built with the wheel.
-if [ -z "${FASTATTN_ROOT:-}" ] && ! "$PYTHON" -c 'from fastattn.paths import repo_root; repo_root()' 2>/dev/null; then
+if [ -z "${FASTATTN_ROOT:-}" ] && ! "$PYTHON" -c 'from fastattn.lab.paths import repo_root; repo_root()' 2>/dev/null; then
     export FASTATTN_ROOT=$WH/fastattn-root
 fi
 # In a checkout's root, `python -m` imports ./fastattn ahead of the installed wheel: this says which one runs.
 "$PYTHON" -c "import fastattn, voxcpm, librosa, papermill, nbconvert, ipykernel, ipywidgets, pydantic
-from fastattn.paths import repo_root
+from fastattn.lab.paths import repo_root
 print('[gpu-box] kit imports; torch', '$after', '| fastattn from', fastattn.__file__, '| data from', repo_root())"
 # Compiled kernels are kept across tries (a second try starts warm): inductor's and triton's caches live in
 # gpu-box-cache/ here unless set.

@@ -14,10 +14,10 @@ import sys
 import tempfile
 from pathlib import Path
 
-from fastattn.bench.records import env_record, record, save_record
-from fastattn.bench.stats import ratio_ci
-from fastattn.paths import data_dir
-from fastattn.upstream import apply_diff, patched_copy, pristine_copy
+from fastattn.lab.bench.records import env_record, record, save_record
+from fastattn.lab.bench.stats import ratio_ci
+from fastattn.lab.paths import data_dir
+from fastattn.lab.upstream import apply_diff, patched_copy, pristine_copy
 
 BEFORE = "1bc9cf7"  # the last commit whose live diff imported FlexAttention at module level
 PROBE = ("import resource, sys, time, torch, fastattn.compat as c; c.ensure_torchaudio(); t = time.perf_counter(); "

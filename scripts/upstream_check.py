@@ -20,9 +20,9 @@ import tempfile
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
-from fastattn.bench.records import env_record, record, save_record
-from fastattn.paths import data_dir
-from fastattn.upstream import KITS, SCRIPT_PATCHES, DiffError, apply_diff
+from fastattn.lab.bench.records import env_record, record, save_record
+from fastattn.lab.paths import data_dir
+from fastattn.lab.upstream import KITS, SCRIPT_PATCHES, DiffError, apply_diff
 
 
 def applies(tree: Path, kits, layout: str) -> dict:

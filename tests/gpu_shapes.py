@@ -21,9 +21,9 @@ import copy
 import json
 from pathlib import Path
 
-from fastattn.bench.memory import kv_memory
-from fastattn.bench.records import find_row, save_record
-from fastattn.bench.targets import check_targets
+from fastattn.lab.bench.memory import kv_memory
+from fastattn.lab.bench.records import find_row, save_record
+from fastattn.lab.bench.targets import check_targets
 
 REF = Path(__file__).resolve().parents[1] / "data" / "results" / "cpu-epyc-avx512-2threads-torch2.13.0"
 

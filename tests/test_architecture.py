@@ -2,6 +2,8 @@
 (underscore) name. Read from the source (ast), every import, at module level or inside a function."""
 
 import ast
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -68,15 +70,83 @@ def test_the_import_graph_has_no_cycle():
     assert not cycles, "\n".join(" -> ".join(c) for c in cycles)
 
 
-RUNTIME = ("core", "clock", "step", "modes", "masks", "exactness", "fast", "static", "cache", "patch", "forward")
+def runtime_files() -> list:
+    """The runtime: every module of fastattn outside ``fastattn.lab``."""
+    return sorted(p for p in PKG.rglob("*.py") if "lab" not in p.relative_to(PKG).parts)
 
 
-def test_no_runtime_module_imports_the_measuring_layer_or_a_notebooks_module():
-    """The runtime sits at the bottom: it times its own choices (fastattn.clock), never with fastattn.bench."""
-    bad = [f"{mod}:{line} imports {target}" for mod, edges in imports().items() if mod.split(".")[-1] in RUNTIME
-           and mod.count(".") == 1 for target, _, line in edges
-           if target.startswith(("fastattn.bench", "fastattn.experiments"))]
+#: what a notebook, a report or a plot needs: the runtime imports none of them (it depends on torch and voxcpm)
+NOTEBOOK_LIBRARIES = ("papermill", "nbconvert", "nbformat", "nbclient", "ipykernel", "ipywidgets", "IPython",
+                      "jupyter_client", "matplotlib", "yaml", "pandas")
+RUNTIME_LINES, PACKAGE_LINES = 3300, 10000
+
+
+def _third_party(path: Path) -> set:
+    tree = ast.parse(path.read_text())
+    names = {a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
+    names |= {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and not n.level and n.module}
+    return {n.split(".")[0] for n in names}
+
+
+def test_the_runtime_imports_no_lab_module():
+    """Not at module level, not inside a function: the lab sits above the runtime, never below it."""
+    runtime = {_module(p) for p in runtime_files()}
+    bad = [f"{mod}:{line} imports {target}" for mod, edges in imports().items() if mod in runtime
+           for target, _, line in edges if target.startswith("fastattn.lab")]
     assert not bad, "\n".join(bad)
+
+
+def test_the_runtime_imports_no_notebook_library():
+    bad = {_module(p): sorted(_third_party(p) & set(NOTEBOOK_LIBRARIES)) for p in runtime_files()}
+    assert not {m: libs for m, libs in bad.items() if libs}
+
+
+def test_the_runtime_fits_its_line_budget():
+    """A module a user or a maintainer reads in an hour; the whole package (the lab too) stays bounded."""
+    lines = lambda files: sum(len(p.read_text().splitlines()) for p in files)  # noqa: E731
+    assert lines(runtime_files()) <= RUNTIME_LINES, lines(runtime_files())
+    assert lines(PKG.rglob("*.py")) <= PACKAGE_LINES, lines(PKG.rglob("*.py"))
+
+
+def test_importing_fastattn_loads_no_lab_module():
+    code = "import sys, fastattn; print(sorted(m for m in sys.modules if m.startswith('fastattn.lab')))"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]", out
+
+
+@pytest.mark.parametrize("name", __import__("fastattn").MOVED)
+def test_each_moved_name_is_the_lab_module_itself_with_a_warning(name):
+    """The old names (``fastattn.bench``, ``import fastattn.bench.records``) work for one release, and warn."""
+    import importlib
+
+    import fastattn
+    lab = importlib.import_module(f"fastattn.lab.{name}")
+    with pytest.warns(DeprecationWarning, match=f"fastattn.lab.{name}"):
+        assert getattr(fastattn, name) is lab
+    sub = next((f"{name}.{p.stem}" for p in sorted((PKG / "lab" / name).glob("[a-z]*.py"))), None)
+    if sub:  # a moved folder: its modules import by the old dotted name, as the same objects
+        with pytest.warns(DeprecationWarning):
+            old = importlib.import_module(f"fastattn.{sub}")
+        assert old is importlib.import_module(f"fastattn.lab.{sub}") and old.__spec__.name == f"fastattn.lab.{sub}"
+
+
+def test_upstream_diff_is_re_exported_with_a_warning():
+    import fastattn
+    from fastattn.lab.upstream import upstream_diff
+    with pytest.warns(DeprecationWarning, match="fastattn.lab.upstream"):
+        assert fastattn.upstream_diff is upstream_diff
+
+
+def test_tools_import_each_other_without_a_cycle():
+    tools = PKG.parent / "tools"
+    graph = {p.stem: {n.module.split(".")[1] for n in ast.walk(ast.parse(p.read_text()))
+                      if isinstance(n, ast.ImportFrom) and (n.module or "").startswith("tools.")}
+             | {a.name for n in ast.walk(ast.parse(p.read_text())) if isinstance(n, ast.ImportFrom)
+                and n.module == "tools" for a in n.names} for p in tools.glob("*.py")}
+
+    def reaches(a, b, seen=()):
+        return any(n == b or (n not in seen and reaches(n, b, (*seen, n))) for n in graph.get(a, ()))
+    assert not [m for m in graph if reaches(m, m)]
 
 
 def test_no_module_is_shadowed_by_a_function():
@@ -85,6 +155,7 @@ def test_no_module_is_shadowed_by_a_function():
     import fastattn
     modules = {p.stem for p in PKG.glob("*.py") if p.stem != "__init__"} | {p.name for p in PKG.iterdir()
                                                                             if (p / "__init__.py").exists()}
+    modules |= set(fastattn.MOVED)  # the old names of lab modules are theirs too
     assert not modules & set(fastattn.__all__), modules & set(fastattn.__all__)
     assert all(hasattr(fastattn, n) for n in fastattn.__all__)
 
@@ -92,6 +163,6 @@ def test_no_module_is_shadowed_by_a_function():
 def test_only_notebooks_import_the_notebooks_modules():
     """``experiments/`` holds what exactly one notebook needs: no module outside it imports it."""
     bad = [f"{mod}:{line} imports {target}" for mod, edges in imports().items()
-           if not mod.startswith("fastattn.experiments") for target, _, line in edges
-           if target.startswith("fastattn.experiments")]
+           if not mod.startswith("fastattn.lab.experiments") for target, _, line in edges
+           if target.startswith("fastattn.lab.experiments")]
     assert not bad, "\n".join(bad)

@@ -7,17 +7,17 @@ import argparse
 import sys
 from pathlib import Path
 
-from fastattn.bench.metrics import attention_record, headlines, kv_mb
-from fastattn.bench.records import load_run
-from fastattn.bench.stream import stream_verdicts
-from fastattn.bench.targets import target_records
-from fastattn.paths import atomic_write_text
-from fastattn.report import CSS
-from fastattn.tables import html_table, md_table
+from fastattn.lab.bench.metrics import attention_record, headlines, kv_mb
+from fastattn.lab.bench.records import load_run
+from fastattn.lab.bench.stream import stream_verdicts
+from fastattn.lab.bench.targets import target_records
+from fastattn.lab.paths import atomic_write_text
+from fastattn.lab.report import CSS
+from fastattn.lab.tables import html_table, md_table
 
 
 def _measures(run) -> dict:
-    """The headline measures one machine's records hold (:data:`fastattn.bench.metrics.HEADLINES`, then what
+    """The headline measures one machine's records hold (:data:`fastattn.lab.bench.metrics.HEADLINES`, then what
     ``fast`` chose, the cache growth and the stream verdicts); absent ones are simply missing."""
     out = {k: f.text() for k, f in headlines(run).items()}
     for dt in ("float32", "bfloat16"):

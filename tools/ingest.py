@@ -10,9 +10,9 @@ import json
 from pathlib import Path
 from typing import Optional
 
-from fastattn.bench.records import save_record
 from fastattn.devices import machine_label
-from fastattn.paths import data_dir
+from fastattn.lab.bench.records import save_record
+from fastattn.lab.paths import data_dir
 
 __all__ = ["KIND", "check_bench", "bench_row", "bench_table", "ingest", "main"]
 

@@ -1,7 +1,7 @@
 """The three upstream PRs, the comment for PR #395 and the reply to #293, written from committed records.
 
 The texts are templates (``data/upstream-prs/templates/*.md``) filled with :func:`fields`; the reply is
-:func:`fastattn.diagnosis.reply_293`'s. ``python -m tools.prs`` prints them; ``--write`` writes
+:func:`fastattn.lab.diagnosis.reply_293`'s. ``python -m tools.prs`` prints them; ``--write`` writes
 ``data/upstream-prs/*.md``, which a test checks are current. Each figure comes from one function reading
 ``data/results/``: :func:`machine_rows` (the right-sized decode per machine), :func:`matrix_rows` (the exactness
 contract per torch), :func:`upstream_check` (the diffs on upstream's trees, upstream's own tests),
@@ -15,15 +15,15 @@ import re
 from pathlib import Path
 from typing import Optional
 
-from fastattn.bench.metrics import kv_mb, matrix_rows, newest, slice_backend, slice_evidence, whole_ratio
-from fastattn.bench.records import load_record
-from fastattn.bench.stats import YES, pct, verdict
-from fastattn.bench.stream import stream_trends
-from fastattn.paths import data_dir
-from fastattn.report import reply_for_293
-from fastattn.upstream import KITS
+from fastattn.lab.bench.metrics import kv_mb, matrix_rows, newest, slice_backend, slice_evidence, whole_ratio
+from fastattn.lab.bench.records import load_record
+from fastattn.lab.bench.stats import YES, pct, verdict
+from fastattn.lab.bench.stream import stream_trends
+from fastattn.lab.paths import data_dir
+from fastattn.lab.report import reply_for_293
+from fastattn.lab.upstream import KITS
 from tools.ingest import bench_table
-from tools.readme import REFERENCE, machine_name, records
+from tools.sources import REFERENCE, form_words, machine_name, machines_with, records
 
 __all__ = ["machine_rows", "matrix_rows", "upstream_check", "slice_evidence", "math_versions", "fields",
            "documents", "main", "REPO"]
@@ -56,7 +56,7 @@ DIFF_BUCKET = 512
 
 def _machines() -> list:
     """Every machine folder under data/results with a whole decode of this diff's design, by
-    :func:`tools.readme.records`."""
+    :func:`tools.sources.records`."""
     folders = [f for f in sorted(_results().iterdir()) if f.is_dir()]
     return [(f, r) for f, r in ((f, records(f)) for f in folders) if r["whole"] and r["targets"]
             and r["kv"] and r["kv"]["params"].get("bucket") == DIFF_BUCKET]
@@ -94,7 +94,7 @@ def _whole_cell(r: dict) -> str:
 
 
 def _ratio(t) -> str:
-    """A target row or a :class:`fastattn.bench.metrics.Figure` as the PR quotes it."""
+    """A target row or a :class:`fastattn.lab.bench.metrics.Figure` as the PR quotes it."""
     value, ci, n = (t.value, t.ci, t.n) if hasattr(t, "value") else (
         t["measured"], (t["ci_low"], t["ci_high"]) if t.get("ci_low") is not None else None, t.get("n"))
     return f"{value:.2f}x" + (f" [{ci[0]:.2f}, {ci[1]:.2f}], n={n}" if ci else " (no interval recorded)")
@@ -241,7 +241,7 @@ def _applies() -> str:
 
 def _stream_line() -> str:
     """What the reference stream says of #293, its words chosen by the ledger's verdict on it."""
-    from fastattn.claims import claims_ledger
+    from fastattn.lab.claims import claims_ledger
     ref = _results() / REFERENCE
     s, verdict = records(ref)["stream"], next(x for x in claims_ledger(ref) if x["claim"].endswith("(#293)"))["verdict"]
     six, p = s["sixths"], s["params"]
@@ -270,8 +270,8 @@ def _machine_table() -> str:
 
 
 def _dtype_seen() -> str:
-    from fastattn.bench.decode import dtype_table
     from fastattn.devices import cpu_features, native_bf16
+    from fastattn.lab.bench.decode import dtype_table
 
     def fp32_ci(rec):  # float32's step over the default's, 95% interval
         row = next(x for x in dtype_table(rec) if (x["dtype"], x["variant"]) == ("float32", "upstream"))
@@ -312,7 +312,7 @@ def _matrix_sizes() -> str:
 
 def _fp32_weights_x() -> float:
     """float32's weights over voxcpm's default dtype's, the largest over the machines' dtype records."""
-    from fastattn.bench.decode import dtype_table
+    from fastattn.lab.bench.decode import dtype_table
     xs = []
     for _, r in _machines():
         if r["dtypes"]:
@@ -323,7 +323,6 @@ def _fp32_weights_x() -> float:
 
 def _forms_geometry() -> str:
     """The head geometry the forms records ran (one for all)."""
-    from tools.readme import machines_with
     geo = {(r["params"]["hq"], r["params"]["hkv"], r["params"]["head_dim"], r["params"]["capacity"])
            for dt in ("bfloat16", "float32") for _, r in machines_with(_results(), "decode_forms", dtype=dt)}
     if len(geo) != 1:
@@ -333,19 +332,9 @@ def _forms_geometry() -> str:
 
 
 #: the compiled forms as a VoxCPM maintainer would name them (the workbook's own names stay out of the PR)
-FORM_WORDS = {"flex_decode": "FlexAttention with an in-graph block mask",
-              "slice_live": "SDPA over the slice (`.item()` + `torch._check`)",
-              "bucketed_window": "the masked call over a bucketed window", "upstream_masked": "today's masked call"}
-
-
-def form_words(form: str) -> str:
-    return FORM_WORDS.get(form, form)
-
-
 def _forms_winners() -> str:
     """How often this PR's form won the compiled-forms records (one per machine and dtype)."""
-    from fastattn.bench.forms import form_verdict
-    from tools.readme import machines_with
+    from fastattn.lab.bench.forms import form_verdict
     recs = [r for dt in ("bfloat16", "float32") for _, r in machines_with(_results(), "decode_forms", dtype=dt)]
     won = sum(form_verdict(r)["winner"] == "flex_decode" for r in recs)
     if won == len(recs):
@@ -364,7 +353,7 @@ def _bf16_flags() -> str:
 
 def fields() -> dict:
     """Every figure the PR templates (``data/upstream-prs/templates/``) print, by name."""
-    from fastattn.upstream import LIVE_ERROR_BOUND
+    from fastattn.lab.upstream import LIVE_ERROR_BOUND
     from tools.readme import dtype_machines, forms_machines
     label = lambda folder, env: machine_name(env, folder)  # noqa: E731 - a machine in upstream's words, not a folder name
     tests = {k: _tests_line(f"test_{k}.py") for k in ("minicpm4_right_sized_cache", "cpu_dtype_override",
@@ -421,7 +410,7 @@ def main(argv=None) -> int:
     ap.add_argument("--write", action="store_true", help=f"write data/{PRS}/*.md")
     args = ap.parse_args(argv)
     if args.write:
-        from fastattn.paths import repo_root
+        from fastattn.lab.paths import repo_root
         from tools.readme import replace_block
         replace_block(repo_root() / "docs" / "install.md", install_matrix(), MATRIX_BEGIN, MATRIX_END)
     for name, text in documents().items():

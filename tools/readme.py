@@ -1,7 +1,7 @@
 """README's findings table, headline figure and ``docs/results.md``, written from the committed reference run
 (never typed by hand). ``python -m tools.readme`` prints README's block; ``--write`` rewrites the blocks between
 their markers in README.md, docs/results.md and the PR files, and ``data/results/headline.png``. Tests fail when
-any of them and the records disagree. Records are found by kind and params (:func:`fastattn.bench.load_run`), so a
+any of them and the records disagree. Records are found by kind and params (:func:`fastattn.lab.bench.load_run`), so a
 workbook run folder and a flat record folder read alike."""
 
 from __future__ import annotations
@@ -9,7 +9,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Optional
 
-from fastattn.bench.metrics import (
+from fastattn.devices import cpu_features, runtime_dtype
+from fastattn.lab.bench.metrics import (
     HEADLINES,
     attention_free_ratio,
     attention_share,
@@ -24,41 +25,20 @@ from fastattn.bench.metrics import (
     time_shares,
     whole_ratio,
 )
-from fastattn.bench.records import find_row, load_run
-from fastattn.bench.stream import stream_verdicts
-from fastattn.bench.targets import met_count, run_targets, target_records
-from fastattn.claims import claims_ledger, math_fallback_reason
-from fastattn.devices import cpu_features, machine_label, runtime_dtype
-from fastattn.paths import data_dir, repo_root
+from fastattn.lab.bench.records import find_row, load_run
+from fastattn.lab.bench.stream import stream_verdicts
+from fastattn.lab.bench.targets import met_count
+from fastattn.lab.claims import claims_ledger, math_fallback_reason
+from fastattn.lab.paths import data_dir, repo_root
 from fastattn.static import FORMS
 from tools.ingest import bench_table
+from tools.sources import OTHER, REFERENCE, form_words, machine_name, machines_with, records
 
 BEGIN, END = "<!-- findings:begin -->", "<!-- findings:end -->"
 DTYPE_BEGIN, DTYPE_END = "<!-- dtype:begin -->", "<!-- dtype:end -->"
 FORMS_BEGIN, FORMS_END = "<!-- forms:begin -->", "<!-- forms:end -->"
-REFERENCE = "cpu-xeon-amx-2threads-torch2.13.0"
-OTHER = "cpu-epyc-avx512-2threads-torch2.13.0"
 HEADLINE = "headline.png"
 MATRIX_CASE = "upstream: bool mask over full cache + GQA"
-
-
-def records(ref: Path) -> dict:
-    """The reference run's records by role (None where the run lacks one)."""
-    run = load_run(ref)
-    found = target_records(run)
-    stored = run.get("targets")  # its env names the machine; its rows are judged again by this code
-    return {"run": run, "targets": stored and {**stored, "rows": run_targets(run) or stored["rows"]},
-            "stream": run.get("stream_profile"), "whole": found["whole"], "kv": found["kv"],
-            "matrix": run.get("backend_matrix"), "ladder": run.get("exactness_calibration"),
-            "att32": found["attention_fp32"], "cold": found["attention_fp32_cold"], "costs": run.get("dtype_costs"),
-            "rss": run.get("peak_rss"), "growth": found["growth"], "comp": run.get("compiled_step"),
-            "dec32": found["decode_fp32"], "dtypes": found["dtypes"],
-            "forms": run.get("decode_forms", dtype="bfloat16")}
-
-
-def machine_name(env: dict, folder: Optional[Path] = None) -> str:
-    """The machine named by what decides its kernels (the CPU features a record of ``folder`` holds)."""
-    return load_run(folder).machine(env) if folder else machine_label(env)
 
 
 def _kernel(r: dict) -> tuple:
@@ -188,7 +168,7 @@ def _compiled(r: dict) -> Optional[str]:
 def reference_findings(ref: Path, other: Optional[Path] = None) -> str:
     """docs/results.md's block: every finding of the reference run in one table (figure, interval, n), the
     claims ledger, and the machines side by side (``other``: a second machine's records)."""
-    from fastattn.tables import md_table
+    from fastattn.lab.tables import md_table
     from tools.compare import compare, compare_markdown
     r = records(ref)
     run, t = r["run"], {x["id"]: x for x in r["targets"]["rows"]}
@@ -241,10 +221,10 @@ def _code(form: str) -> str:
 
 
 def forms_answer(rec: dict, verdict: dict | None = None, name=_code) -> str:
-    """One line from a ``decode_forms`` record (and its :func:`~fastattn.bench.forms.form_verdict`,
+    """One line from a ``decode_forms`` record (and its :func:`~fastattn.lab.bench.forms.form_verdict`,
     computed here where not given): the winner, the runner-up's time over it, decided or not. ``name(form)``
     writes a form's name."""
-    from fastattn.bench.forms import form_verdict
+    from fastattn.lab.bench.forms import form_verdict
     v = verdict or form_verdict(rec)
     if v["runner_up"] is None:
         return f"{name(v['winner'])} (the only eligible form)" if v["winner"] else "no eligible form"
@@ -259,12 +239,6 @@ def forms_answer(rec: dict, verdict: dict | None = None, name=_code) -> str:
             f"{lo:.2f}x-{hi:.2f}x over positions {ps[0]}-{ps[-1]}), {where}{caveat}")
 
 
-def machines_with(results: Path, kind: str, **params) -> list:
-    """``[(folder, record)]``: each machine folder under ``results`` with a record of ``kind``."""
-    out = [(f, load_run(f).get(kind, **params)) for f in sorted(p for p in results.iterdir() if p.is_dir())]
-    return [(f, r) for f, r in out if r is not None]
-
-
 def _folder_label(folder: Path, env: dict) -> str:
     """A committed machine folder by its name and the machine its records name, CPU features included."""
     return f"`{folder.name}`: {load_run(folder).machine(env)}"
@@ -276,7 +250,7 @@ def forms_machines(results: Path, label=_folder_label, name=_code, noun: str = "
     found = [x for dt in ("bfloat16", "float32") for x in machines_with(results, "decode_forms", dtype=dt)]
     if not found:
         return "No machine has a `decode_forms` record yet.\n"
-    from fastattn.bench.forms import form_verdict
+    from fastattn.lab.bench.forms import form_verdict
     out = [f"| machine | dtype | fastest compiled {noun}, margin | its max error vs float64 (upstream's) |",
            "|---|---|---|---|"]
     for folder, rec in sorted(found, key=lambda x: (x[0].name, x[1]["params"]["dtype"])):
@@ -306,12 +280,12 @@ def dtype_machines(results: Path, label=_folder_label) -> str:
 
 def headline_figure(ref: Path, path: Path) -> Path:
     """README's figure: a real-width decode step's cost against position in bf16, upstream and the fix (the
-    reference run's bf16 decode-step sweep), drawn by :func:`fastattn.plots.decode_step`."""
+    reference run's bf16 decode-step sweep), drawn by :func:`fastattn.lab.plots.decode_step`."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from fastattn.plots import decode_step
+    from fastattn.lab.plots import decode_step
     fig = decode_step(load_run(ref).get("decode_step", dtype="bfloat16"))
     fig.savefig(path, dpi=90, bbox_inches="tight", metadata={"Software": None})
     plt.close(fig)
@@ -343,8 +317,7 @@ PR_FILES = ("upstream-PR.md",)
 
 def pr_tables(results: Path) -> tuple:
     """(dtype block, forms block) of :data:`PR_FILES` in a maintainer's words: each machine by what it is, not its
-    results folder, and each form by what it does (:data:`tools.prs.FORM_WORDS`), not its key."""
-    from tools.prs import form_words  # here, not at the top: tools.prs imports this module
+    results folder, and each form by what it does (:data:`tools.sources.FORM_WORDS`), not its key."""
     label = lambda folder, env: machine_name(env, folder)  # noqa: E731 - the machine, not the folder name
     return dtype_machines(results, label), forms_machines(results, label, form_words)
 

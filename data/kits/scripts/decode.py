@@ -1,4 +1,4 @@
-"""Decode through a patched copy of voxcpm (fastattn.upstream.decode_with_diff runs this in a fresh process).
+"""Decode through a patched copy of voxcpm (fastattn.lab.upstream.decode_with_diff runs this in a fresh process).
 
 argv: root preset dtype text steps seed device [granularity] out; saves {"wav", "capacity", "length"} to out.
 A granularity forces the cache's (StaticKVCache's default otherwise).

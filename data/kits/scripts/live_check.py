@@ -1,4 +1,4 @@
-"""The decode-attention kit's decodes and step errors (fastattn.upstream.live_decode_check runs this in a fresh
+"""The decode-attention kit's decodes and step errors (fastattn.lab.upstream.live_decode_check runs this in a fresh
 process that imports a patched copy of voxcpm).
 
 argv: root preset dtype text steps seed device lengths(json) out. Saves the waveforms of whole decodes "masked",

@@ -1,0 +1,1 @@
+"""Tests of fastattn's runtime (the package's top level)."""
