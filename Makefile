@@ -26,7 +26,8 @@ $(STAMP): $(BIN)/python requirements.txt requirements-voxcpm.txt pyproject.toml
 	$(BIN)/python -m pip install --quiet -r requirements.txt
 	$(BIN)/python -m pip install --quiet --no-deps -r requirements-voxcpm.txt
 	$(BIN)/python -m pip install --quiet --no-deps -e .
-	$(BIN)/python -c "import fastattn, voxcpm; print('fastattn', fastattn.__version__, '| voxcpm import ok')"
+	$(BIN)/python -c "from fastattn.run import write_pth; print('wrote', write_pth())"
+	$(BIN)/python -c "import voxcpm, fastattn; print('fastattn', fastattn.__version__, '| voxcpm import ok')"
 	touch $(STAMP)
 
 setup: $(STAMP)
@@ -34,7 +35,7 @@ setup: $(STAMP)
 workbook: $(STAMP)
 	$(BIN)/python -m fastattn workbook $(ARGS)
 
-LINT = $(BIN)/ruff check fastattn tools tests data/upstream-tests data/kits scripts/voxcpm_decode_bench.py scripts/docs.py
+LINT = $(BIN)/ruff check fastattn tools tests data/upstream-tests data/kits data/programs scripts/voxcpm_decode_bench.py scripts/docs.py
 
 test: $(STAMP)
 	$(LINT)

@@ -10,8 +10,8 @@ import json
 from pathlib import Path
 from typing import Optional
 
-from fastattn.devices import machine_label
 from fastattn.lab.bench.records import save_record
+from fastattn.lab.machine import machine_label
 from fastattn.lab.paths import data_dir
 
 __all__ = ["KIND", "check_bench", "bench_row", "bench_table", "ingest", "main"]

@@ -1,35 +1,48 @@
-"""The three upstream PRs, the comment for PR #395 and the reply to #293, written from committed records.
+"""The four upstream PRs (the bench first), the comment for PR #395 and the reply to #293, written from committed
+records.
 
 The texts are templates (``data/upstream-prs/templates/*.md``) filled with :func:`fields`; the reply is
 :func:`fastattn.lab.diagnosis.reply_293`'s. ``python -m tools.prs`` prints them; ``--write`` writes
-``data/upstream-prs/*.md``, which a test checks are current. Each figure comes from one function reading
-``data/results/``: :func:`machine_rows` (the right-sized decode per machine), :func:`matrix_rows` (the exactness
-contract per torch), :func:`upstream_check` (the diffs on upstream's trees, upstream's own tests),
-:func:`slice_evidence` (the slice fix under ``fullgraph``); the dtype and forms tables are
-:mod:`tools.readme`'s.
+``data/upstream-prs/*.md``, which a test checks are current and within :data:`BUDGETS`. Each figure comes from one
+function reading ``data/results/``: :func:`machine_rows` (the right-sized decode per machine), :func:`matrix_rows`
+(the exactness contract per torch), :func:`upstream_check` (the diffs on upstream's trees, upstream's own tests, the
+bench run on each PR), :func:`slice_evidence` (the slice fix under ``fullgraph``), the ``dtype_decode`` and
+``decode_forms`` records per machine, and ``wrapped_programs`` (upstream's CLI and a streaming service).
 """
 
 from __future__ import annotations
 
 import re
+import statistics
 from pathlib import Path
-from typing import Optional
 
-from fastattn.lab.bench.metrics import kv_mb, matrix_rows, newest, slice_backend, slice_evidence, whole_ratio
+from fastattn.lab.bench.metrics import kv_mb, matrix_rows, newest, slice_evidence, whole_ratio
 from fastattn.lab.bench.records import load_record
-from fastattn.lab.bench.stats import YES, pct, verdict
-from fastattn.lab.bench.stream import stream_trends
+from fastattn.lab.bench.stats import quiet
+from fastattn.lab.diagnosis import fix_evidence
 from fastattn.lab.paths import data_dir
 from fastattn.lab.report import reply_for_293
-from fastattn.lab.upstream import KITS
-from tools.ingest import bench_table
-from tools.sources import REFERENCE, form_words, machine_name, machines_with, records
+from fastattn.lab.upstream import FIX_KITS, KITS, REPO_FILES, TEST_PATCHES
+from tools.sources import REFERENCE, machine_name, machines_with, records
 
 __all__ = ["machine_rows", "matrix_rows", "upstream_check", "slice_evidence", "math_versions", "fields",
-           "documents", "main", "REPO"]
+           "documents", "main", "BUDGETS", "words", "PLACEHOLDERS"]
 
-REPO = "<link to this repository>"  # set where the PRs are posted: the records, kits and method live there
 PRS = "upstream-prs"
+#: each text's word budget (:func:`words`); the reply's holds for each language. PR 1, PR 2 and the reply per
+#: issue 56; the bench PR, PR 3 and the #395 comment: what their content needs and no more
+BUDGETS = {"0-decode-bench.md": 400, "1-right-sized-decode.md": 500, "2-cpu-dtype.md": 350,
+           "3-live-decode-attention.md": 600, "comment-395.md": 350, "reply-293.md": 400}
+#: what no text may carry: a link nobody can fill, a table row that says nothing
+PLACEHOLDERS = ("<link to this repository>", "(none yet)")
+
+
+def words(text: str) -> int:
+    """Words as a reader counts them: whitespace-separated tokens with a letter or digit (a table's pipes and rules
+    are not words), and Chinese at two characters a word."""
+    cjk = len(re.findall(r"[\u4e00-\u9fff]", text))
+    rest = re.sub(r"[\u3000-\u303f\u4e00-\u9fff\uff00-\uffef]", " ", text)
+    return sum(bool(re.search(r"\w", w)) for w in rest.split()) + (cjk + 1) // 2
 
 
 def _results() -> Path:
@@ -113,56 +126,48 @@ def _window_runs() -> dict:
     return runs
 
 
-def _forced_cell(version: str, newest: Optional[bool]) -> str:
-    """The newest record's verdict, unless an earlier run of that torch differed: then how many of all did."""
-    runs = _window_runs().get(version, [])
-    bad = sum(not r.get("identical") for r in runs)
-    if newest is None or not bad:
-        return {True: "yes", False: "**no**", None: "not run"}[newest]
-    return f"**{bad} of {len(runs)} runs differed**"
-
-
-def matrix_table() -> str:
-    yes = {True: "yes", False: "**no**", None: "not run"}
-    lines = ["| torch | Python | SDPA kernel (CPU) | cache slots after the decode | decode through the diff = "
-             "upstream (fp32 and bf16) | the same with 512-slot windows forced | the new tests, three PRs applied |",
-             "|---|---|---|---|---|---|---|"]  # the contract, per torch
-    lines += [f"| {r['torch']} | {r['python']} | {r['kernel']} | {r['slots']} | {yes[r['diff']]} | "
-              f"{_forced_cell(r['torch'], r['forced'])} | {r['kits'][0]} passed, {r['kits'][1]} failed |"
-              for r in _matrix()]
-    return "\n".join(lines)
-
-
 def math_versions() -> str:
-    """What every matrix record says about the torch versions whose CPU runs this call through the math kernel:
-    how often a decode with 512-slot windows (forced, or the diff's own before the version gate) matched upstream."""
+    """What every matrix record says about the torch versions whose CPU runs this call through the math kernel,
+    in a clause: how often a decode with 512-slot windows (forced, or the diff's own before the version gate)
+    matched upstream."""
     runs = _window_runs()
     if not runs:
         return ""
-    bad = [(v, r) for v, rows in runs.items() for r in rows if not r.get("identical")]
     n = sum(len(rows) for rows in runs.values())
-    out = (f"On torch {', '.join(runs)} SDPA runs this grouped-query call on CPU through its math kernel, where the "
-           f"512-key argument does not hold: decodes with 512-slot windows matched upstream in {n - len(bad)} of {n} "
-           "runs")
-    out += "".join(f" (torch {v} {r['dtype']} differed once, max abs diff {r['max_abs_diff']:.2g})" for v, r in bad)
-    return out + ". There is no guarantee, so before torch 2.9 the cache keeps `max_length` slots."
+    bad = [(v, r) for v, rows in runs.items() for r in rows if not r.get("identical")]
+    versions = list(runs)
+    said = f"{', '.join(versions[:-1])} and {versions[-1]}" if len(versions) > 1 else versions[0]
+    return (f"On torch {said} the call runs the math kernel instead, where 512-slot windows matched in "
+            f"{n - len(bad)} of {n} decodes"
+            + "".join(f" ({v} {r['dtype']} differed by {r['max_abs_diff']:.2g})" for v, r in bad))
+
+
+def _exact_versions() -> str:
+    """The torch versions whose CPU runs the call through the flash kernel and where every matrix decode through the
+    diff, and with 512-slot windows forced, was ``torch.equal`` to upstream's, as a list in words."""
+    ok = [r["torch"] for r in _matrix() if r["kernel"].endswith("FLASH_ATTENTION") and r["diff"] and r["forced"]]
+    return f"{', '.join(ok[:-1])} and {ok[-1]}" if len(ok) > 1 else "".join(ok)
 
 
 def upstream_check() -> dict:
     """The newest ``upstream_check`` record: the commits, whether every diff applied alone and stacked per tree,
-    upstream's own tests on main, patched and not, and each PR's test file (``pr_tests[(test, how)]``, how: True
-    stacked, False unmodified main, "alone" its own diff alone)."""
+    upstream's own tests on main (``tests``, by how), each PR's test (``pr_tests[(tree, kit, how)]``, how:
+    "stacked", "unmodified" or "alone"), the bench run on each fix PR and upstream's check scripts, by kit."""
     rec = newest(_results() / "upstream", "upstream-check-*.json")[-1]
     rows = rec["rows"]
     trees = {r["tree"]: all(x["applies"] for x in rows if x["tree"] == r["tree"] and "applies" in x)
              for r in rows if "applies" in r}
-    tests = {r["check"]: r for r in rows if "passed" in r and "kit" not in r}
-    pr_tests = {(r["test"], {"stacked": True, "main": False, "alone": "alone"}[r["check"].split()[-1]]): r
-                for r in rows if "test" in r}
+    tests = {r["check"].split(", ")[-1]: r for r in rows if "passed" in r and "kit" not in r}
+    pr_tests = {(r["tree"], r["kit"], r["check"].split()[-1]): r for r in rows if "test" in r}
     by_kit = lambda check: {k: [r for r in rows if r["check"].startswith(check) and r["kit"] == k]  # noqa: E731
                             for k in {r["kit"] for r in rows if r["check"].startswith(check)}}
     return {"commits": rec["params"]["commits"], "applies": trees, "tests": tests, "pr_tests": pr_tests,
-            "bench": by_kit("the bench"), "scripts": by_kit("upstream's check script")}
+            "kits": rec["params"].get("kits", []), "bench": by_kit("the bench"),
+            "scripts": by_kit("upstream's check script")}
+
+
+def _main(u: dict) -> str:
+    return f"main {u['commits']['main'][:7]}"
 
 
 def _script_line(kit: str) -> str:
@@ -171,206 +176,242 @@ def _script_line(kit: str) -> str:
     runs = u.get("scripts", {}).get(kit)
     if not runs:
         return "Upstream's check scripts were not run here."
-    ran = lambda r: f"{r['tail'] or 'no output'} (exit status {r['returncode']})"  # noqa: E731
-    said = "; ".join(f"{_switch(r)}: {ran(r)}" for r in runs if r.get("script_changed", True))
+    said = "; ".join(f"{_switch(r)} {r['tail'] or 'no output'}" for r in runs if r.get("script_changed", True))
     before = next((r for r in runs if r.get("script_changed") is False), None)
-    return (f"`{runs[0]['script']}`: the CPU line of its \"non-mps is a no-op\" section now clears "
-            "`VOXCPM_CPU_DTYPE` first, and a section checks the CPU override. Run on main "
-            f"{u['commits']['main'][:7]} with this diff: {said}"
-            + (f"; with the script left as it is on main and {_switch(before)[5:]} set: {ran(before)}" if before
-               else "") + ".")
+    return (f"`{runs[0]['script']}` clears the variable where it checks that non-MPS devices are untouched, and "
+            f"checks the CPU override. On {_main(u)} with this PR: {said}"
+            + (f"; main's unchanged script with {_switch(before)[5:]} set: {before['tail'] or 'no output'}"
+               if before else "") + ".")
 
 
-def _bench_rehearsal(kit: str) -> str:
-    """The PR's bench command as run here on main with its diff alone: whether the waveforms matched, per switch."""
+def _bench_rehearsal() -> str:
+    """What each fix PR's bench command gave here (CPU, random tiny weights), from the record: one sentence."""
     u = upstream_check()
-    runs = u["bench"].get(kit)
+    runs = [(k, r) for k in FIX_KITS for r in u["bench"].get(k, [])]
     if not runs:
-        return "Not yet rehearsed on main here."
-    said = []
-    for r in runs:
-        if r["returncode"]:
-            said.append(f"{_switch(r)} the bench failed (exit status {r['returncode']})")
-            continue
-        step, ci = r.get("step_ratio", {}).get("256"), r.get("step_ratio_ci", {}).get("256")
-        at = f" (its step {step:.2f}x" + (f" [{ci[0]:.2f}, {ci[1]:.2f}]" if ci else "") + \
-            " main's at position 256, at this toy size)" if step else ""
-        dtype = f", the PR running {r['dtypes'][1]}{at}" if r["dtypes"][0] != r["dtypes"][1] else ""
-        same = "identical (`yes`)" if r["equal"] else "different (`no`)"
-        said.append(f"{_switch(r)} the waveforms were {same}{dtype}")
-    return (f"Rehearsed here on CPU with random weights (`--random tiny --quick`), main {u['commits']['main'][:7]} "
-            f"against main with this diff alone: {'; '.join(said)}.")
+        return "It has not been run against the three decode PRs here yet."
+    failed = [f"{k} {_switch(r)} (exit status {r['returncode']})" for k, r in runs if r["returncode"]]
+    same = [r["equal"] for _, r in runs if not r["returncode"] and not r["switch"]]
+    switched = [r["equal"] for _, r in runs if not r["returncode"] and r["switch"]]
+    said = (f"With random tiny weights on CPU (`--random tiny --quick`, {_bench_seconds(runs)}), {_main(u)} against "
+            f"each of the three decode PRs gave identical waveforms in {sum(same)} of {len(same)} runs with the "
+            f"PRs' switches unset, and different ones in {switched.count(False)} of {len(switched)} with them set "
+            "(float32, or the other attention)")
+    return said + (f"; failed: {', '.join(failed)}." if failed else ".")
+
+
+def _bench_seconds(runs: list) -> str:
+    secs = [r["wall_s"] for _, r in runs if r.get("wall_s")]
+    return f"{min(secs):.0f}-{max(secs):.0f} s a run" if secs else "a CPU run"
 
 
 def _switch(r: dict) -> str:
     return "with " + ", ".join(f"`{k}={v}`" for k, v in r["switch"].items()) if r["switch"] else "by default"
 
 
-def _tests_line(kit_test: str) -> list:
-    """How the PR's tests were run: its own test file, and upstream's own suite on main with the three diffs."""
+def _counts(r: dict) -> str:
+    return (f"{r['passed']} passed, {r['failed']} failed"
+            + (f", {r['skipped']} skipped (CUDA only)" if r["skipped"] else ""))
+
+
+def _both(alone: dict, stacked: dict) -> str:
+    """A PR's test counts with its diff alone and with all four, once where they are the same."""
+    if _counts(alone) == _counts(stacked):
+        return f"{_counts(alone)} with this PR alone and with all four"
+    return f"{_counts(alone)} with this PR alone, {_counts(stacked)} with all four"
+
+
+def _new_cases(kit: str) -> list:
+    """The test functions a PR adds to an existing test file (:data:`TEST_PATCHES`)."""
+    text = (data_dir() / "upstream-tests" / TEST_PATCHES[kit]).read_text()
+    return re.findall(r"^\+def (test_\w+)", text, re.M)
+
+
+def _tests_line(kit: str) -> str:
+    """How the PR's tests ran on main: with its diff alone, with all four stacked, and with only the test on
+    unmodified main (a new file, or new cases in an existing file); the bench's on the 2.0.3 tag too."""
     u = upstream_check()
-    own = u["tests"]["upstream's own tests/, the three diffs stacked"]
-    orig = u["tests"]["upstream's own tests/, unmodified"]
-    same = "the same failures" if own["failed_tests"].keys() == orig["failed_tests"].keys() else "other failures"
-    fails = ", ".join(f"`{n}`" for n in own["failed_tests"]) or "none"
+    test = KITS[kit][2]
+    alone, stacked, bare = (u["pr_tests"].get(("main", kit, how)) for how in ("alone", "stacked", "unmodified"))
+    if not (alone and stacked and bare):
+        return f"`tests/{test}` was not run here yet."
+    if kit in TEST_PATCHES:
+        new = _new_cases(kit)
+        failing = [n for n in bare["failed_tests"] if n.split("[")[0] in new]
+        head = (f"`tests/{test}` gains {len(new)} tests. The file on {_main(u)}: {_both(alone, stacked)}; on "
+                f"unmodified main {len(failing)} of the new cases fail")
+    else:
+        bare_said = ("the file fails at collection" if "collection failure" in bare["failed_tests"].values()
+                     else f"{bare['failed']} of them fail")
+        head = f"`tests/{test}` (new) on {_main(u)}: {_both(alone, stacked)}; on unmodified main {bare_said}"
+    if kit in REPO_FILES:
+        tag_alone, tag_bare = (u["pr_tests"].get(("tag-2.0.3", kit, how)) for how in ("alone", "unmodified"))
+        if tag_alone:
+            head += f"; on the 2.0.3 tag {_counts(tag_alone)}"
+            if tag_bare and tag_bare["failed"]:
+                head += ", and without this PR it fails there too"
+    return head + "."
+
+
+def _own_tests() -> str:
+    """Upstream's own tests on main with the four PRs and without."""
+    u = upstream_check()
+    own, orig = u["tests"].get("the four diffs stacked"), u["tests"].get("unmodified")
+    if not own or not orig:
+        return ""
+    same = "the same" if own["failed_tests"].keys() == orig["failed_tests"].keys() else "other"
     missing = r"import (\w+)\W{1,4}n?\s*ModuleNotFoundError"  # a failure that is the test machine's, not the change's
     why = {m[1] for msg in own["failed_tests"].values() for m in re.finditer(missing, msg)}
-    mine, bare = u["pr_tests"][(kit_test, True)], u["pr_tests"][(kit_test, False)]
-    alone = u["pr_tests"].get((kit_test, "alone"))
-    counts = lambda r: (f"{r['passed']} passed, {r['failed']} failed"  # noqa: E731
-                        + (f", {r['skipped']} skipped (CUDA only)" if r["skipped"] else ""))
-    return [f"- `tests/{kit_test}` (new, in this diff), on main {u['commits']['main'][:7]}: "
-            + (f"{counts(alone)} with this PR alone, " if alone else "")
-            + f"{counts(mine)} with the three PRs applied; on unmodified main "
-            + ("the file fails at collection (it reads what the diff adds)."
-               if "collection failure" in bare["failed_tests"].values() else f"{bare['failed']} of them fail."),
-            f"- Upstream's own `tests/` on main {u['commits']['main'][:7]} with the three PRs applied: {own['passed']} "
-            f"passed, {own['failed']} failed ({fails}); unmodified main gives {same}"
-            + (f" (the test machine lacks {', '.join(sorted(why))})." if why else ".")]
+    fails = ", ".join(f"`{n}`" for n in own["failed_tests"]) or "none"
+    return (f"Upstream's own `tests/` with all four PRs: {own['passed']} passed, {own['failed']} failed ({fails}"
+            + (f"; no {', '.join(sorted(why))} here" if why else "") + f"), {same} as unmodified main.")
 
 
 def _applies() -> str:
     u = upstream_check()
-    names = {"main": f"main {u['commits']['main'][:7]}", "tag-2.0.3": "the 2.0.3 tag",
-             "pr325": f"#325's merge ref {u['commits']['pr325'][:7]}"}
+    names = {"main": _main(u), "tag-2.0.3": "the 2.0.3 tag", "pr325": f"#325's merge ref {u['commits']['pr325'][:7]}"}
     ok = [names[t] for t, a in u["applies"].items() if a]
     bad = [names[t] for t, a in u["applies"].items() if not a]
-    return (f"Applies alone and stacked with the other two PRs in every order on {', '.join(ok)}"
+    others = {4: "three", 3: "two"}.get(len(u["kits"]), "other")
+    where = f"{', '.join(ok[:-1])} and {ok[-1]}" if len(ok) > 1 else "".join(ok) or "no tree"
+    return (f"Applies alone and stacked with the other {others} PRs in every order on {where}"
             + (f"; not on {', '.join(bad)}" if bad else "") + ".")
-
-
-def _stream_line() -> str:
-    """What the reference stream says of #293, its words chosen by the ledger's verdict on it."""
-    from fastattn.lab.claims import claims_ledger
-    ref = _results() / REFERENCE
-    s, verdict = records(ref)["stream"], next(x for x in claims_ledger(ref) if x["claim"].endswith("(#293)"))["verdict"]
-    six, p = s["sixths"], s["params"]
-    device = "a GPU" if s["env"].get("device", "cpu").startswith("cuda") else "this CPU"
-    lead = {"does not hold": "It is not a fix for #293's slowdown, which did not reproduce here",
-            "holds": "#293's slowdown reproduced here, and this change does not remove it"}.get(
-        verdict, f"It is not offered as a fix for #293's slowdown, which {device} with {p['weights']} weights cannot "
-        "judge")
-    t = stream_trends(s)["upstream"]
-    return (f"{lead}: a {p['chunks']}-chunk stream on {machine_name(s['env'], ref)} takes "
-            f"{six['upstream'][0] / 1e3:.2f} s per chunk upstream in its first sixth and "
-            f"{six['upstream'][-1] / 1e3:.2f} s in its last ({pct(t['change'])} over the stream, 95% CI "
-            f"[{pct(t['change_ci'][0])}, {pct(t['change_ci'][1])}], {t['repeats']} repeats); patched, "
-            f"{six['exact'][0] / 1e3:.2f} s and {six['exact'][-1] / 1e3:.2f} s")
 
 
 def _machine_table() -> str:
     layers = {r["dec32"]["params"].get("layers") for _, r in _machines() if r["dec32"]}
-    step = f"the LM at full width, {layers.pop()} layers" if len(layers) == 1 else "the LM at full width"
-    out = ["| machine | KV of a 300-token request | decode step at position 256 (" + step + "), bf16 / fp32 (patched "
-           "/ upstream, 95% CI) | whole decode (patched / upstream) | outputs |", "|---|---|---|---|---|"]
-    out += [f"| {r['machine']} | {r['kv_mb'][0]:.0f} MB -> {r['kv_mb'][1]:.0f} MB | {_ratio(r['step_bf16'])} / "
-            f"{_ratio(r['step_fp32'])} | {_whole_cell(r)} ({r['steps']} steps) | "
-            f"{'identical' if r['identical'] else '**differ**'} |" for r in machine_rows()]
+    step = f", {layers.pop()} LM layers" if len(layers) == 1 else ""
+    steps = {r["steps"] for r in machine_rows()}
+    whole = f", {steps.pop()} steps" if len(steps) == 1 else ""
+    out = [f"| CPU | KV cache, 300 tokens | step at position 256{step}, PR / main (95% CI) | whole decode{whole}, "
+           "PR / main | outputs |", "|---|---|---|---|---|"]
+    out += [f"| {r['machine']} | {r['kv_mb'][0]:.0f} MB -> {r['kv_mb'][1]:.0f} MB | {_ratio(r['step_bf16'])} | "
+            f"{_whole_cell(r)} | {'identical' if r['identical'] else '**differ**'} |" for r in machine_rows()]
+    return "\n".join(out)
+
+
+def _programs_line() -> str:
+    """The fix under upstream's own CLI and a streaming service, from the reference machine's (else the last)
+    ``wrapped_programs`` record, worded by :func:`fastattn.lab.bench.programs.wrapped_sentence`; without a record,
+    a line saying it is not measured."""
+    found = machines_with(_results(), "wrapped_programs")
+    if not found:
+        return "Not measured yet: this change under upstream's own CLI and a streaming service."
+    from fastattn.lab.bench.programs import wrapped_sentence
+    return wrapped_sentence(next((r for f, r in found if f.name == REFERENCE), found[-1][1]))
+
+
+def _dtype_table() -> str:
+    """PR 2's table: per machine, its bf16 instructions, voxcpm's default step and float32's over it, decode by
+    decode, and the weights' memory."""
+    from fastattn.lab.bench.decode import dtype_table
+    from fastattn.lab.machine import cpu_features
+    out = ["| CPU | bf16 instructions | decode step, bfloat16 | float32 / bfloat16, each decode | weights GB, "
+           "bf16 -> fp32 |", "|---|---|---|---|---|"]
+    for folder, rec in machines_with(_results(), "dtype_decode"):
+        rows = {(x["dtype"], x["variant"]): x for x in dtype_table(rec)}
+        base, fp32 = rows[(rec["params"]["dtypes"][0], "upstream")], rows[("float32", "upstream")]
+        out.append(f"| {machine_name(rec['env'], folder)} | {cpu_features(rec.get('flags') or {})} | "
+                   f"{base['step s']:.2f} s | {', '.join(f'{x:.2f}x' for x in fp32['per decode'])} | "
+                   f"{base['weights GB']:.1f} -> {fp32['weights GB']:.1f} |")
     return "\n".join(out)
 
 
 def _dtype_seen() -> str:
-    from fastattn.devices import cpu_features, native_bf16
+    """What the dtype records show, decode by decode: on how many machines every float32 decode was slower."""
     from fastattn.lab.bench.decode import dtype_table
-
-    def fp32_ci(rec):  # float32's step over the default's, 95% interval
-        row = next(x for x in dtype_table(rec) if (x["dtype"], x["variant"]) == ("float32", "upstream"))
-        return row["95% low"], row["95% high"]
-    seen = [(r["dtypes"].get("flags") or {}, fp32_ci(r["dtypes"])) for _, r in _machines() if r["dtypes"]]
-    natives = sum(bool(native_bf16(f)) for f, _ in seen)
-    slower = sum(verdict(ci, lo=1.0) == YES for _, ci in seen)  # the one rule: the whole interval above 1x
-    have = ("Both" if len(seen) == 2 else f"All {len(seen)}") if natives == len(seen) else \
-        f"{natives} of the {len(seen)}"
+    from fastattn.lab.machine import native_bf16
+    seen = []
+    for _, rec in machines_with(_results(), "dtype_decode"):
+        fp32 = next(x for x in dtype_table(rec) if (x["dtype"], x["variant"]) == ("float32", "upstream"))
+        seen.append((native_bf16(rec.get("flags") or {}), min(fp32["per decode"]) > 1))
+    natives, slower = sum(bool(n) for n, _ in seen), sum(s for _, s in seen)
+    have = "Both CPUs measured have" if natives == len(seen) == 2 else f"{natives} of the {len(seen)} CPUs have"
     on = "each" if slower == len(seen) else f"{slower} of them"
-    kinds = "; ".join(sorted({cpu_features(f) for f, _ in seen if native_bf16(f)}))
-    return (f"{have} machines measured have bf16 instructions ({kinds}); on {on} float32's step is slower than the "
-            "default's (its whole 95% interval above 1x)")
-
-
-def _slice_table() -> str:
-    how, note = slice_backend(_matrix())
-    out = [f"| torch (CPU) | `torch.compile(..., {how}, fullgraph=True)` of the slice{note} |", "|---|---|"]
-    ok = "traces (no error)" if note else "compiles"  # an eager-backend trace compiles nothing
-    return "\n".join(out + [f"| {r['torch']} | " + (ok if r["slice"].get("compiles") else
-                                                    f"refused: `{r['slice'].get('error', '?')[:90].strip()}`") + " |"
-                            for r in _matrix()])
-
-
-def _matrix_sizes() -> str:
-    """The decode every matrix record ran (one size for all, else an error: the table would mix runs)."""
-    sizes = {tuple(sorted(r["params"].items())) for r in _matrix()}
-    if len(sizes) != 1:
-        raise ValueError(f"the torch-matrix records ran different decodes: {sorted(sizes)}")
-    p = dict(sizes.pop())
-    from fastattn.models import voxcpm2_config
-    cfg = voxcpm2_config(p["preset"])
-    lm = cfg["lm_config"]
-    return (f"VoxCPM2's architecture with random weights at hidden size {lm['hidden_size']}, "
-            f"{lm['num_hidden_layers']}+{cfg['residual_lm_num_layers']} LM layers and {lm['num_attention_heads']}/"
-            f"{lm['num_key_value_heads']} heads, a {p['text_chars']}-character prompt and {p['steps']} steps")
+    return f"{have} bf16 instructions, and on {on} every float32 decode was slower"
 
 
 def _fp32_weights_x() -> float:
     """float32's weights over voxcpm's default dtype's, the largest over the machines' dtype records."""
     from fastattn.lab.bench.decode import dtype_table
     xs = []
-    for _, r in _machines():
-        if r["dtypes"]:
-            gb = {x["dtype"]: x["weights GB"] for x in dtype_table(r["dtypes"]) if x["variant"] == "upstream"}
-            xs.append(gb["float32"] / gb[r["dtypes"]["params"]["dtypes"][0]])
+    for _, r in machines_with(_results(), "dtype_decode"):
+        gb = {x["dtype"]: x["weights GB"] for x in dtype_table(r) if x["variant"] == "upstream"}
+        xs.append(gb["float32"] / gb[r["params"]["dtypes"][0]])
     return max(xs)
+
+
+def _forms() -> list:
+    found = [x for dt in ("bfloat16", "float32") for x in machines_with(_results(), "decode_forms", dtype=dt)]
+    return sorted(found, key=lambda x: (x[0].name, x[1]["params"]["dtype"]))
 
 
 def _forms_geometry() -> str:
     """The head geometry the forms records ran (one for all)."""
     geo = {(r["params"]["hq"], r["params"]["hkv"], r["params"]["head_dim"], r["params"]["capacity"])
-           for dt in ("bfloat16", "float32") for _, r in machines_with(_results(), "decode_forms", dtype=dt)}
+           for _, r in _forms()}
     if len(geo) != 1:
         raise ValueError(f"the decode_forms records ran different geometries: {sorted(geo)}")
     hq, hkv, d, cap = geo.pop()
     return f"{hq} query heads, {hkv} KV heads, {d} dims, {cap} slots"
 
 
-#: the compiled forms as a VoxCPM maintainer would name them (the workbook's own names stay out of the PR)
+#: the compiled forms PR 3's table shows, in a maintainer's words: today's call, this PR's, the slice
+FORMS_SHOWN = {"upstream_masked": "masked (today's)", "flex_decode": "FlexAttention (this PR)",
+               "slice_live": "slice (`.item()`)"}
+#: the positions PR 3's table shows (of those the records timed)
+FORMS_POSITIONS = (0, 1024, 4096, 8000)
+
+
+def _forms_ms_table(dtype: str = "bfloat16") -> str:
+    """PR 3's table: per machine, each compiled form's median ms per call (quiet samples) at each position."""
+    recs = [(f, r) for f, r in _forms() if r["params"]["dtype"] == dtype]
+    positions = [p for p in recs[0][1]["params"]["positions"] if p in FORMS_POSITIONS]
+    out = ["| CPU | compiled attention | " + " | ".join(f"ms at {p}" for p in positions) + " |",
+           "|---|---|" + "---|" * len(positions)]
+    for folder, rec in recs:
+        for i, (form, name) in enumerate(FORMS_SHOWN.items()):
+            ms = []
+            for p in positions:
+                row = next((r for r in rec["rows"] if (r["form"], r["position"], r["compiled"]) == (form, p, True)),
+                           None)
+                ms.append(f"{statistics.median(quiet(row['samples_ms'], row.get('disturbed_flags'))):.3g}"
+                          if row else "n/a")
+            out.append(f"| {machine_name(rec['env'], folder) if i == 0 else ''} | {name} | " + " | ".join(ms) + " |")
+    return "\n".join(out)
+
+
 def _forms_winners() -> str:
     """How often this PR's form won the compiled-forms records (one per machine and dtype)."""
     from fastattn.lab.bench.forms import form_verdict
-    recs = [r for dt in ("bfloat16", "float32") for _, r in machines_with(_results(), "decode_forms", dtype=dt)]
+    recs = [r for _, r in _forms()]
     won = sum(form_verdict(r)["winner"] == "flex_decode" for r in recs)
-    if won == len(recs):
-        return "FlexAttention was the fastest compiled variant in every row."
-    return (f"FlexAttention was the fastest compiled variant in {won} of {len(recs)} rows: on CPU it is not always the "
-            "fastest. This PR takes it because it keeps static shapes (one graph for a whole decode); what that is "
-            "worth on a GPU is not measured.")
+    return (f"FlexAttention was the fastest compiled form in {won} of {len(recs)} CPU-dtype pairs (float32 too); the "
+            "slice compiles only with `capture_scalar_outputs=True`, which `optimize()` does not set.")
 
 
-def _bf16_flags() -> str:
-    """The bf16 instruction flags /proc/cpuinfo can show (:data:`fastattn.devices.BF16_FLAGS`), as a list in words."""
-    from fastattn.devices import BF16_FLAGS
-    names = [f"`{f}`" for f in BF16_FLAGS]
-    return f"{', '.join(names[:-1])} or {names[-1]}" if len(names) > 1 else names[0]
+def _gate_layers() -> int:
+    """Layers whose decode attention runs per step in VoxCPM2 (both LMs), from its architecture."""
+    from fastattn.models import voxcpm2_config
+    cfg = voxcpm2_config("full")
+    return cfg["lm_config"]["num_hidden_layers"] + cfg["residual_lm_num_layers"]
 
 
 def fields() -> dict:
     """Every figure the PR templates (``data/upstream-prs/templates/``) print, by name."""
     from fastattn.lab.upstream import LIVE_ERROR_BOUND
-    from tools.readme import dtype_machines, forms_machines
-    label = lambda folder, env: machine_name(env, folder)  # noqa: E731 - a machine in upstream's words, not a folder name
-    tests = {k: _tests_line(f"test_{k}.py") for k in ("minicpm4_right_sized_cache", "cpu_dtype_override",
-                                                       "minicpm4_decode_attention")}
-    return {"machine_table": _machine_table(), "matrix_machine": _matrix()[0]["machine"].split(", torch")[0],
-            "matrix_table": matrix_table(), "math_versions": math_versions(), "stream_line": _stream_line(),
-            "applies": _applies(), "tests_right": "\n".join(tests["minicpm4_right_sized_cache"]),
-            "tests_dtype_kit": tests["cpu_dtype_override"][0], "tests_upstream": tests["cpu_dtype_override"][1],
-            "tests_live": "\n".join(tests["minicpm4_decode_attention"]), "repo": REPO,
-            "dtype_table": dtype_machines(_results(), label).strip(), "dtype_seen": _dtype_seen(),
-            "slice_evidence": _slice()[0], "live_bound": LIVE_ERROR_BOUND,
-            "forms_table": forms_machines(_results(), label, form_words, noun="variant").strip(),
-            "slice_table": _slice_table(),
-            "forms_winners": _forms_winners(), "matrix_sizes": _matrix_sizes(), "fp32_weights_x": _fp32_weights_x(),
-            "forms_geometry": _forms_geometry(), "bench_table": bench_table(none="(none yet)"),
-            **{f"bench_{k.replace('-', '_')}": _bench_rehearsal(k) for k in KITS},
-            "script_dtype": _script_line("cpu-dtype"), "bf16_flags": _bf16_flags()}
+    from fastattn.models import voxcpm2_config
+    cfg = voxcpm2_config("full")
+    return {"machine_table": _machine_table(), "exact_versions": _exact_versions(), "math_versions": math_versions(),
+            "programs": _programs_line(), "applies": _applies(), "own_tests": _own_tests(),
+            **{f"tests_{k.replace('-', '_')}": _tests_line(k) for k in KITS},
+            "dtype_table": _dtype_table(), "dtype_seen": _dtype_seen(), "fp32_weights_x": _fp32_weights_x(),
+            "script_dtype": _script_line("cpu-dtype"), "slice_evidence": _slice()[0], "live_bound": LIVE_ERROR_BOUND,
+            "slice_refused": fix_evidence(_matrix())[0],
+            "forms_geometry": _forms_geometry(), "forms_table": _forms_ms_table(), "forms_winners": _forms_winners(),
+            "bench_rehearsal": _bench_rehearsal(), "bench": next(iter(REPO_FILES["bench"])),
+            "layers": _gate_layers(), "base_layers": cfg["lm_config"]["num_hidden_layers"],
+            "residual_layers": cfg["residual_lm_num_layers"]}
 
 
 def reply_293_text() -> str:

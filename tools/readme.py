@@ -9,7 +9,6 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Optional
 
-from fastattn.devices import cpu_features, runtime_dtype
 from fastattn.lab.bench.metrics import (
     HEADLINES,
     attention_free_ratio,
@@ -29,6 +28,7 @@ from fastattn.lab.bench.records import find_row, load_run
 from fastattn.lab.bench.stream import stream_verdicts
 from fastattn.lab.bench.targets import met_count
 from fastattn.lab.claims import claims_ledger, math_fallback_reason
+from fastattn.lab.machine import cpu_features, runtime_dtype
 from fastattn.lab.paths import data_dir, repo_root
 from fastattn.static import FORMS
 from tools.ingest import bench_table

@@ -7,9 +7,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Optional
 
-from fastattn.devices import machine_label
 from fastattn.lab.bench.records import load_run
 from fastattn.lab.bench.targets import run_targets, target_records
+from fastattn.lab.machine import machine_label
 
 REFERENCE = "cpu-xeon-amx-2threads-torch2.13.0"
 OTHER = "cpu-epyc-avx512-2threads-torch2.13.0"

@@ -58,17 +58,20 @@ def make_model(mode="masked", seed=0, dtype=torch.float32):
     return model
 
 
-def filled_cache(length, dtype, seed=0, device="cpu"):
+def prefill_kv(length, dtype, seed=0, device="cpu"):
     g = torch.Generator().manual_seed(seed)
     shape = (1, NUM_KEY_VALUE_HEADS, length, HEAD_DIM)
-    kv = [
+    return [
         (torch.randn(shape, generator=g).to(device, dtype), torch.randn(shape, generator=g).to(device, dtype))
         for _ in range(NUM_HIDDEN_LAYERS)
     ]
+
+
+def filled_cache(length, dtype, seed=0, device="cpu"):
     cache = StaticKVCache(
         NUM_HIDDEN_LAYERS, NUM_KEY_VALUE_HEADS, HEAD_DIM, 1, device, dtype, max_length=MAX_CACHE_LENGTH
     )
-    cache.fill_caches(kv)
+    cache.fill_caches(prefill_kv(length, dtype, seed, device))
     return cache
 
 
@@ -155,34 +158,34 @@ def test_live_is_as_close_to_float64_as_masked(dtype):
 
 
 @torch.no_grad()
-def test_live_eager_step_reads_the_position_from_the_host_once(monkeypatch):
-    """Through MiniCPMModel.forward_step no layer reads the position tensor back (a device sync on CUDA)."""
+def test_live_eager_step_hands_every_layer_the_slot_step_returned_as_an_int(monkeypatch):
+    """Through MiniCPMModel.forward_step each layer gets the position as an int, taken from the cache: no layer
+    reads the position tensor back (a device sync on CUDA)."""
     model = make_model("live")
     model.kv_cache = filled_cache(300, torch.float32)
-    position_id = torch.tensor([model.kv_cache.step()])
-    want = model.forward_step(torch.ones(1, HIDDEN_SIZE), position_id)
-    model.kv_cache = filled_cache(300, torch.float32)
-    model.kv_cache.step()
+    positions = []
+    live = minicpm.live_decode_attention
 
-    def no_host_read(self):
-        raise AssertionError("position read back from the tensor")
+    def record(*args):
+        positions.append(args[4])
+        return live(*args)
 
-    monkeypatch.setattr(torch.Tensor, "__int__", no_host_read)
-    monkeypatch.setattr(torch.Tensor, "__index__", no_host_read)
-    monkeypatch.setattr(torch.Tensor, "item", no_host_read)
+    monkeypatch.setattr(minicpm, "live_decode_attention", record)
+    model.forward_step(torch.ones(1, HIDDEN_SIZE), torch.tensor([model.kv_cache.step()]))
 
-    assert torch.equal(model.forward_step(torch.ones(1, HIDDEN_SIZE), position_id), want)
+    assert positions == [300] * NUM_HIDDEN_LAYERS
 
 
 def decode_compiled(backend, device="cpu"):
     """Steps across three block edges through forward_step compiled with fullgraph=True, against eager steps."""
     model = make_model("live").to(device)
     step = torch.compile(model.forward_step, backend=backend, fullgraph=True)
-    compiled_cache = filled_cache(100, torch.float32, device=device)
-    eager_cache = filled_cache(100, torch.float32, device=device)
+    compiled_cache = filled_cache(1, torch.float32, device=device)
+    eager_cache = filled_cache(1, torch.float32, device=device)
     g = torch.Generator().manual_seed(2)  # drawn on the CPU, then moved: the same inputs on every device
     for edge in (128, 256, 384):
-        compiled_cache.current_length = eager_cache.current_length = edge - 6  # slots past 100: zeros in both
+        for cache in (compiled_cache, eager_cache):  # a new request whose prompt ends 6 keys before the edge
+            cache.fill_caches(prefill_kv(edge - 6, torch.float32, seed=edge, device=device))
         for _ in range(12):
             x = torch.randn(1, HIDDEN_SIZE, generator=g).to(device)
             model.kv_cache = compiled_cache
@@ -206,6 +209,27 @@ def test_live_compiles_into_one_graph_for_a_whole_decode():
     decode_compiled(count_graphs)
 
     assert len(graphs) == 1
+
+
+@torch.no_grad()
+def test_live_compiled_step_builds_one_block_mask_for_every_layer(monkeypatch):
+    """Under torch.compile the block mask is made once per step, in MiniCPMModel.forward_step, and handed to
+    every layer."""
+    built = []
+    make_block_mask = minicpm._decode_block_mask
+
+    def record(position_id, n_keys):
+        built.append(n_keys)
+        return make_block_mask(position_id, n_keys)
+
+    monkeypatch.setattr(minicpm, "_decode_block_mask", record)
+    model = make_model("live")
+    model.kv_cache = filled_cache(100, torch.float32)
+    torch.compiler.reset()
+    step = torch.compile(model.forward_step, backend="eager", fullgraph=True)
+    step(torch.ones(1, HIDDEN_SIZE), torch.tensor([model.kv_cache.step()]))
+
+    assert len(built) == 1, built  # not one per layer
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="optimize() compiles on CUDA only")

@@ -139,10 +139,22 @@ def test_cache_keeps_the_prefix_and_zeroes_the_rest():
     assert not cache.storage[..., 30:, :].any()
 
 
-def test_off_cpu_the_window_is_the_whole_cache():
+def test_off_cpu_the_cache_is_one_tensor_of_max_length_slots():
     cache = StaticKVCache(NUM_HIDDEN_LAYERS, NUM_KEY_VALUE_HEADS, HEAD_DIM, 1, "meta", torch.float32, max_length=64)
+    kv_cache = cache.kv_cache
+    cache.fill_caches([(torch.zeros(1, NUM_KEY_VALUE_HEADS, 3, HEAD_DIM, device="meta"),) * 2] * NUM_HIDDEN_LAYERS)
+    for _ in range(10):
+        cache.step()
 
-    assert cache.granularity == 64 and cache.storage.size(4) == 64 and cache.kv_cache.size(4) == 64
+    assert cache.granularity == 64 and kv_cache.size(4) == 64
+    assert cache.kv_cache is kv_cache is cache.storage
+
+
+def test_setup_cache_can_keep_the_whole_cache_on_cpu():
+    model = make_model()
+    model.setup_cache(1, MAX_CACHE_LENGTH, "cpu", torch.float32, granularity=MAX_CACHE_LENGTH)
+
+    assert model.kv_cache.granularity == MAX_CACHE_LENGTH and model.kv_cache.kv_cache.size(4) == MAX_CACHE_LENGTH
 
 
 def test_kv_cache_full_at_max_length():

@@ -8,10 +8,11 @@ import time
 from pathlib import Path
 from typing import Optional
 
-from fastattn.devices import cpu_flags, resolve_device
+from fastattn.devices import resolve_device
 from fastattn.models import build_voxcpm2, silence_progress
 
 from .bench.stream import text_for, time_chunks
+from .machine import cpu_flags
 from .paths import data_dir, notebooks
 
 __all__ = ["BUDGET_S", "SCALABLE", "probe", "calibration", "plan", "profile_estimate", "notebook_budget",

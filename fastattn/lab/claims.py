@@ -12,7 +12,6 @@ from typing import Optional
 
 import torch
 
-from fastattn.devices import runtime_dtype
 from fastattn.models import MAX_LENGTH
 
 from .bench.metrics import dtype_recommendation, kv_mb, patched_is_upstream, step_ratio, whole_ratio
@@ -20,6 +19,7 @@ from .bench.records import Run, find_row, load_run
 from .bench.stats import NO, YES, fmt_ci, quiet, ratio_ci, scaled_ci, verdict
 from .bench.stream import stream_trends
 from .bench.trend import describe
+from .machine import runtime_dtype
 from .paths import load_published
 
 HOLDS, FAILS, NOT_HERE, NOT_RUN = "holds", "does not hold", "not measurable here", "not measured in this run"

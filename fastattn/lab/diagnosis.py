@@ -6,35 +6,30 @@ from __future__ import annotations
 
 from typing import Optional
 
-from fastattn.devices import machine_label
-
 from .bench.stats import fmt_ci
 from .bench.stream import stream_trends, stream_verdicts
 from .bench.trend import describe
+from .machine import machine_label
 
 RULES_OUT, REPRODUCES, NEEDS, NOT_MEASURED = ("rules out", "reproduces the shape", "needs the reporter's machine",
                                               "not measured in this run")
 RANK = {REPRODUCES: 0, NEEDS: 1, NOT_MEASURED: 2, RULES_OUT: 3}
 #: what the post leaves open (it names voxcpm 2.0.2 and discusses optimize() and triton): English, Chinese
-ASK = ("which GPU, and how much memory it has (`nvidia-smi` over a long stream shows whether it fills)",
-       "Windows or Linux (on Windows without triton the log says `torch.compile disabled`)",
-       "whether the slowdown is inside one `generate_streaming` call or across successive calls",
-       "what your code does with each chunk (play it, append it, re-encode or resend the whole clip)")
-ASK_ZH = ("使用的 GPU 型号和显存大小（长时间流式生成时用 `nvidia-smi` 观察显存是否被占满）",
-          "Windows 还是 Linux（Windows 上没有 triton 时日志会显示 `torch.compile disabled`）",
+ASK = ("your GPU and its memory", "Windows or Linux", "whether the slowdown is within one call or across calls",
+       "what your code does with each chunk")
+ASK_ZH = ("GPU 型号和显存大小（`nvidia-smi` 是否显示显存被占满？）",
+          "Windows 还是 Linux（没有 triton 时日志会显示 `torch.compile disabled`）",
           "变慢是发生在一次 `generate_streaming` 调用之内，还是跨多次调用",
-          "每个 chunk 拿到后做了什么（播放、追加，还是重新编码或重新发送整段音频）")
+          "每个 chunk 拿到后您的代码做了什么")
 #: times the generator apart from the consumer, chunk by chunk (the reply offers it)
 SNIPPET = """import time
 
-chunks = model.generate_streaming(text)  # model = voxcpm.VoxCPM.from_pretrained(...)
 t = time.perf_counter()
-for i, chunk in enumerate(chunks):
-    gen_s = time.perf_counter() - t      # time voxcpm took to produce this chunk
+for i, chunk in enumerate(model.generate_streaming(text)):
+    gen = time.perf_counter() - t
     t0 = time.perf_counter()
-    consume(chunk)                       # whatever your app does with it
-    use_s = time.perf_counter() - t0
-    print(f"chunk {i}: generate {gen_s:.3f} s, consume {use_s:.3f} s", flush=True)
+    consume(chunk)  # your code
+    print(f"chunk {i}: generate {gen:.3f} s, consume {time.perf_counter() - t0:.3f} s", flush=True)
     t = time.perf_counter()"""
 #: a public measurement the GPU lead cites (the VoxCPM fork in PRs #363/#366)
 VRAM_LEAD = ("a fork measured a progressive 2.3x -> 3.3x slowdown on an 8 GB Windows GPU (driver memory spill), "
@@ -179,58 +174,108 @@ def _per_ksample(s: dict) -> str:
     return f"{s['us_per_ksample']:.3g} µs per 1,000 samples of the clip so far"
 
 
-#: the GPU leads (by how their hypothesis starts): why they fit the post, in English and Chinese
-GPU_LEADS = {"CUDA graphs": ("under `optimize()` every input shape not seen before compiles and records another "
-                             "CUDA graph (#209, #269 report \"observed N distinct sizes\"); a length that changes "
-                             "every chunk would record one per chunk",
-                             "在 `optimize()` 下每遇到新形状就重新编译并录制 CUDA graph（#209/#269 报告过 "
-                             "\"observed N distinct sizes\"）；如果某个长度每个 chunk 都变，就会每个 chunk 录制一次"),
-             "Memory pressure": (VRAM_LEAD, "小显存 GPU 上的显存压力或驱动把显存换出到内存：一个 fork（#363/#366）在 "
-                                 "8 GB 的 Windows GPU 上测到逐渐变慢 2.3 倍到 3.3 倍，每次请求后调用 "
-                                 "`torch.cuda.empty_cache()` 后消失")}
-HYPOTHESES_ZH = {"CUDA graphs": "CUDA graph 重新录制", "Memory pressure": "显存压力",
-                 "The caller": "调用方每个 chunk 都重新处理整段音频（编码、重采样、重新发送）",
+#: the reply's cheapest tests, before any lead (each rules a GPU lead in or out): English, Chinese
+TESTS = (("One run with `VoxCPM.from_pretrained(..., optimize=False)`: if the slowdown goes, suspect CUDA graphs "
+          "recorded per new shape (#209, #269)",
+          "用 `VoxCPM.from_pretrained(..., optimize=False)` 跑一次："
+          "如果不再变慢，就要怀疑每遇到新形状就重新录制的 CUDA graph（#209、#269）"),
+         ("`TORCH_LOGS=recompiles,cudagraphs`: a recompile or new CUDA graph per chunk shows in the log",
+          "设置 `TORCH_LOGS=recompiles,cudagraphs`：如果每个 chunk 都重新编译或录制新的 CUDA graph，日志里会显示"),
+         ("On a small GPU, `torch.cuda.empty_cache()` between calls: it cured a 2.3x -> 3.3x slowdown on an 8 GB "
+          "GPU in a fork (#363/#366)",
+          "显存较小的 GPU 上，在两次调用之间调用 `torch.cuda.empty_cache()`：一个 fork（#363/#366）在 8 GB 的 GPU 上"
+          "用它消除了逐渐变慢（2.3 倍到 3.3 倍）"))
+#: the GPU leads (by how their hypothesis starts), named in the reply's one line for them: English, Chinese
+GPU_LEADS = {"CUDA graphs": ("CUDA graphs recorded per new shape under `optimize()` (#209, #269)",
+                             "在 `optimize()` 下每遇到新形状就重新录制 CUDA graph（#209、#269）"),
+             "Memory pressure": ("memory pressure on a small GPU", "小显存 GPU 上的显存压力")}
+HYPOTHESES_ZH = {"CUDA graphs": GPU_LEADS["CUDA graphs"][1], "Memory pressure": GPU_LEADS["Memory pressure"][1],
+                 "The caller": "每个 chunk 都重新编码或重新发送整段音频",
                  "A prompt": "提示音频或前缀在多次调用之间不断变长", "The full-cache": "对整个 8192 槽缓存做注意力",
                  "A part of": "生成器的某一部分随 chunk 序号变慢"}
+#: a lead's shorter name in the English reply (else its hypothesis)
+HYPOTHESES_EN = {"The caller": "Re-encoding or resending the whole clip every chunk"}
+#: a lead this run could not decide and no GPU test decides, asked as a question: English, Chinese
+QUESTIONS = {"A prompt": ("Does your prompt grow from call to call (`merge_prompt_cache` with each output, or output "
+                          "fed back as the prompt)? Each prefill would then take longer.",
+                          "您的提示是否在多次调用之间不断变长（每次用输出做 `merge_prompt_cache`，或把输出当作下一次的"
+                          "提示音频）？那样每次调用的 prefill 都会更慢。")}
+#: the ruled-out leads as the reply names them, in one line: English, Chinese
+OUT_NAMES = {"The full-cache": ("the full-cache attention", "对整个缓存做注意力"),
+             "A part of": ("any part of the generator growing along the stream",
+                           "生成器的某一部分随 chunk 序号变慢")}
+
+
+def fix_evidence(matrix: list) -> tuple:
+    """Where ``fullgraph=True`` refused the slice to ``position + 1`` (the torch matrix's rows, CPU): the clause the
+    reply's answer to the proposed fix ends with, (English, Chinese); ("", "") without rows."""
+    no = [r["torch"] for r in matrix if r["slice"].get("compiles") is False]
+    yes = [r["torch"] for r in matrix if r["slice"].get("compiles")]
+    if not no:
+        return "", ""
+    span = (no[0], no[0]) if len(no) == 1 else (f"{no[0]} to {no[-1]}", f"{no[0]} 到 {no[-1]}")
+    return (f"which `fullgraph=True` refused on CPU in torch {span[0]}" + (f" ({', '.join(yes)} traces it)" if yes
+                                                                            else ""),
+            f"我们在 CPU 上试过的 torch {span[1]} 在 `fullgraph=True` 下都拒绝了它"
+            + (f"（{'、'.join(yes)} 能追踪）" if yes else ""))
 
 
 def measured_where(stream: dict, machine: Optional[str] = None) -> tuple:
     """What the stream record says was measured, and where (``machine``: its run's label, with the CPU features
-    that pick the kernels): (English, Chinese)."""
+    that pick the kernels), in a sentence: (English, Chinese)."""
     env, p = stream.get("env", {}), stream["params"]
     where = machine or (machine_label(env) if {"torch", "threads", "device_name"} <= set(env) else
                         f"{env.get('device', '?')} (torch {env.get('torch', '?')})")
     split = bool(stream_trends(stream).get("upstream", {}).get("dit"))
     six = stream.get("sixths", {}).get("upstream")
-    en = (f"{p['chunks']} chunks of `generate_streaming`, the {p['preset']} VoxCPM2 architecture with "
-          f"{p.get('weights', 'random')} weights, {p['dtype']}, inference_timesteps={p['inference_timesteps']}, "
-          f"{p.get('repeats', 1)} run{'s' * (p.get('repeats', 1) != 1)}, on a {where}, each chunk timed "
-          + ("in its parts (LMs, DiT, encoder, VAE)" if split else "whole (not split into parts)"))
+    en = f"{p['chunks']} {p['preset']}-size chunks, {where}"
     scale = {"full": "完整", "small": "small", "tiny": "tiny"}.get(p["preset"], p["preset"])
-    zh = (f"在 {where} 上，用{scale}规模的 VoxCPM2 结构和随机权重"
-          f"（{p['dtype']}，inference_timesteps={p['inference_timesteps']}）跑了 {p.get('repeats', 1)} 次 "
-          f"`generate_streaming`，每次 {p['chunks']} 个 chunk，" + ("分部件计时" if split else "按整个 chunk 计时"
-                                                                  "（未分部件）"))
+    zh = f"在 {where} 上用{scale}规模的结构跑 {p['chunks']} 个 chunk"
     if six:
         en += f": upstream's chunk took {six[0] / 1e3:.2f} s in the first sixth and {six[-1] / 1e3:.2f} s in the last"
-        zh += f"：开头六分之一每个 chunk {six[0] / 1e3:.2f} 秒，最后六分之一 {six[-1] / 1e3:.2f} 秒"
+        zh += f"，开头六分之一每个 chunk {six[0] / 1e3:.2f} 秒，最后六分之一 {six[-1] / 1e3:.2f} 秒"
+    if not split:
+        en += " (each chunk timed whole, not split into parts)"
+        zh += "（按整个 chunk 计时，未分部件）"
     return en, zh
 
 
 def reply_293(rows: list, stream: Optional[dict] = None, fix: Optional[tuple] = None,
-              machine: Optional[str] = None) -> str:
-    """The reply to OpenBMB/VoxCPM#293 (markdown, English then Chinese): the fix's fate (``fix``: (en, zh) evidence
-    under ``optimize()``), where it was measured, the leads ranked, a timing snippet, the questions left open."""
+              machine: Optional[str] = None, consumers: Optional[dict] = None,
+              contention: Optional[dict] = None) -> str:
+    """The reply to OpenBMB/VoxCPM#293 (markdown, English then Chinese): the answer to the proposed fix (``fix``:
+    :func:`fix_evidence`'s clause), the cheapest tests and a timing snippet, the leads ranked (what reproduced here
+    first, the GPU leads the tests decide in one line, a lead no test decides as a question, what this run rules out
+    in one line), the version's scope, the questions left open. ``consumers``, ``contention``: the records the caller
+    lead quotes (else its row's)."""
     from .paths import data_dir
 
     where = measured_where(stream, machine) if stream else ("this run's stream", "本次运行的流式生成")
     fix = fix or ("", "")
-    leads = sorted(rows, key=lambda r: (RANK[r["reading"]], not _gpu(r)))  # what reproduced here first
-    zh = lambda r: next(v for k, v in HYPOTHESES_ZH.items() if r["hypothesis"].startswith(k))
-    parts = {"en": dict(fix=" " + fix[0] if fix[0] else "", where=where[0], snippet=SNIPPET, asks="; ".join(ASK),
-                        leads="\n".join(f"{i}. {r['hypothesis']}: {_lead(r, 0)}." for i, r in enumerate(leads, 1))),
-             "zh": dict(fix=fix[1], where=where[1], asks="；".join(ASK_ZH),
-                        leads="\n".join(f"{i}. {zh(r)}：{_lead(r, 1)}。" for i, r in enumerate(leads, 1)))}
+    leads = sorted(rows, key=lambda r: (RANK[r["reading"]], not _gpu(r), _question(r) is None))
+    gpu = [r for r in leads if _gpu(r)]
+    out = [r for r in leads if r["reading"] == RULES_OUT and not _gpu(r)]
+    parts = {}
+    for lang, name in ((0, "en"), (1, "zh")):
+        lines, within = [], []
+        for r in leads:  # the GPU leads are the tests' business
+            if r in out or r in gpu:
+                continue
+            if r["hypothesis"].startswith("The caller"):
+                within.append(len(lines) + 1)
+            lines.append(_lead(r, lang, _consumer_said(consumers, contention)))
+        if out:
+            names = [next((v[lang] for k, v in OUT_NAMES.items() if r["hypothesis"].startswith(k)),
+                          r["hypothesis"]) for r in out]
+            lines.append(f"Ruled out here (CPU, random weights): {' and '.join(names)}. {where[0]}; "
+                         f"{_out_brief(out).split('; the steepest')[0]}." if lang == 0 else
+                         f"本机已排除（CPU、随机权重）：{'；'.join(names)}。{where[1]}。")
+        parts[name] = dict(fix=fix[lang], leads="\n".join(f"{i}. {x}" for i, x in enumerate(lines, 1)),
+                           tests="\n".join(f"{i}. {x[lang]}" + ("." if lang == 0 else "。")
+                                           for i, x in enumerate(TESTS, 1)),
+                           within=(" and " if lang == 0 else " 和 ").join(map(str, within)) or "1",
+                           asks=("; " if lang == 0 else "；").join(ASK if lang == 0 else ASK_ZH))
+    parts["en"]["snippet"] = SNIPPET
     version = (stream or {}).get("env", {}).get("voxcpm", "2.0.3")
     return "\n\n---\n\n".join((data_dir() / "upstream-prs" / "reply-templates" / f"{lang}.md").read_text().format(
         version=version, **kw) for lang, kw in parts.items())
@@ -240,18 +285,58 @@ def _gpu(row: dict) -> Optional[str]:
     return next((k for k in GPU_LEADS if row["hypothesis"].startswith(k)), None)
 
 
+def _question(row: dict) -> Optional[tuple]:
+    """A lead neither this run nor a GPU test decides, asked as a question (None for any other)."""
+    key = next((k for k in QUESTIONS if row["hypothesis"].startswith(k)), None)
+    return QUESTIONS[key] if key and row["reading"] == NEEDS else None
+
+
+def _out_brief(out: list) -> str:
+    """What rules the ruled-out leads out, once: the generator's parts where timed apart (they include the LM steps,
+    where attention runs), else each row's own reading."""
+    parts = next((r for r in out if r["hypothesis"].startswith("A part of")), None)
+    return (parts.get("brief") or parts["measured here"]) if parts else "; ".join(
+        r.get("brief", r["measured here"]) for r in out)
+
+
+def _consumer_said(consumers: Optional[dict], contention: Optional[dict]) -> Optional[str]:
+    """The caller lead's measurement in the reply's words: each consumer pattern that grows as #293's chunks do, and
+    the one run beside the generator, labelled with the threads and model size it ran on; None without records."""
+    hits = [(p, s) for p, s in ((consumers or {}).get("summary") or {}).items() if s["reproduces_293"]]
+    if not hits:
+        return None
+    said = "; ".join(f"{p} took {s['ms_first']:.3g} ms at chunk 1 and {s['ms_at_400']:.4g} ms at chunk 400"
+                     for p, s in hits)
+    if contention:
+        from fastattn.models import voxcpm2_config
+
+        p, env = contention["params"], contention.get("env", {})
+        layers = voxcpm2_config(p["preset"])["lm_config"]["num_hidden_layers"]
+        ci = f" (95% CI {fmt_ci(contention['ci'])})" if contention.get("ci") else ""
+        said += (f"; in a thread beside the generator ({env.get('threads', '?')} CPU threads, {layers} LM layers) it "
+                 f"made the generator's chunks {contention['ratio']:.2f}x as long{ci}")
+    return said
+
+
 #: each reading as a lead of the reply says it: English, Chinese
-SAID = {REPRODUCES: ("reproduced here", "本机复现了这一形态"), RULES_OUT: ("ruled out here", "本机已排除"),
+SAID = {REPRODUCES: ("the shape reproduced here", "本机复现了这一形态"), RULES_OUT: ("ruled out here", "本机已排除"),
         NOT_MEASURED: ("not measured in this run", "本次未测"),
         NEEDS: ("needs your machine to decide", "需要您的机器或 GPU 才能判断")}
 
 
-def _lead(row: dict, lang: int) -> str:
-    """Why a lead fits the post (a GPU lead), else its reading; in English with what was measured, if anything."""
-    if _gpu(row):
-        return GPU_LEADS[_gpu(row)][lang]
+def _lead(row: dict, lang: int, consumer_said: Optional[str] = None) -> str:
+    """One lead of the reply: a question, or the reading and (English) what was measured. A reproduced consumer
+    says whose cost it measured: ours, not the reporter's."""
+    if _question(row):
+        return _question(row)[lang]
+    end, sep = ("." if lang == 0 else "。"), (": " if lang == 0 else "：")
+    names = HYPOTHESES_EN if lang == 0 else HYPOTHESES_ZH
+    name = next((v for k, v in names.items() if row["hypothesis"].startswith(k)), row["hypothesis"])
     said = SAID[row["reading"]][lang]
+    caller = row["hypothesis"].startswith("The caller")
+    if row["reading"] == REPRODUCES and caller:
+        said = ("the shape reproduced here in our own consumer, not your slowdown" if lang == 0 else
+                "本机用我们自己写的消费方复现了这一形态，但复现的不是您遇到的变慢")
     if lang or row["reading"] == NOT_MEASURED:
-        return said
-    shown = row.get("brief", row["measured here"]) if row["reading"] == RULES_OUT else row["measured here"]
-    return f"{said}: {shown}"
+        return name + sep + said + end
+    return f"{name}{sep}{said}: {consumer_said if caller and consumer_said else row['measured here']}{end}"

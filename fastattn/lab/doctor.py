@@ -10,18 +10,12 @@ from typing import Optional
 import torch
 
 from fastattn import compat
-from fastattn.devices import (
-    compile_toolchain,
-    cpu_features,
-    cpu_name,
-    cuda_build_without_cuda,
-    native_bf16,
-    package_version,
-)
+from fastattn.devices import cuda_build_without_cuda, package_version
 from fastattn.exactness import exact_granularity
 
 from .bench.metrics import dtype_recommendation
 from .bench.records import git_commit, load_run
+from .machine import compile_toolchain, cpu_features, cpu_name, native_bf16
 from .paths import reports_dir
 
 __all__ = ["doctor", "format_doctor", "git_commit"]

@@ -19,7 +19,7 @@ import torch
 
 from fastattn.backends import backend_matrix, explain_sdpa
 from fastattn.clock import interleaved, sync
-from fastattn.devices import compile_toolchain, device_name, resolve_device
+from fastattn.devices import resolve_device
 from fastattn.exactness import calibration_ladders
 from fastattn.fast import sdpa_slice
 from fastattn.graphs import cudagraph_recordings, graph_counts, optimize, reset_graph_counts
@@ -35,6 +35,7 @@ from .bench.stream import sixths, text_for, time_chunks
 from .bench.timing import stats_ms, time_interleaved
 from .bench.trend import describe, trend
 from .doctor import doctor
+from .machine import compile_toolchain, device_name
 from .paths import atomic_write_text
 from .runner import Step
 from .upstream import max_abs_diff, run_in_patched_copy, upstream_decode
@@ -46,7 +47,7 @@ FIRST_CONTACT = ("environment", "forms_check", "static_inputs", "optimize_counte
 #: ``--quick``'s budget: a first look on a shared GPU box gets a job slot of about ten minutes
 QUICK_BUDGET_S = 480
 #: what a patched-copy child runs: a function of this module, its arguments from argv
-_LAUNCH = "import sys; from fastattn import gpucheck; gpucheck.{}(*sys.argv[1:])"
+_LAUNCH = "import sys; from fastattn.lab import gpucheck; gpucheck.{}(*sys.argv[1:])"
 
 
 def folder_name(device: torch.device) -> str:

@@ -113,6 +113,31 @@ def breakdown(rec: dict, *, ax=None):
                                         f"{p['inference_timesteps']} DiT steps"), grid=False, loc="upper right")
 
 
+def step_split(rec: dict):
+    """A ``step_split`` record: per component, its time (with its 95% interval) against its floor, step and prefill."""
+    fig, axes = plt.subplots(1, 2, figsize=(10, 3.8))
+    for ax, phase in zip(axes, ("step", "prefill")):
+        rows = _rows(rec, phase=phase)
+        y = range(len(rows))
+        ms = [r["time_s"] * 1e3 for r in rows]
+        err = [[m - (r["time_ci"][0] * 1e3 if r["time_ci"] else m) for m, r in zip(ms, rows)],
+               [(r["time_ci"][1] * 1e3 if r["time_ci"] else m) - m for m, r in zip(ms, rows)]]
+        ax.barh(y, ms, xerr=err, color=COLORS["patched"], label="measured (median, 95% CI)", height=0.6)
+        ax.barh(y, [r["floor_s"] * 1e3 for r in rows], color=COLORS["floor"], label="floor (bytes or FLOPs)",
+                height=0.3)
+        ax.set_yticks(list(y), [r["component"] for r in rows], fontsize=8)
+        s = rec["phases"][phase]
+        ax.set_xlabel(f"ms ({phase}: {s['wall_s'] * 1e3:.0f} ms measured, floor {s['floor_s'] * 1e3:.0f} ms, "
+                      f"efficiency {s['efficiency']:.2f})", fontsize=8)
+        ax.set_title(phase, fontsize=9)
+        ax.legend(fontsize=7)
+    p = rec["params"]
+    fig.suptitle(_title(rec, f"a decode step against the machine: {p['preset']} preset, {p['dtype']}, {p['mode']}, "
+                              f"{p['inference_timesteps']} DiT steps"), fontsize=9)
+    fig.tight_layout()
+    return fig
+
+
 def dtype_decode(rec: dict, *, ax=None):
     """A ``dtype_decode`` record: median step per dtype and variant, its ratio to voxcpm's default with 95% interval."""
     rows = dtype_table(rec)

@@ -13,11 +13,13 @@ from .bench.metrics import (
     dtype_recommendation,
     kv_mb,
     patched_is_upstream,
+    split_line,
     step_ratio,
     time_shares,
     whole_ratio,
 )
 from .bench.records import Run, find_row
+from .bench.stats import fmt_ci
 from .bench.targets import TARGETS_MET, met_count, run_targets
 
 __all__ = ["findings", "headline", "headline_key", "floor_reading", "warm_vs_cold", "step_vs_call", "dtype_reading",
@@ -118,6 +120,8 @@ def findings(run: Run, targets: Optional[list] = None) -> dict:
     h["peak RSS patched - upstream (MB)"] = rss["summary"]["peak_difference_bytes"] / 1e6
     h["bf16 / fp32 cost of SDPA over the slice"] = costs["ratios"]["SDPA over the slice"]
     h.update(dtype_findings(dtype_recommendation(dd, dd.get("flags"))))
+    if (split := run.get("step_split")) is not None:  # runs before it was measured lack it
+        h["a decode step against the machine"] = split_line(split)
     return h
 
 
@@ -230,3 +234,11 @@ def sizing_line(rec: dict) -> str:
     why = (f"; scaled down from {rec['params']['steps']} to fit the runner's {rec['params']['budget_s']:.0f} s "
            f"(n of every median below says so)" if scaled else "")
     return "whole decodes sized to the time left: " + "; ".join(parts) + why
+
+
+def split_table(rec: dict) -> list[dict]:
+    """A ``step_split`` record as a table: per phase and component its bytes, FLOPs, rate, floor, time, efficiency."""
+    return [{"phase": r["phase"], "component": r["component"], "weights read MB": r["bytes"] / 1e6,
+             "GFLOP": r["flops"] / 1e9, "GB/s at its shapes": r["gb_per_s"], "floor ms": r["floor_s"] * 1e3,
+             "bound": r["bound"], "time ms": r["time_s"] * 1e3, "95% CI ms": fmt_ci(r["time_ci"] and tuple(
+                 x * 1e3 for x in r["time_ci"])), "floor / time": r["efficiency"]} for r in rec["rows"]]

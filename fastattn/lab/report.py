@@ -9,15 +9,14 @@ import json
 from pathlib import Path
 from typing import Optional
 
-from fastattn.devices import cpu_features
-
 from . import profiling
-from .bench.metrics import slice_evidence
+from .bench.metrics import matrix_rows
 from .bench.records import Run, load_run
 from .bench.stats import fmt_ci
 from .bench.targets import TARGETS_MET, met_count, met_word, run_targets
 from .claims import claims_ledger
-from .diagnosis import diagnosis, diagnosis_findings, reply_293, stream_findings
+from .diagnosis import diagnosis, diagnosis_findings, fix_evidence, reply_293, stream_findings
+from .machine import cpu_features
 from .paths import atomic_write_text, data_dir
 from .tables import fmt, html_table, md_table, md_text, pairs_table, short
 
@@ -212,8 +211,12 @@ def reply_for_293(run_dir, rows: Optional[list] = None) -> Optional[str]:
     if rows is None:
         return None
     stream = run.get("stream_profile", notebook="01_root_cause")
-    return reply_293(rows, stream, slice_evidence(data_dir() / "results" / "torch-matrix"),
-                     machine=run.machine(stream.get("env")))
+    return reply_293(rows, stream, fix_evidence(matrix_rows(data_dir() / "results" / "torch-matrix")),
+                     machine=run.machine(stream.get("env")), consumers=run.get("consumer_matrix", notebook=NB01),
+                     contention=run.get("consumer_contention", notebook=NB01))
+
+
+NB01 = "01_root_cause"  # the notebook whose records the #293 reply reads
 
 
 def _plan_md(summary: dict) -> list:

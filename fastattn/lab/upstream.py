@@ -1,4 +1,6 @@
-"""The fix as patches upstream could merge: three kits of patched voxcpm 2.0.3 files under ``data/kits/``."""
+"""The fix as patches upstream could merge: three kits of patched voxcpm 2.0.3 files under ``data/kits/``, and the
+bench (``scripts/voxcpm_decode_bench.py``) as a fourth, a new script of upstream's repository the other three's texts
+use to check them."""
 
 from __future__ import annotations
 
@@ -22,7 +24,7 @@ from fastattn import compat
 from fastattn.devices import resolve_device
 from fastattn.models import build_voxcpm2
 
-from .paths import data_dir
+from .paths import data_dir, repo_root
 
 KIT_DIR = data_dir() / "kits"
 
@@ -61,9 +63,12 @@ def _base_text(rel: str) -> str:
 
 
 def kit_sources(kit: str) -> dict:
-    """``{"voxcpm/<rel>": (2.0.3 text, patched text)}`` of ``kit``'s files; DiffError where the base is not 2.0.3."""
+    """``{"voxcpm/<rel>": (2.0.3 text, patched text)}`` of ``kit``'s package files (none for a kit of
+    :data:`REPO_FILES`); DiffError where the base is not 2.0.3."""
     if kit not in KITS:
         raise ValueError(f"kit must be one of {sorted(KITS)}, got {kit!r}")
+    if kit in REPO_FILES:
+        return {}
     root = KIT_DIR / kit / "voxcpm"
     files = sorted(p.relative_to(root).as_posix() for p in root.rglob("*.py"))
     return {f"voxcpm/{rel}": (_base_text(rel), (root / rel).read_text()) for rel in files}
@@ -74,13 +79,27 @@ def cache_source() -> str:
     return (KIT_DIR / "right-sized" / "voxcpm" / "modules" / "minicpm4" / "cache.py").read_text()
 
 
-#: kit -> (its ``{path: (old, new)}``, {layout: diff file under data/}, its upstream-style test); its files are
-#: ``data/kits/<kit>/voxcpm/...``
+#: kit -> (its ``{path: (old, new)}``, {layout: diff file under data/}, its upstream-style test under tests/); a
+#: package kit's files are ``data/kits/<kit>/voxcpm/...``
 KITS = {kit: (partial(kit_sources, kit), {"wheel": f"voxcpm-2.0.3-{name}.diff", "src": f"voxcpm-main-src-{name}.diff"},
               f"test_{test}.py") for kit, name, test in (
     ("right-sized", "right-sized-decode", "minicpm4_right_sized_cache"),
-    ("cpu-dtype", "cpu-dtype-override", "cpu_dtype_override"),
+    ("cpu-dtype", "cpu-dtype-override", "model_utils"),
     ("decode-attention", "live-decode-attention", "minicpm4_decode_attention"))}
+#: the bench: a new script of upstream's repository (outside the package, so not in the wheel). It only adds files,
+#: so one diff serves main and the 2.0.3 tag alike
+KITS["bench"] = (partial(kit_sources, "bench"), dict.fromkeys(LAYOUTS, "voxcpm-decode-bench.diff"),
+                 "test_voxcpm_decode_bench.py")
+#: a kit's new files outside the package: their path in upstream's repository -> this repository's file
+REPO_FILES = {"bench": {"scripts/voxcpm_decode_bench.py": repo_root() / "scripts" / "voxcpm_decode_bench.py"}}
+#: the fix kits (they change the package) and the bench kit
+FIX_KITS = tuple(k for k in KITS if k not in REPO_FILES)
+
+
+def diff_root(kit: str, layout: str) -> str:
+    """Where ``kit``'s ``layout`` diff applies in a tree of upstream's repository: its root, or ``src`` (a 2.0.3
+    diff's paths are the wheel's, ``voxcpm/...``)."""
+    return "" if layout == "src" or kit in REPO_FILES else LAYOUTS["src"][1].rstrip("/")
 
 
 def _defs(text: str) -> dict:
@@ -108,13 +127,31 @@ def _transplant(base: str, old: str, new: str) -> str:
 
 
 #: a kit's change to a file of upstream's repository outside the package (not in the wheel): a diff against main
+#: stored under data/upstream-tests/. TEST_PATCHES: its tests, added to an existing file of upstream's tests/
 SCRIPT_PATCHES = {"cpu-dtype": "scripts-test_pick_runtime_dtype.diff"}
+TEST_PATCHES = {"cpu-dtype": "tests-test_model_utils.diff"}
+
+
+def _new_file(path: str, text: str) -> list:
+    return list(difflib.unified_diff([], text.splitlines(True), fromfile="/dev/null", tofile=f"b/{path}", n=3))
+
+
+def test_setup(kit: str) -> str:
+    """How ``kit``'s test reaches a tree of upstream's repository alone (no package change): a new file's diff,
+    or its stored patch to an existing test file."""
+    if kit in TEST_PATCHES:
+        return (data_dir() / "upstream-tests" / TEST_PATCHES[kit]).read_text()
+    test = KITS[kit][2]
+    return "".join(_new_file(f"tests/{test}", (data_dir() / "upstream-tests" / test).read_text()))
 
 
 def upstream_diff(layout: str = "wheel", kit: str = "right-sized", base: Path | None = None) -> str:
     """``kit``'s ``-p1`` diff for site-packages (``wheel``) or upstream's repo (``src``), or against ``base``."""
     if layout not in LAYOUTS:
         raise ValueError(f"layout must be one of {sorted(LAYOUTS)}, got {layout!r}")
+    if kit in REPO_FILES:  # new files of the repository, the same against main and 2.0.3, and the kit's test
+        return "".join(line for path, src in REPO_FILES[kit].items() for line in _new_file(path, src.read_text())) \
+            + test_setup(kit)
     prefix, parts = LAYOUTS[layout][1], []
     for rel, (old, new) in sorted(kit_sources(kit).items(), reverse=True):
         if base is not None:
@@ -122,10 +159,8 @@ def upstream_diff(layout: str = "wheel", kit: str = "right-sized", base: Path | 
             old, new = theirs, (new if theirs == old else _transplant(theirs, old, new))
         parts.extend(difflib.unified_diff(old.splitlines(True), new.splitlines(True), fromfile=f"a/{prefix}{rel}",
                                           tofile=f"b/{prefix}{rel}", n=3))
-    if layout == "src":  # upstream's repository carries the PR's test too, a new file under tests/
-        test = KITS[kit][2]
-        parts.extend(difflib.unified_diff([], (data_dir() / "upstream-tests" / test).read_text().splitlines(True),
-                                          fromfile="/dev/null", tofile=f"b/tests/{test}", n=3))
+    if layout == "src":  # upstream's repository carries the PR's tests too (a new file, or hunks against main's)
+        parts.append(test_setup(kit))
         if kit in SCRIPT_PATCHES:  # and the change to upstream's own check script (hunks against main's file)
             parts.append((data_dir() / "upstream-tests" / SCRIPT_PATCHES[kit]).read_text())
     return "".join(parts)
@@ -189,13 +224,20 @@ def pristine_copy(dest, layout: str = "wheel") -> Path:
 
 
 def patched_copy(dest, kit="right-sized", layout: str = "wheel") -> Path:
-    """:func:`pristine_copy` with ``kit``'s diffs applied in order; returns ``dest``, for a new process's PYTHONPATH."""
+    """:func:`pristine_copy` with ``kit``'s diffs applied in order; returns ``dest``, for a new process's PYTHONPATH.
+    A kit of :data:`REPO_FILES` adds its files (not its test) under ``layout="src"``, and nothing to the wheel."""
     kits = (kit,) if isinstance(kit, str) else tuple(kit)
     for k in kits:
         if k not in KITS:
             raise ValueError(f"kit must be one of {sorted(KITS)}, got {k!r}")
     dest = pristine_copy(dest, layout)
-    for k in kits:  # the installed 2.0.3 under either layout: its wheel diff, applied inside the layout's prefix
+    for k in kits:
+        if k in REPO_FILES:  # upstream's repository has these files; the wheel has none of them
+            for path, src in REPO_FILES[k].items() if layout == "src" else ():
+                (dest / path).parent.mkdir(parents=True, exist_ok=True)
+                shutil.copy(src, dest / path)
+            continue
+        # the installed 2.0.3 under either layout: its wheel diff, applied inside the layout's prefix
         diff = data_dir() / KITS[k][1]["wheel"]
         try:
             apply_diff(dest / LAYOUTS[layout][1], diff.read_text())
@@ -280,12 +322,15 @@ def main(argv=None) -> int:
     if not args.write:
         print(upstream_diff(args.layout, args.kit, args.upstream if args.layout == "src" else None), end="")
         return 0
+    written = set()
     for kit in KITS:
         for layout in LAYOUTS:
             if layout == "src" and args.upstream is None and kit == "cpu-dtype":
                 print(f"kept {KITS[kit][1][layout]} (its file differs on main: pass --upstream CHECKOUT)")
                 continue
             path = data_dir() / KITS[kit][1][layout]
-            path.write_text(upstream_diff(layout, kit, args.upstream if layout == "src" else None))
-            print(path)
+            if path not in written:
+                path.write_text(upstream_diff(layout, kit, args.upstream if layout == "src" else None))
+                written.add(path)
+                print(path)
     return 0

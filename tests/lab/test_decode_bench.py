@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from fastattn.devices import cpu_features, cpu_flags
+from fastattn.lab.machine import cpu_features, cpu_flags
 from tools import ingest as ing
 
 pytestmark = pytest.mark.usefixtures("seeded_fast_choice")  # fast's probe, cheap (conftest)
@@ -34,6 +34,28 @@ def test_the_bench_imports_only_the_standard_library_torch_numpy_and_voxcpm():
     # torchaudio only probed (voxcpm's own dependency; a stand-in where it cannot load)
     assert names - set(sys.stdlib_module_names) <= {"torch", "numpy", "voxcpm", "torchaudio"}, names
     assert "fastattn" not in BENCH.read_text()
+
+
+def test_the_bench_pr_carries_this_file_in_upstreams_style():
+    """The bench PR's diff (one for main and 2.0.3: it only adds files) adds this very file and its upstream-style
+    test; the file names nothing of this repository and is formatted as upstream's black (line length 120) leaves
+    it."""
+    import re
+
+    from fastattn.lab.upstream import KITS, upstream_diff
+    text = BENCH.read_text()
+    assert not re.search(r"fastattn|data/|\bkits?\b|\.diff\b|workbook", text)
+    diff = upstream_diff("src", "bench")
+    assert diff == upstream_diff("wheel", "bench") and KITS["bench"][1]["src"] == KITS["bench"][1]["wheel"]
+    files = dict(re.findall(r"\+\+\+ b/(\S+)\n@@[^\n]*\n((?:\+[^\n]*\n)*)", diff))
+    assert set(files) == {"scripts/voxcpm_decode_bench.py", f"tests/{KITS['bench'][2]}"}
+    assert "".join(line[1:] + "\n" for line in files["scripts/voxcpm_decode_bench.py"].splitlines()) == text
+    ruff = Path(sys.executable).with_name("ruff")
+    if not ruff.exists():
+        pytest.skip("no ruff beside this Python")
+    r = subprocess.run([str(ruff), "format", "--isolated", "--line-length", "120", "--check", str(BENCH)],
+                       capture_output=True, text=True)
+    assert r.returncode == 0, r.stdout + r.stderr
 
 
 @pytest.fixture(scope="module")

@@ -10,10 +10,10 @@ import time
 import pytest
 import torch
 
-from fastattn.devices import compile_toolchain
 from fastattn.lab import bench, gpucheck
 from fastattn.lab.bench.timing import stats_ms
 from fastattn.lab.gpucheck import FIRST_CONTACT, Step, gpu_check
+from fastattn.lab.machine import compile_toolchain
 
 from ..conftest import cuda
 
@@ -146,7 +146,7 @@ def test_a_missing_tool_for_the_kits_is_a_reported_failure_not_a_lost_step(monke
 
 
 #: the kit's child with a cudagraph skip planted where a compile logs one (before the warm-up decode)
-_PLANTED = ("import sys; from fastattn import gpucheck; "
+_PLANTED = ("import sys; from fastattn.lab import gpucheck; "
             "from torch._inductor.cudagraph_utils import log_cudagraph_skip_and_bump_counter as skip; "
             "gpucheck.upstream_optimized = lambda m: skip('skipping cudagraphs due to a planted mutated input'); "
             "gpucheck.{}(*sys.argv[1:])")

@@ -90,6 +90,10 @@ README_COMMANDS = {
         "tests/lab/test_gpucheck.py::test_only_skip_and_resume_name_steps",
     "python -m fastattn workbook --profile reference": "tests/lab/test_workbook.py::test_the_reference_profile_*",
     "make torch-matrix TORCH=2.11.0 PY=3.12": "test_readme_make_targets_resolve (make -n)",
+    'python -m fastattn run -- voxcpm design --text "Hello." --model-path CKPT --output out.wav':
+        "tests/runtime/test_run.py::test_upstreams_cli_writes_the_same_wav_under_the_wrapper",
+    "python -m fastattn run -- uvicorn app:app":
+        "tests/runtime/test_run.py::test_every_process_is_patched_and_the_users_sitecustomize_still_runs",
 }
 
 

@@ -1,8 +1,9 @@
 """Measuring instruments: each returns a record (:func:`record`); headline figures come from :mod:`.metrics`.
 Timing lives here, never in a test's assertion (``timing`` tests are benchmarks, outside ``make test``)."""
 
-from fastattn.devices import DTYPES, cpu_flags, resolve_device
+from fastattn.devices import DTYPES, resolve_device
 
+from ..machine import cpu_flags
 from .attention import attention_sweep, dtype_costs, fast_choices
 from .cli import main
 from .consumers import consumer_contention, consumer_matrix, consumer_table, stream_audio
@@ -19,10 +20,12 @@ from .metrics import (
                       dtype_recommendation,
                       dtype_table,
                       headlines,
+                      split_line,
                       time_shares,
 )
 from .prompts import prompt_growth, prompt_table
 from .records import env_record, load_record, load_run, record, save_record
+from .split import step_split
 from .stats import ratio_ci, scaled_ci
 from .stream import COMPONENTS, component_table, stream_profile, stream_table
 from .targets import GOALS, check_targets, target_goals
@@ -35,6 +38,6 @@ __all__ = [
     "cpu_flags", "decode_step_sweep", "dtype_costs", "dtype_decode", "dtype_recommendation", "dtype_table",
     "env_record", "fast_choices", "fill_cost", "floor_ms", "form_sweep", "headlines", "kv_memory", "live_kv_bytes",
     "llc_bytes", "load_record", "load_run", "main", "peak_rss", "prompt_growth", "prompt_table", "ratio_ci",
-    "record", "resolve_device", "save_record", "scaled_ci", "step_allocations", "stream_audio",
-    "stream_profile", "stream_table", "target_goals", "time_interleaved", "time_shares", "whole_decode",
+    "record", "resolve_device", "save_record", "scaled_ci", "split_line", "step_allocations", "step_split",
+    "stream_audio", "stream_profile", "stream_table", "target_goals", "time_interleaved", "time_shares", "whole_decode",
 ]

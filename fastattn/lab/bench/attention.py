@@ -9,7 +9,7 @@ import torch
 
 from fastattn import fast as _fast
 from fastattn.core import causal_mask, check_positions, f64_attention, random_decode, sdpa
-from fastattn.devices import cpu_flags, dtype_name, resolve_device
+from fastattn.devices import dtype_name, resolve_device
 from fastattn.devices import dtype_of as _dtype
 from fastattn.exactness import exact_granularity
 from fastattn.fast import LENGTH_CLASSES, fast_report, sdpa_slice
@@ -17,6 +17,7 @@ from fastattn.modes import MODES, REGISTRY
 from fastattn.static import fresh_positions
 from fastattn.step import attention_step
 
+from ..machine import cpu_flags
 from .floor import bandwidth, floor_binds, floor_ms, live_kv_bytes
 from .records import env_record, record
 from .timing import progress_bar, stats_ms, time_interleaved

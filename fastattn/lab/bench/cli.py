@@ -13,17 +13,20 @@ from fastattn.models import PRESETS
 
 from ..runner import Step, add_arguments, open_folder, run_steps, select
 from .attention import attention_sweep
-from .decode import dtype_decode, whole_decode, whole_dtypes
+from .decode import compiled_decode, dtype_decode, whole_decode, whole_dtypes
 from .floor import bandwidth
 from .forms import form_sweep
 from .lm import compile_counts, compiled_step_sweep, decode_step_sweep
 from .memory import kv_memory, step_allocations
+from .programs import program_runs
 from .records import env_record, record
+from .split import step_split
 
 POSITIONS = (0, 16, 256, 512, 1024, 2048, 4096, 8000)
 #: the compiled step compiles a graph per position; the forms sweep spans the cache
 COMPILED_POSITIONS, FORM_POSITIONS = POSITIONS[:5], (0, 256, 1024, 2048, 4096, 6144, 8000)
-#: what ``all`` runs (compile-counts and forms compile per form and dtype: asked for by name)
+#: what ``all`` runs (asked for by name: compile-counts, forms and compiled-decode compile, programs runs upstream's CLI
+#: and a service on the full model)
 ALL = ("bandwidth", "attention", "decode-step", "decode", "dtype", "compiled", "memory")
 #: a job that reads another's figure: the attention sweeps' floor is the bandwidth
 NEEDS = {"attention": ("bandwidth",)}
@@ -55,11 +58,17 @@ def jobs(device, *, dtypes=("float32", "bfloat16"), positions=None, capacity: in
                                      repeats=repeats, steps=steps or 600, progress=progress) for dt in dtypes],
         "memory": lambda: [kv_memory("full", dtype=_one(dtypes, "bfloat16"), device=device),
                            step_allocations(device=dev)],
+        "programs": lambda: [program_runs(preset or "full", steps=steps or 60, timesteps=10)],  # two rounds: A B, B A
+        "split": lambda: [step_split(model, steps=steps or 6, repeats=3, dtype=_one(dtypes, "bfloat16"), device=dev)],
+        "compiled-decode": lambda: [compiled_decode(preset or "full", steps=steps or 8, repeats=3,
+                                                    dtype=_one(dtypes, "bfloat16"), device=dev)],
     }
     names = {"decode": lambda r: [f"whole_decode_{model}"], "dtype": lambda r: [f"dtype_decode_{model}"],
              "compiled": lambda r: [f"compiled_step_{model}"],
              "forms": lambda r: [f"decode_forms_{x['params']['dtype']}" for x in r],
-             "memory": lambda r: ["kv_memory_full", "step_allocations"]}
+             "memory": lambda r: ["kv_memory_full", "step_allocations"],
+             "programs": lambda r: ["wrapped_programs"], "split": lambda r: [f"step_split_{model}"],
+             "compiled-decode": lambda r: [f"compiled_decode_{preset or 'full'}"]}
     return [Step(name, fn, 0.0, None, names.get(name)) for name, fn in table.items()]
 
 

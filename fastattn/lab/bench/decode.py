@@ -11,14 +11,16 @@ from typing import Callable, Optional
 import torch
 
 from fastattn.clock import elapsed_s, medians, rotated, stamp, sync
-from fastattn.devices import cpu_flags, resolve_device, runtime_dtype
+from fastattn.devices import resolve_device
 from fastattn.models import build_voxcpm2, count_parameters, silence_progress
 from fastattn.patch import cache_bytes, patch_voxcpm
 
+from ..machine import cpu_flags, runtime_dtype
 from .metrics import dtype_table, quiet_steps, time_shares  # noqa: F401 (re-exported)
 from .noise import delta, disturbed_series, host_counters
 from .records import env_record, record
 from .rss_probe import peak, reset_peak, trim
+from .stats import ratio_ci
 from .timing import progress_bar
 
 
@@ -78,22 +80,32 @@ def timer_overhead_us(n: int = 2000) -> float:
 
 
 @contextmanager
+def replaced(pairs):
+    """Each ``(object, attribute, value)`` set in the object's own ``__dict__`` for a block; what was there restored."""
+    saved = [(obj, attr, obj.__dict__.get(attr)) for obj, attr, _ in pairs]
+    for obj, attr, value in pairs:
+        obj.__dict__[attr] = value
+    try:
+        yield
+    finally:
+        for obj, attr, old in reversed(saved):
+            if old is None:
+                obj.__dict__.pop(attr, None)
+            else:
+                obj.__dict__[attr] = old
+
+
+@contextmanager
 def instrumented(model, timers: Timers, *, attention: bool = True, vae: bool = False):
     """Time ``base_lm``, ``residual_lm``, ``local_dit``, ``local_encoder``, optionally ``lm_attention`` (decode-step
     SDPA in the LMs) and ``vae`` (streaming decode per chunk) into ``timers``; restored on exit."""
     import torch.nn.functional as F
-    saved = []  # (object, attribute, the instance's own value before or None)
-
-    def put(obj, attr, value):
-        saved.append((obj, attr, obj.__dict__.get(attr)))
-        obj.__dict__[attr] = value
-
-    put(model.base_lm, "forward_step", timers.mark(timers.wrap("base_lm", model.base_lm.forward_step)))
-    put(model.residual_lm, "forward_step", timers.wrap("residual_lm", model.residual_lm.forward_step))
-    put(model.feat_decoder, "forward", timers.wrap("local_dit", model.feat_decoder.forward))
-    put(model.feat_encoder, "forward", timers.wrap("local_encoder", model.feat_encoder.forward))
-    # the prefill encoder call is not a decode step
-    put(model, "_feat_encoder_raw", functools.partial(type(model.feat_encoder).forward, model.feat_encoder))
+    pairs = [(model.base_lm, "forward_step", timers.mark(timers.wrap("base_lm", model.base_lm.forward_step))),
+             (model.residual_lm, "forward_step", timers.wrap("residual_lm", model.residual_lm.forward_step)),
+             (model.feat_decoder, "forward", timers.wrap("local_dit", model.feat_decoder.forward)),
+             (model.feat_encoder, "forward", timers.wrap("local_encoder", model.feat_encoder.forward)),
+             # the prefill encoder call is not a decode step
+             (model, "_feat_encoder_raw", functools.partial(type(model.feat_encoder).forward, model.feat_encoder))]
     if vae:
         streaming_decode = model.audio_vae.streaming_decode
 
@@ -102,7 +114,7 @@ def instrumented(model, timers: Timers, *, attention: bool = True, vae: bool = F
             with streaming_decode(*a, **k) as dec:
                 dec.decode_chunk = timers.wrap("vae", dec.decode_chunk)
                 yield dec
-        put(model.audio_vae, "streaming_decode", timed_streaming_decode)
+        pairs.append((model.audio_vae, "streaming_decode", timed_streaming_decode))
     sdpa = F.scaled_dot_product_attention
     timed_sdpa = timers.wrap("lm_attention", sdpa)
 
@@ -112,14 +124,10 @@ def instrumented(model, timers: Timers, *, attention: bool = True, vae: bool = F
     if attention:
         F.scaled_dot_product_attention = routed
     try:
-        yield
+        with replaced(pairs):
+            yield
     finally:
         F.scaled_dot_product_attention = sdpa
-        for obj, attr, old in reversed(saved):
-            if old is None:
-                obj.__dict__.pop(attr, None)
-            else:
-                obj.__dict__[attr] = old
 
 
 def whole_decode(preset: str = "tiny", *, steps: int = 12, dtype="bfloat16", device="cpu", seed: int = 0,
@@ -218,3 +226,54 @@ def whole_dtypes(device, dtype: str) -> tuple:
     """05's dtypes: voxcpm's own first (every ratio's base), float32, ``dtype``, and float16 on CUDA."""
     extra = ("float32", dtype) + (("float16",) if torch.device(device).type == "cuda" else ())
     return tuple(dict.fromkeys((runtime_dtype(device),) + extra))
+
+
+def compiled_decode(preset: str = "full", *, steps: int = 8, repeats: int = 3, dtype="bfloat16", device="cpu",
+                    seed: int = 0, inference_timesteps: int = 10, text: str = "The quick brown fox jumps over the lazy "
+                    "dog.") -> dict:
+    """Whole decodes eager against compiled (:func:`fastattn.optimize`: the parts voxcpm's ``optimize()`` compiles,
+    which voxcpm itself compiles only on CUDA), upstream and patched, each pair interleaved: record
+    ``compiled_decode`` (per variant: the ratio with its interval, compile plus first decode, the output's
+    difference against eager)."""
+    from fastattn.graphs import optimize
+
+    device, out = resolve_device(device), {}
+    silence_progress()
+    for variant in ("upstream", "patched"):
+        models = {k: build_voxcpm2(preset, seed=seed, device=str(device), dtype=dtype) for k in ("eager", "compiled")}
+        with patch_voxcpm(models["eager"]) if variant == "patched" else nullcontext() as handle:
+            if handle:
+                handle.convert(models["compiled"])
+            optimize(models["compiled"])
+
+            def gen(m):
+                return m.generate(text, min_len=steps, max_len=steps, inference_timesteps=inference_timesteps)
+            t0 = time.perf_counter()
+            torch.manual_seed(seed)
+            first = gen(models["compiled"])
+            compile_s = time.perf_counter() - t0
+            walls, wav = {"eager": [], "compiled": []}, {}
+            for r in range(repeats):
+                for k in rotated(walls, r):
+                    torch.manual_seed(seed)
+                    sync(device)
+                    t1 = time.perf_counter()
+                    wav[k] = gen(models[k])
+                    sync(device)
+                    walls[k].append(time.perf_counter() - t1)
+        diff = (wav["compiled"].double() - wav["eager"].double()).abs()
+        med = {k: statistics.median(v) for k, v in walls.items()}
+        out[variant] = {"wall_s": walls, "median_s": med, "ratio": med["compiled"] / med["eager"],
+                        "ratio_ci": ratio_ci(walls["compiled"], walls["eager"]), "compile_and_first_s": compile_s,
+                        "first_identical_to_repeat": bool(torch.equal(first, wav["compiled"])),
+                        "max_abs_diff": diff.max().item(),
+                        "output_rms": wav["eager"].double().pow(2).mean().sqrt().item(),
+                        "compiled": models["compiled"].fastattn_compiled["compiled"],
+                        "failed": models["compiled"].fastattn_compiled["failed"]}
+        del models
+    params = {"preset": preset, "steps": steps, "repeats": repeats, "dtype": dtype, "text": text,
+              "inference_timesteps": inference_timesteps, "float64_reference": None}
+    return record("compiled_decode", env=env_record(device, dtype), params=params, variants=out, rows=[
+        {"variant": v, **{k: o[k] for k in ("ratio", "compile_and_first_s", "max_abs_diff", "output_rms")},
+         "ratio_low": o["ratio_ci"] and o["ratio_ci"][0], "ratio_high": o["ratio_ci"] and o["ratio_ci"][1]}
+        for v, o in out.items()])

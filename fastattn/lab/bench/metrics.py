@@ -6,9 +6,9 @@ import statistics
 from pathlib import Path
 from typing import NamedTuple, Optional
 
-from fastattn.devices import cpu_features, machine_label, native_bf16
 from fastattn.models import MAX_LENGTH
 
+from ..machine import cpu_features, machine_label, native_bf16
 from .records import Run, find_row, load_record, save_order
 from .stats import YES, fmt_ci, judge, quiet_ratio, ratio_ci, scaled_ci
 
@@ -101,6 +101,36 @@ def kv_mb(kv: dict) -> tuple:
 def patched_is_upstream(whole: dict) -> bool:
     """Whether a ``whole_decode`` record's patched decode was upstream's computation (False if it does not say)."""
     return "patched_granularity" in whole and whole["patched_granularity"] is None
+
+
+def step_floor(split: dict, phase: str = "step") -> Figure:
+    """A ``step_split`` phase's measured time over its floor (its components' floors summed): 1 is the machine."""
+    p = split["phases"][phase]
+    ci = p["wall_ci"] and (p["wall_ci"][0] / p["floor_s"], p["wall_ci"][1] / p["floor_s"])
+    return Figure(p["wall_s"] / p["floor_s"], ci, p["n"], p["dropped"])
+
+
+def split_line(split: dict) -> str:
+    """A decode step against the machine in one sentence: the share of its floor it reaches, its largest component
+    and the biggest remaining lever (time above its floor)."""
+    s, lv, par = split["phases"]["step"], split["lever"], split["params"]
+    top = max((r for r in split["rows"] if r["phase"] == "step"), key=lambda r: r["time_s"])
+    return (f"a decode step ({par['preset']}, {par['dtype']}, patched) runs at {s['efficiency']:.2f} of its floor: "
+            f"{s['wall_s'] * 1e3:.0f} ms against {s['floor_s'] * 1e3:.0f} ms ({s['n']} steps); {top['component']} "
+            f"takes {top['time_s'] / s['wall_s']:.0%} of it; the biggest lever is {lv['component']}, "
+            f"{lv['headroom_s'] * 1e3:.0f} ms a step above its floor ({lv['bound']}-bound)")
+
+
+def compile_line(rec: dict) -> str:
+    """A ``compiled_decode`` record in one sentence per variant: compiled / eager with its interval, the compile,
+    the output's difference."""
+    p = rec["params"]
+    parts = [f"{v}: compiled / eager {Figure(o['ratio'], o['ratio_ci'], len(o['wall_s']['eager'])).text()}, compile "
+             f"plus first decode {o['compile_and_first_s']:.0f} s, max |compiled - eager| {o['max_abs_diff']:.2g} "
+             f"(output rms {o['output_rms']:.2g})" + (f", failed: {o['failed']}" if o["failed"] else "")
+             for v, o in rec["variants"].items()]
+    return (f"whole decode ({p['preset']}, {p['dtype']}, {p['steps']} steps) compiled with inductor on "
+            f"{rec['env']['device']}: " + "; ".join(parts))
 
 
 def attention_record(run: Run, dtype: str, cold: bool = False, capacity: Optional[int] = None) -> Optional[dict]:

@@ -15,6 +15,7 @@ import resource
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Optional
@@ -26,6 +27,7 @@ from ..paths import repo_root
 from .noise import machine_busy_s, others_busy
 from .records import env_record, record
 from .stats import ratio_ci, scaled_ci
+from .stream import text_for
 
 SERVICE = ("data", "programs", "stream_service.py")
 VARIANTS = ("plain", "wrapped")
@@ -166,12 +168,17 @@ def _digest(path: Path) -> str:
     return hashlib.sha256(Path(path).read_bytes()).hexdigest()[:16]
 
 
-def program_runs(folder, *, preset: str = "full", text: str, steps: tuple, rounds: int = 2, timesteps: int = 10,
-                 seed: int = 0) -> dict:
-    """Upstream's CLI and the streaming service, plain and wrapped, in rotated order (A B, B A, ...), on a stopping
-    checkpoint of ``preset``: record ``wrapped_programs`` (wall times, per-chunk times, output digests)."""
-    folder = Path(folder)
-    made = stopping_checkpoint(folder, text, preset=preset, steps=steps, seed=seed, timesteps=timesteps)
+def program_runs(preset: str = "full", *, steps: int = 60, rounds: int = 2, timesteps: int = 10, seed: int = 0,
+                 folder=None) -> dict:
+    """Upstream's CLI and the streaming service, plain and wrapped, in rotated order (A B, B A, ...), on a checkpoint
+    of ``preset`` that stops after ``steps`` to 1.5x ``steps``: record ``wrapped_programs`` (wall times, per-chunk
+    times, output digests). ``folder``: where the checkpoint and outputs go (default: a temporary one)."""
+    if folder is None:
+        with tempfile.TemporaryDirectory() as tmp:
+            return program_runs(preset, steps=steps, rounds=rounds, timesteps=timesteps, seed=seed, folder=tmp)
+    folder, text = Path(folder), text_for(steps * 3 // 2)
+    made = stopping_checkpoint(folder, text, preset=preset, steps=(steps, steps * 3 // 2), seed=seed,
+                               timesteps=timesteps)
     env, runs = program_env(made["site"]), []
     for r in range(rounds):
         for program in ("cli", "stream"):
@@ -214,3 +221,17 @@ def program_rows(runs: list) -> list:
                         "chunks": len(by["plain"][0]["chunk_ms"]) + 1})
         rows.append(row)
     return rows
+
+
+def wrapped_sentence(rec: dict) -> str:
+    """A ``wrapped_programs`` record in one sentence, for a maintainer: output bytes, per-chunk and whole-run time."""
+    from ..machine import machine_label
+    from .metrics import Figure
+    rows, p = {r["program"]: r for r in rec["rows"]}, rec["params"]
+    cli, st = rows["cli"], rows["stream"]
+    same = "byte-identical" if cli["same_bytes"] and st["same_bytes"] else "DIFFERENT"
+    return (f"Applied at start-up to an installed voxcpm {rec['env']['voxcpm']}, the change left upstream's own "
+            f"`voxcpm design` and a streaming loop (`generate_streaming` on a worker thread) with {same} output; the "
+            f"stream's chunks took {Figure(st['chunk_ratio'], st['chunk_ratio_ci'], st['chunks']).text()} the time, "
+            f"a whole CLI run (model load included) {cli['wall_ratio']:.2f}x ({p['preset']} architecture, random "
+            f"weights, {rec['env']['dtype']}, {cli['runs']} runs each, {machine_label(rec['env'])})")

@@ -13,8 +13,9 @@ from typing import Optional
 
 import torch
 
-from fastattn.devices import cpu_features, device_name, dtype_name, dtype_of, machine_label, package_version
+from fastattn.devices import dtype_name, dtype_of, package_version
 
+from ..machine import cpu_features, device_name, machine_label
 from ..paths import atomic_write_text, repo_root, without_machine_paths
 
 

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from fastattn.devices import native_bf16
 from fastattn.models import MAX_LENGTH
 
+from ..machine import native_bf16
 from .metrics import (
     attention_free_ratio,
     attention_record,
@@ -13,6 +13,7 @@ from .metrics import (
     default_key,
     dtype_ratio_text,
     dtype_table,
+    step_floor,
     step_ratio,
     time_shares,
     whole_ratio,
@@ -37,6 +38,8 @@ GOALS = {
     "kv_bytes": ("KV bytes of a 300-token request, both LMs, measured caches: patched / upstream", 0.10),
     "whole": ("whole decode (full preset, bf16): patched / upstream wall over the attention-free estimate (the "
               "ratio if upstream's LM decode attention cost nothing)", 1.15),
+    "step_floor": ("one decode step after the fix (patched, bf16): its time / its floor (each component's weights at "
+                   "this machine's streaming rate for its shapes, or its FLOPs at the GEMM peak)", 2.0),
     "dtype_opt_in": ("on a CPU without bf16 instructions (no AMX, AVX512-BF16 or Arm BF16): fp32 with the fix / "
                      "voxcpm's default (bf16, upstream), decode step", 0.35),
 }
@@ -57,6 +60,7 @@ HISTORY = {
 MUST_HOLD = {
     "capacity_bound": "cache capacity <= max(2 x live length, granularity) at every step",
     "whole_identical": "whole decode output bit-identical to upstream",
+    "split_adds_up": "a decode step's and the prefill's components add up to their measured time within 10%",
 }
 
 
@@ -75,7 +79,8 @@ def target_records(run) -> dict:
     return {"attention_fp32": att("float32", False), "attention_bf16": att("bfloat16", False),
             "attention_fp32_cold": att("float32", True), "decode_bf16": run.get("decode_step", dtype="bfloat16"),
             "decode_fp32": run.get("decode_step", dtype="float32"), "kv": run.get("kv_memory", dtype="bfloat16"),
-            "growth": growth, "whole": run.get("whole_decode"), "dtypes": run.get("dtype_decode")}
+            "growth": growth, "whole": run.get("whole_decode"), "dtypes": run.get("dtype_decode"),
+            "split": run.get("step_split")}
 
 
 def run_targets(run) -> list[dict]:
@@ -118,8 +123,21 @@ def check_targets(records: dict) -> list[dict]:
             add_ratio(gid, f"decode step p=256 ({rec['params']['dtype']}, hidden {rec['params']['hidden']}): "
                       "patched / upstream", step_ratio(rec, 256), attention_share_line(rec, 256))
     _whole_targets(records.get("whole"), add)
+    _split_targets(records.get("split"), add)
     _dtype_target(records.get("dtypes"), add)
     return out
+
+
+def _split_targets(split, add):
+    """The step against its floor (:func:`.metrics.step_floor`), and whether its components account for it."""
+    if not split:
+        return
+    fig, p, lv = step_floor(split), split["params"], split["lever"]
+    add("step_floor", f"decode step ({p['preset']}, {p['dtype']}, {p['mode']}): time / floor", fig.value,
+        f"the biggest lever: {lv['component']}, {lv['headroom_s'] * 1e3:.0f} ms a step above its floor", fig.ci, fig.n)
+    cover = {ph: s["coverage"] for ph, s in split["phases"].items()}
+    add("split_adds_up", "components / measured time, step and prefill", all(0.9 <= c <= 1.1 for c in cover.values()),
+        "; ".join(f"{ph}: {c:.1%}" for ph, c in cover.items()))
 
 
 def _dtype_target(rec, add):

@@ -143,11 +143,11 @@ def _has_mps() -> bool:
     return hasattr(torch.backends, "mps") and torch.backends.mps.is_available()
 
 
-def _dtype_override(name: str) -> str:
-    """The dtype set in the environment variable ``name`` (lower-cased; "" when unset), validated."""
+def _dtype_override(name: str, valid=_VALID_DTYPE_OVERRIDES) -> str:
+    """The dtype set in the environment variable ``name`` (lower-cased; "" when unset), one of ``valid``."""
     override = os.environ.get(name, "").strip().lower()
-    if override and override not in _VALID_DTYPE_OVERRIDES:
-        raise ValueError(f"{name}='{override}' is not one of {sorted(_VALID_DTYPE_OVERRIDES)}")
+    if override and override not in valid:
+        raise ValueError(f"{name}='{override}' is not one of {sorted(valid)}")
     return override
 
 
@@ -162,12 +162,12 @@ def pick_runtime_dtype(device: str, configured_dtype: str) -> str:
 
     Users can override with ``VOXCPM_MPS_DTYPE`` (e.g. ``bfloat16``) when
     they want to test future MPS improvements, and with ``VOXCPM_CPU_DTYPE``
-    (e.g. ``float32``) on CPU: on a CPU without native bfloat16 instructions
-    float32 may run faster; it doubles the weights' memory and rounds
-    differently.
+    (``float32`` or ``bfloat16``; float16 is refused, untested on CPU) on CPU:
+    on a CPU without native bfloat16 instructions float32 may run faster; it
+    doubles the weights' memory and rounds differently.
     """
     if device == "cpu":
-        return _dtype_override("VOXCPM_CPU_DTYPE") or configured_dtype
+        return _dtype_override("VOXCPM_CPU_DTYPE", {"bfloat16", "bf16", "float32", "fp32"}) or configured_dtype
     if device != "mps":
         return configured_dtype
 

@@ -58,12 +58,13 @@ def _decode_block_mask(position_id: torch.Tensor, n_keys: int):
     )
 
 
-def live_decode_attention(query_states, key_states, value_states, kv_cache, position_id):
+def live_decode_attention(query_states, key_states, value_states, kv_cache, position_id, block_mask=None):
     """Write the new key and value at ``position_id``, then attend over keys [0, position_id] only.
 
-    Eager: SDPA over that slice, no mask. ``position_id`` is the host's int there (MiniCPMModel.forward_step
-    passes it), or a tensor read here once when a layer is called on its own. Compiled: FlexAttention over the
-    whole cache with a block mask made in the graph: no host read, static shapes.
+    Eager: SDPA over that slice, no mask. ``position_id`` is an int there (MiniCPMModel.forward_step passes one),
+    or a tensor read here once when a layer is called on its own. Compiled: FlexAttention over the whole cache
+    with ``block_mask`` (MiniCPMModel.forward_step builds it once per step for every layer; built here when a
+    layer is called on its own): no host read, static shapes.
     query_states (B, H, 1, D); kv_cache (B, H_kv, max_length, D) x 2.
     """
     key_cache, value_cache = kv_cache
@@ -71,7 +72,8 @@ def live_decode_attention(query_states, key_states, value_states, kv_cache, posi
     key_cache[:, :, at] = key_states
     value_cache[:, :, at] = value_states
     if torch.compiler.is_compiling():
-        block_mask = _decode_block_mask(torch.as_tensor(position_id), key_cache.size(2))
+        if block_mask is None:
+            block_mask = _decode_block_mask(torch.as_tensor(position_id), key_cache.size(2))
         return _flex.flex_attention(query_states, key_cache, value_cache, block_mask=block_mask, enable_gqa=True)
     length = int(position_id) + 1
     key_cache, value_cache = key_cache[:, :, :length], value_cache[:, :, :length]
@@ -252,6 +254,7 @@ class MiniCPMAttention(nn.Module):
         position_emb: Tuple[torch.Tensor, torch.Tensor],
         position_id: int,
         kv_cache: Tuple[torch.Tensor, torch.Tensor],
+        block_mask=None,
     ) -> torch.Tensor:
         bsz, _ = hidden_states.size()
 
@@ -268,7 +271,10 @@ class MiniCPMAttention(nn.Module):
             query_states, key_states = apply_rotary_pos_emb(query_states, key_states, cos, sin)
 
         if self.decode_attention == "live":
-            return self._output(live_decode_attention(query_states, key_states, value_states, kv_cache, position_id))
+            attn_output = live_decode_attention(
+                query_states, key_states, value_states, kv_cache, position_id, block_mask
+            )
+            return self._output(attn_output)
 
         key_cache, value_cache = kv_cache
 
@@ -375,6 +381,7 @@ class MiniCPMDecoderLayer(nn.Module):
         position_emb: Tuple[torch.Tensor, torch.Tensor],
         position_id: torch.Tensor,
         kv_cache: Tuple[torch.Tensor, torch.Tensor],
+        block_mask=None,
     ) -> torch.Tensor:
         residual = hidden_states
         hidden_states = self.input_layernorm(hidden_states)
@@ -384,6 +391,7 @@ class MiniCPMDecoderLayer(nn.Module):
             position_emb=position_emb,
             position_id=position_id,
             kv_cache=kv_cache,
+            block_mask=block_mask,
         )
 
         if self.use_mup:
@@ -496,8 +504,17 @@ class MiniCPMModel(nn.Module):
         else:
             position_emb = None
         hidden_states = inputs_embeds
-        if self.decode_attention == "live" and not torch.compiler.is_compiling():
-            position_id = self.kv_cache.current_length - 1  # the slot step() returned, known here: no device sync
+        block_mask = None
+        if self.decode_attention == "live":
+            if torch.compiler.is_compiling():
+                # one block mask per step for every layer, made in the graph from the position tensor
+                block_mask = _decode_block_mask(position_id, self.kv_cache.get_layer_cache(0)[0].size(2))
+            else:
+                # Eager "live" attends over keys [0, kv_cache.current_length - 1]: the slot kv_cache.step() returned,
+                # which is the position_id voxcpm's decode loop passes. It is taken from the cache, on the host,
+                # because reading position_id back would be a device sync in every layer on CUDA. A caller with
+                # another position calls the layers itself, with that position as an int.
+                position_id = self.kv_cache.current_length - 1
 
         for i, decoder_layer in enumerate(self.layers):
             hidden_states = decoder_layer.forward_step(
@@ -505,6 +522,7 @@ class MiniCPMModel(nn.Module):
                 position_emb,
                 position_id,
                 self.kv_cache.get_layer_cache(i),
+                block_mask=block_mask,
             )
 
         hidden_states = self.norm(hidden_states)

@@ -1,4 +1,3 @@
-import sys
 from typing import List, Optional, Tuple
 
 import torch
@@ -6,8 +5,13 @@ import torch
 # From torch 2.9, SDPA runs this masked grouped-query decode call on CPU through its flash kernel, which walks the
 # keys in blocks of 512 (aten/src/ATen/native/cpu/FlashAttentionKernel.cpp, flash_attention_kernel_impl:
 # kv_split_size 512). A window whose size is a multiple of 512 hands it the same blocks as the whole cache; the
-# whole cache's extra blocks are fully masked and add exact zeros. Older torch runs the call through its math
-# kernel, where such a window changed float32 results: there, and off CPU, the window is the whole cache.
+# whole cache's extra blocks are fully masked and add exact zeros. So on CPU the cache hands the attention the
+# valid length rounded up to 512 slots, and the mask and the attention scale with that window, not max_length.
+# Decodes through it were checked equal to the whole cache's, bit for bit, on CPU with torch 2.9.1, 2.11.0,
+# 2.13.0, 2.14.1 and 2.15.0; a later torch that changes the kernel's block could break that, and
+# granularity=max_length (StaticKVCache, MiniCPMModel.setup_cache) restores the whole cache. Older torch runs
+# the call through its math kernel, where such a window changed float32 results: there, and off CPU, the window
+# is the whole cache.
 CPU_KEY_BLOCK = 512
 CPU_FLASH_GQA = tuple(int(v) for v in torch.__version__.split(".")[:2]) >= (2, 9)
 
@@ -33,14 +37,6 @@ def window_slots(length: int, capacity: int, granularity: int) -> int:
     return min(-(-max(length, 1) // granularity) * granularity, capacity)
 
 
-def _mark_dynamic(t: torch.Tensor, dim: int) -> None:
-    """``torch._dynamo.maybe_mark_dynamic(t, dim)`` where dynamo is loaded (a process that has not imported it
-    is not compiling); nothing where it is not."""
-    dynamo = sys.modules.get("torch._dynamo")
-    if dynamo is not None:
-        dynamo.maybe_mark_dynamic(t, dim)
-
-
 class StaticKVCache:
     """KV cache of the decode loop, sized to the request.
 
@@ -48,9 +44,12 @@ class StaticKVCache:
     torch >= 2.9, ``max_length`` elsewhere), the capacity doubles when decoding reaches its end, and a
     later shorter request shrinks it back: ``capacity <= min(max(2 * current_length,
     granularity), max_length)``. Only slots an earlier request wrote are cleared.
-    ``kv_cache`` is a view over the valid length rounded up to ``granularity``; the slots
-    past the valid length in it are zeros, masked by the attention. No longer static on
-    CPU: fetch the layer views after ``step()``, which may move the storage.
+    ``kv_cache`` covers the valid length rounded up to ``granularity``; the slots past the
+    valid length in it are zeros, masked by the attention. On CPU it is therefore shorter
+    than ``max_length``, and ``step()`` or ``fill_caches()`` may replace it with a new view
+    (when the window grows or the storage moves): read it, or ``get_layer_cache()``, after
+    each call rather than holding on to it. Off CPU it is one tensor of ``max_length``
+    slots for the life of the cache, as before.
     """
 
     def __init__(
@@ -76,17 +75,19 @@ class StaticKVCache:
         self.current_length = 0
         self.written = 0  # slots [0, written) may hold values; past it the storage is zeros
         self.storage = self._zeros(fill_capacity(0, 0, granularity, max_length))
-        self._set_window()
+        self.window = 0
+        self._set_window(moved=True)
 
     def _zeros(self, capacity: int) -> torch.Tensor:
         layers, batch, heads, dim = self.shape
         return torch.zeros(2, layers, batch, heads, capacity, dim, device=self.device, dtype=self.dtype)
 
-    def _set_window(self):
-        self.window = window_slots(self.current_length, self.storage.size(4), self.granularity)
-        self.kv_cache = self.storage[:, :, :, :, : self.window]
-        if self.granularity < self.max_length:  # a window that never changes stays static, as before
-            _mark_dynamic(self.kv_cache, 4)
+    def _set_window(self, moved: bool = False):
+        window = window_slots(self.current_length, self.storage.size(4), self.granularity)
+        if moved or window != self.window:
+            self.window = window
+            full = window == self.storage.size(4)
+            self.kv_cache = self.storage if full else self.storage[:, :, :, :, :window]
 
     def get_layer_cache(self, layer_idx: int) -> Tuple[torch.Tensor, torch.Tensor]:
         return self.kv_cache[0, layer_idx], self.kv_cache[1, layer_idx]
@@ -97,14 +98,15 @@ class StaticKVCache:
 
         ret = self.current_length
         capacity = step_capacity(ret, self.storage.size(4), self.granularity, self.max_length)
-        if capacity != self.storage.size(4):
+        moved = capacity != self.storage.size(4)
+        if moved:
             storage = self._zeros(capacity)
             storage[:, :, :, :, :ret] = self.storage[:, :, :, :, :ret]
             self.storage = storage
             self.written = ret
         self.current_length = ret + 1
         self.written = max(self.written, ret + 1)
-        self._set_window()
+        self._set_window(moved)
         return ret
 
     def fill_caches(self, kv_caches: List[Tuple[torch.Tensor, torch.Tensor]]):
@@ -112,7 +114,8 @@ class StaticKVCache:
         if length > self.max_length:
             raise ValueError("KV cache is full")
         capacity = fill_capacity(length, self.storage.size(4), self.granularity, self.max_length)
-        if capacity != self.storage.size(4):
+        moved = capacity != self.storage.size(4)
+        if moved:
             self.storage = self._zeros(capacity)
         elif self.written > length:
             # only what an earlier request wrote past this one's prefix
@@ -122,4 +125,4 @@ class StaticKVCache:
             self.storage[1, i, :, :, :length, :] = kv_caches[i][1]
         self.current_length = length
         self.written = length
-        self._set_window()
+        self._set_window(moved)

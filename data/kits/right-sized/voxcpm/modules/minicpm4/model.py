@@ -199,9 +199,6 @@ class MiniCPMAttention(nn.Module):
         # Use an explicit broadcastable mask shape for SDPA. A 1D mask can
         # trigger a CPU-side dimension bug in some PyTorch versions.
         attn_mask = (torch.arange(key_cache.size(2), device=key_cache.device) <= position_id).view(1, 1, 1, -1)
-        # On CPU with torch >= 2.9 the cache hands out the valid length rounded up to 512 slots (see StaticKVCache),
-        # so the mask and the attention scale with that window, not max_length, with the same bits
-        # as over the whole cache. Elsewhere the window is the whole cache, as before.
 
         if query_states.device.type == "mps":
             # ref: https://github.com/pytorch/pytorch/issues/163597
@@ -414,13 +411,13 @@ class MiniCPMModel(nn.Module):
                 hidden_states,
                 position_emb,
                 position_id,
-                self.kv_cache.get_layer_cache(i),  # every step: step() may move the cache's storage
+                self.kv_cache.get_layer_cache(i),
             )
 
         hidden_states = self.norm(hidden_states)
         return hidden_states
 
-    def setup_cache(self, batch_size: int, max_length: int, device, dtype: torch.dtype):
+    def setup_cache(self, batch_size: int, max_length: int, device, dtype: torch.dtype, granularity=None):
         self.kv_cache = StaticKVCache(
             num_layers=self.config.num_hidden_layers,
             num_kv_heads=self.config.num_key_value_heads,
@@ -433,4 +430,5 @@ class MiniCPMModel(nn.Module):
             device=device,
             dtype=dtype,
             max_length=max_length,
+            granularity=granularity,
         )
