@@ -14,6 +14,7 @@ from fastattn.lab.bench.metrics import (
     attention_free_ratio,
     attention_share,
     call_ratio,
+    compile_line,
     dtype_ratio_text,
     dtype_recommendation,
     dtype_table,
@@ -21,9 +22,11 @@ from fastattn.lab.bench.metrics import (
     kv_mb,
     matrix_rows,
     others_line,
+    split_line,
     time_shares,
     whole_ratio,
 )
+from fastattn.lab.bench.programs import wrapped_sentence
 from fastattn.lab.bench.records import find_row, load_run
 from fastattn.lab.bench.stream import stream_verdicts
 from fastattn.lab.bench.targets import met_count
@@ -106,6 +109,8 @@ def findings_table(ref: Path) -> str:
     if r["forms"]:
         rows.append(("Compiled (fullgraph, inductor), bf16: the fastest decode form at VoxCPM2's geometry",
                      forms_answer(r["forms"])))
+    if _split(ref):
+        rows.append(("How close is a decode step to this machine's limit, and where does it go?", _split(ref)))
     rows.append(("Targets met", f"{met_count(t['rows'])} (docs/results.md gives each target's goal, verdict and "
                  "note)"))
     head = [f"Measured on a {machine_name(t['env'], ref)}: the committed reference run "
@@ -198,9 +203,42 @@ def reference_findings(ref: Path, other: Optional[Path] = None) -> str:
                       f"data/results/{Path(other).name}`):", "", compare_markdown(compare([ref, other])).rstrip("\n")]
     lines += ["", "Why the bf16 step ratio differs between machines: the attention's share of upstream's step, from "
               "each machine's decode-step record.", "", attention_shares(ref.parent).rstrip("\n")]
+    readings = machine_readings(ref.parent)
+    if readings:
+        lines += ["", "Measured on the machines that hold these records (a decode step against the machine, "
+                      "compiling the whole decode on CPU, the fix in programs this project did not write):", "",
+                  readings]
     lines += ["", "Runs of `scripts/voxcpm_decode_bench.py` on other machines (`python -m tools.ingest FILE`):", "",
               bench_table()]
     return "\n".join(lines) + "\n"
+
+
+#: record kind -> (what it answers, the one function that reads it): readings a machine folder may hold beside (or
+#: without) a whole reference run
+MACHINE_READINGS = {"step_split": ("a decode step against the machine", split_line),
+                    "compiled_decode": ("the whole decode compiled on this CPU (`fastattn.optimize`, inductor)",
+                                        compile_line),
+                    "wrapped_programs": ("upstream's CLI and a streaming service under `python -m fastattn run`",
+                                         wrapped_sentence)}
+
+
+def machine_readings(results: Path) -> str:
+    """Each machine folder's record of each :data:`MACHINE_READINGS` kind, read by its one function."""
+    from fastattn.lab.tables import md_table
+    rows = [{"machine": machine_name(rec["env"], folder), "question": what, "measured": read(rec)}
+            for kind, (what, read) in MACHINE_READINGS.items() for folder, rec in machines_with(results, kind)]
+    return "\n".join(md_table(rows)) if rows else ""
+
+
+def _split(ref: Path) -> Optional[str]:
+    """README's step-against-the-machine answer: the reference run's record, else the newest machine folder's."""
+    own = records(ref)["run"].get("step_split")
+    found = [(ref, own)] if own else machines_with(ref.parent, "step_split")
+    if not found:
+        return None
+    folder, rec = found[-1]
+    return split_line(rec) + ("" if folder == ref else f" (on {machine_name(rec['env'], folder)}: not the reference "
+                                                       "run's machine)")
 
 
 def attention_shares(results: Path, position: int = 256) -> str:

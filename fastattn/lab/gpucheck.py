@@ -95,6 +95,8 @@ def _steps(device: torch.device, size: dict) -> list:
         ("whole_decode_eager", lambda: [bench.whole_decode(size["preset"], steps=size["steps"], dtype="bfloat16",
                                                             device=str(device), repeats=1, progress=False)],
          60, 60, None),
+        ("step_split", lambda: [bench.step_split(size["preset"], steps=min(size["steps"], 6), repeats=3,
+                                                 device=str(device))], 90, 60, None),
         ("whole_decode_optimized", lambda: [_optimized_decode(device, size)], 480, 0, cuda_only or no_cc),
         ("stream_under_optimize", lambda: [_stream_under_upstream_optimize(device, size)], 360, 0,
          cuda_only or no_cc),

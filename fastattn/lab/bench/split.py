@@ -60,16 +60,18 @@ class Counts:
 
     def __init__(self):
         self.window, self.bytes, self.flops = -1, defaultdict(int), defaultdict(int)
-        self.shapes = defaultdict(int)  # (component, out, in, rows, dtype) -> bytes read through that shape
+        self.shapes = defaultdict(int)  # (phase, component, out, in, rows, dtype) -> bytes read through that shape
+        self.dtypes = {}  # component -> the dtype of its weights (its FLOPs run at that dtype's peak)
 
     def hook(self, component: str):
         def count(module, args, out):
             x, b = args[0] if args and isinstance(args[0], torch.Tensor) else None, _own_bytes(module)
             self.bytes[self.window, component] += b
             self.flops[self.window, component] += 0 if x is None else _flops(module, x, out)
+            self.dtypes.setdefault(component, str(next(module.parameters(recurse=False)).dtype))
             if isinstance(module, torch.nn.Linear) and x is not None:
-                shape = (component, module.out_features, module.in_features, x.numel() // module.in_features)
-                self.shapes[(*shape, str(module.weight.dtype))] += b
+                shape = (module.out_features, module.in_features, x.numel() // module.in_features)
+                self.shapes[(PHASES[self.window >= 0], component, *shape, str(module.weight.dtype))] += b
         return count
 
     def per_window(self, kind: str, windows) -> dict:
@@ -148,22 +150,26 @@ def gemm_peak(dtype, device, n: int = 256) -> float:
     return 2 * n**3 / medians({"gemm": lambda: a @ b}, repeats=5, warmup=1, device=device)["gemm"] / 1e9
 
 
+def _dtype(name: str) -> torch.dtype:
+    return getattr(torch, name.split(".")[-1])
+
+
 def floors(counts: Counts, windows: dict, device) -> dict:
-    """Per phase and component: bytes, FLOPs, streaming GB/s at its own shapes, and the floor in seconds."""
-    measured = {shape: stream_rate(*shape[1:4], getattr(torch, shape[4].split(".")[-1]), device)
-                for shape in counts.shapes}
-    rates = {shape: gb_s for shape, (gb_s, _) in measured.items()}
-    dtype = getattr(torch, next(iter(counts.shapes))[4].split(".")[-1])
-    # the compute ceiling: the best GFLOP/s seen, a square GEMM's or the model's own shapes'
-    peak, top = max([gemm_peak(dtype, device)] + [f for _, f in measured.values()]), max(rates.values())
+    """Per phase and component: bytes, FLOPs, streaming GB/s at its own shapes in that phase, and the floor (s)."""
+    measured = {s: stream_rate(*s[2:5], _dtype(s[5]), device) for s in counts.shapes}
+    rates = {s: gb_s for s, (gb_s, _) in measured.items()}
+    # the compute ceiling per dtype: the best GFLOP/s seen, a square GEMM's or the model's own shapes'
+    peak = {dt: max([gemm_peak(_dtype(dt), device)] + [f for s, (_, f) in measured.items() if s[5] == dt])
+            for dt in set(counts.dtypes.values())}
+    top = max(rates.values())
     out = {"peak_gflops": peak, "rates_gb_s": {"/".join(map(str, k)): v for k, v in rates.items()}}
     for phase, ws in windows.items():
         nbytes, flops = counts.per_window("bytes", ws), counts.per_window("flops", ws)
         for c in COMPONENTS:
-            mine = {s: b for s, b in counts.shapes.items() if s[0] == c}
+            mine = {s: b for s, b in counts.shapes.items() if s[:2] == (phase, c)}
             gb_s = sum(mine.values()) / sum(b / rates[s] for s, b in mine.items()) if mine else top
-            t_bytes, t_flops = nbytes[c] / gb_s / 1e9, flops[c] / peak / 1e9
-            out[phase, c] = {"bytes": nbytes[c], "flops": flops[c], "gb_per_s": gb_s,
+            t_bytes, t_flops = nbytes[c] / gb_s / 1e9, flops[c] / peak[counts.dtypes[c]] / 1e9
+            out[phase, c] = {"bytes": nbytes[c], "flops": flops[c], "gb_per_s": gb_s, "dtype": counts.dtypes[c],
                              "floor_s": max(t_bytes, t_flops), "bound": "bytes" if t_bytes >= t_flops else "flops"}
     return out
 
