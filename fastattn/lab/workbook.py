@@ -46,7 +46,8 @@ def check_params(**params) -> dict:
     for name, allowed in (("dtype", DTYPE_NAMES), ("preset", PRESETS), ("step_preset", PRESETS)):
         if name in p and p[name] not in allowed:
             raise ValueError(f"parameter {name}={p[name]!r}: expected one of {', '.join(allowed)}")
-    for name in ("capacity", "ladder_capacity", "repeats", "steps", "chunks", "audio_chunks", "whole_repeats"):
+    for name in ("capacity", "ladder_capacity", "repeats", "steps", "chunks", "audio_chunks", "whole_repeats",
+                 "split_repeats"):
         if name in p and (isinstance(p[name], bool) or not isinstance(p[name], int) or p[name] < 1):
             raise ValueError(f"parameter {name}={p[name]!r}: expected a positive int")
     if "budget_s" in p:

@@ -218,7 +218,7 @@ def program_rows(runs: list) -> list:
             row.update({f"{v}_chunk_ms_ci": scaled_ci(chunks[v], 1.0) for v in VARIANTS})
             row.update({"chunk_ratio": row["wrapped_chunk_ms"] / row["plain_chunk_ms"],
                         "chunk_ratio_ci": ratio_ci(chunks["wrapped"], chunks["plain"], paired=False),
-                        "chunks": len(by["plain"][0]["chunk_ms"]) + 1})
+                        "chunks": len(by["plain"][0]["chunk_ms"]) + 1, "chunk_samples": len(chunks["plain"])})
         rows.append(row)
     return rows
 
@@ -232,6 +232,7 @@ def wrapped_sentence(rec: dict) -> str:
     same = "byte-identical" if cli["same_bytes"] and st["same_bytes"] else "DIFFERENT"
     return (f"Applied at start-up to an installed voxcpm {rec['env']['voxcpm']}, the change left upstream's own "
             f"`voxcpm design` and a streaming loop (`generate_streaming` on a worker thread) with {same} output; the "
-            f"stream's chunks took {Figure(st['chunk_ratio'], st['chunk_ratio_ci'], st['chunks']).text()} the time, "
+            f"stream's chunks took {Figure(st['chunk_ratio'], st['chunk_ratio_ci'], st['chunk_samples']).text()} the "
+            "time (chunks after the first; the first waits on the prefill), "
             f"a whole CLI run (model load included) {cli['wall_ratio']:.2f}x ({p['preset']} architecture, random "
             f"weights, {rec['env']['dtype']}, {cli['runs']} runs each, {machine_label(rec['env'])})")
