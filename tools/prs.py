@@ -103,7 +103,8 @@ def _paired(whole: dict) -> list:
 def _whole_cell(r: dict) -> str:
     if r["whole"].n >= MIN_CI_RUNS or not r["whole_runs"]:
         return _ratio(r["whole"])
-    return f"{r['whole'].value:.2f}x (runs: {', '.join(f'{x:.2f}x' for x in r['whole_runs'])})"
+    runs = r["whole_runs"]
+    return f"{r['whole'].value:.2f}x ({len(runs)} runs: {min(runs):.2f}x-{max(runs):.2f}x)"
 
 
 def _ratio(t) -> str:
@@ -134,12 +135,11 @@ def math_versions() -> str:
     if not runs:
         return ""
     n = sum(len(rows) for rows in runs.values())
-    bad = [(v, r) for v, rows in runs.items() for r in rows if not r.get("identical")]
+    bad = [r for rows in runs.values() for r in rows if not r.get("identical")]
     versions = list(runs)
     said = f"{', '.join(versions[:-1])} and {versions[-1]}" if len(versions) > 1 else versions[0]
-    return (f"On torch {said} the call runs the math kernel instead, where 512-slot windows matched in "
-            f"{n - len(bad)} of {n} decodes"
-            + "".join(f" ({v} {r['dtype']} differed by {r['max_abs_diff']:.2g})" for v, r in bad))
+    return (f"On torch {said} the call runs the math kernel, where 512-slot windows matched in {n - len(bad)} of {n} "
+            "decodes")
 
 
 def _exact_versions() -> str:
@@ -193,10 +193,9 @@ def _bench_rehearsal() -> str:
     failed = [f"{k} {_switch(r)} (exit status {r['returncode']})" for k, r in runs if r["returncode"]]
     same = [r["equal"] for _, r in runs if not r["returncode"] and not r["switch"]]
     switched = [r["equal"] for _, r in runs if not r["returncode"] and r["switch"]]
-    said = (f"With random tiny weights on CPU (`--random tiny --quick`, {_bench_seconds(runs)}), {_main(u)} against "
-            f"each of the three decode PRs gave identical waveforms in {sum(same)} of {len(same)} runs with the "
-            f"PRs' switches unset, and different ones in {switched.count(False)} of {len(switched)} with them set "
-            "(float32, or the other attention)")
+    said = (f"Run that way here on CPU ({_bench_seconds(runs)}), {_main(u)} against each of the three decode PRs "
+            f"gave identical waveforms in {sum(same)} of {len(same)} runs with the PRs' switches unset, and different "
+            f"ones in {switched.count(False)} of {len(switched)} with them set (float32, or the other attention)")
     return said + (f"; failed: {', '.join(failed)}." if failed else ".")
 
 
@@ -210,7 +209,7 @@ def _switch(r: dict) -> str:
 
 
 def _counts(r: dict) -> str:
-    return (f"{r['passed']} passed, {r['failed']} failed"
+    return (f"{r['passed']} passed" + (f", {r['failed']} failed" if r["failed"] else "")
             + (f", {r['skipped']} skipped (CUDA only)" if r["skipped"] else ""))
 
 
@@ -238,7 +237,7 @@ def _tests_line(kit: str) -> str:
     if kit in TEST_PATCHES:
         new = _new_cases(kit)
         failing = [n for n in bare["failed_tests"] if n.split("[")[0] in new]
-        head = (f"`tests/{test}` gains {len(new)} tests. The file on {_main(u)}: {_both(alone, stacked)}; on "
+        head = (f"`tests/{test}` gains {len(new)} tests; the file on {_main(u)}: {_both(alone, stacked)}; on "
                 f"unmodified main {len(failing)} of the new cases fail")
     else:
         bare_said = ("the file fails at collection" if "collection failure" in bare["failed_tests"].values()
@@ -259,12 +258,14 @@ def _own_tests() -> str:
     own, orig = u["tests"].get("the four diffs stacked"), u["tests"].get("unmodified")
     if not own or not orig:
         return ""
-    same = "the same" if own["failed_tests"].keys() == orig["failed_tests"].keys() else "other"
+    same = "the same test" if len(own["failed_tests"]) == 1 else "the same tests"
+    if own["failed_tests"].keys() != orig["failed_tests"].keys():
+        same = "other tests"
     missing = r"import (\w+)\W{1,4}n?\s*ModuleNotFoundError"  # a failure that is the test machine's, not the change's
     why = {m[1] for msg in own["failed_tests"].values() for m in re.finditer(missing, msg)}
     fails = ", ".join(f"`{n}`" for n in own["failed_tests"]) or "none"
     return (f"Upstream's own `tests/` with all four PRs: {own['passed']} passed, {own['failed']} failed ({fails}"
-            + (f"; no {', '.join(sorted(why))} here" if why else "") + f"), {same} as unmodified main.")
+            + (f"; no {', '.join(sorted(why))} here" if why else "") + f"); unmodified main fails {same}.")
 
 
 def _applies() -> str:
@@ -280,11 +281,11 @@ def _applies() -> str:
 
 def _machine_table() -> str:
     layers = {r["dec32"]["params"].get("layers") for _, r in _machines() if r["dec32"]}
-    step = f", {layers.pop()} LM layers" if len(layers) == 1 else ""
+    step = f" ({layers.pop()} layers)" if len(layers) == 1 else ""
     steps = {r["steps"] for r in machine_rows()}
     whole = f", {steps.pop()} steps" if len(steps) == 1 else ""
-    out = [f"| CPU | KV cache, 300 tokens | step at position 256{step}, PR / main (95% CI) | whole decode{whole}, "
-           "PR / main | outputs |", "|---|---|---|---|---|"]
+    out = [f"| CPU | KV cache, 300 tokens | step at 256{step}, PR / main, 95% CI | decode{whole}, PR / main | "
+           "outputs |", "|---|---|---|---|---|"]
     out += [f"| {r['machine']} | {r['kv_mb'][0]:.0f} MB -> {r['kv_mb'][1]:.0f} MB | {_ratio(r['step_bf16'])} | "
             f"{_whole_cell(r)} | {'identical' if r['identical'] else '**differ**'} |" for r in machine_rows()]
     return "\n".join(out)
@@ -298,7 +299,8 @@ def _programs_line() -> str:
     if not found:
         return "Not measured yet: this change under upstream's own CLI and a streaming service."
     from fastattn.lab.bench.programs import wrapped_sentence
-    return wrapped_sentence(next((r for f, r in found if f.name == REFERENCE), found[-1][1]))
+    said = wrapped_sentence(next((r for f, r in found if f.name == REFERENCE), found[-1][1])).strip()
+    return said if said.endswith((".", "!", "?")) else said + "."
 
 
 def _dtype_table() -> str:

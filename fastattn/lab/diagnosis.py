@@ -267,8 +267,9 @@ def reply_293(rows: list, stream: Optional[dict] = None, fix: Optional[tuple] = 
         if out:
             names = [next((v[lang] for k, v in OUT_NAMES.items() if r["hypothesis"].startswith(k)),
                           r["hypothesis"]) for r in out]
-            lines.append(f"Ruled out here (CPU, random weights): {' and '.join(names)}. {where[0]}; "
-                         f"{_out_brief(out).split('; the steepest')[0]}." if lang == 0 else
+            said = " and ".join(names)
+            lines.append(f"{said[0].upper()}{said[1:]} {'is' if len(names) == 1 else 'are'} ruled out here (CPU, "
+                         f"random weights). {where[0]}; {_out_brief(out).split('; the steepest')[0]}." if lang == 0 else
                          f"本机已排除（CPU、随机权重）：{'；'.join(names)}。{where[1]}。")
         parts[name] = dict(fix=fix[lang], leads="\n".join(f"{i}. {x}" for i, x in enumerate(lines, 1)),
                            tests="\n".join(f"{i}. {x[lang]}" + ("." if lang == 0 else "。")

@@ -10,9 +10,9 @@ from tools import prs
 
 pytestmark = pytest.mark.usefixtures("seeded_fast_choice")  # fast's probe, cheap (conftest)
 
-PRIVATE = re.compile(r"fastattn|workbook|seed 000|make workbook|0\d_[a-z_]+|gpu-check|\bbench\.|calibrate_exact|"
-                     r"exactness_calibration|RightSizedKVCache|patch_voxcpm|\d+threads-torch|\bkits?\b|data/|"
-                     r"record kind|\.diff\b", re.I)
+PRIVATE = re.compile(r"fastattn|workbook|seed 000|make workbook|0\d_[a-z_]+|gpu-check|\bbench\.(?!json\b)|"
+                     r"calibrate_exact|exactness_calibration|RightSizedKVCache|patch_voxcpm|\d+threads-torch|"
+                     r"\bkits?\b|data/|record kind|\.diff\b", re.I)
 BENCH = "scripts/voxcpm_decode_bench.py"  # its path in upstream's repository, once the bench PR is merged
 
 
@@ -47,7 +47,7 @@ def test_each_text_holds_its_word_budget(docs):
 
 def test_words_counts_what_a_reader_counts():
     assert prs.words("| a | b-c |\n|---|---|\n| `x=1` | 2 |") == 4
-    assert prs.words("感谢您详细的分析") == 4 and prs.words("torch 2.13 上运行") == 3
+    assert prs.words("感谢您详细的分析") == 4 and prs.words("torch 2.13 上运行") == 4
 
 
 def test_the_fix_prs_are_checked_with_the_bench_pr(docs):
@@ -55,9 +55,9 @@ def test_the_fix_prs_are_checked_with_the_bench_pr(docs):
     assert docs["0-decode-bench.md"].startswith(f"# `{BENCH}`") and "#158" in docs["0-decode-bench.md"]
     for name in ("1-right-sized-decode.md", "2-cpu-dtype.md", "3-live-decode-attention.md"):
         text = docs[name]
-        assert f"the bench PR's `{BENCH}`" in text or f"the bench PR applied (`{BENCH}`)" in text, name
+        assert ("the bench PR applied" in text or "the bench PR's" in text) and BENCH in text, name
         assert "git apply" not in text, name
-    assert "git fetch origin pull/" in docs["1-right-sized-decode.md"]
+    assert "checked out in `../voxcpm-pr`" in docs["1-right-sized-decode.md"]
 
 
 def test_each_pr_states_its_numbers(docs):
@@ -67,7 +67,7 @@ def test_each_pr_states_its_numbers(docs):
     assert f"{ref['kv_mb'][0]:.0f} MB -> {ref['kv_mb'][1]:.0f} MB" in right and prs._whole_cell(ref) in right
     assert prs._exact_versions() in right and prs.math_versions() in right
     assert {"2.9.1", "2.15.0"} <= set(re.findall(r"\d\.\d+\.\d", prs._exact_versions()))
-    for missing in ("The real checkpoint on CPU across 512 tokens", "CUDA under `optimize()`", "more than 2 cores"):
+    for missing in ("the real checkpoint on CPU across 512 tokens", "CUDA under `optimize()`", "more than 2 cores"):
         assert missing in right, missing
     dtype = docs["2-cpu-dtype.md"]
     assert "every float32 decode was slower" in dtype and "*may* be faster" in dtype and "float16` is refused" in dtype
@@ -107,7 +107,7 @@ def test_the_293_reply_answers_the_fix_first_then_the_cheapest_tests(docs):
     leads = en.split("**The leads:**")[1].split("\n\n")[0]
     assert re.search(r"^1\. [^\n]*not your slowdown", leads, re.M) and "2 CPU threads, 4 LM layers" in leads
     assert re.search(r"^\d\. Does your prompt grow[^\n]*\?", leads, re.M)  # lead 4 became a question
-    assert "Ruled out here" in leads and leads.count("+2.78") <= 1
+    assert "ruled out here (CPU, random weights)" in leads and leads.count("+2.78") <= 1
     assert "2.0.2" in en and "75cfa3e" in en and "across calls, not one within a call" in en
     assert "2.0.3 上重试" in zh and "empty_cache" in zh and "TORCH_LOGS" in zh and "```python" in en
     assert "linked PRs" not in en and "相关 PR" not in zh and "2.8.0, 2.9.1" not in en  # no version list

@@ -345,15 +345,22 @@ def kit_runs(tmp_path_factory):
 
 def test_stored_diffs_add_the_same_lines_in_both_layouts():
     """The stored diffs (written by make docs from the kit files) add the same lines to 2.0.3 and to main; main's
-    (upstream's repository) also adds the PR's test under tests/."""
-    from fastattn.lab.upstream import KITS
-    for _, diffs, test in KITS.values():
+    (upstream's repository) also adds the PR's test under tests/. The bench only adds files to the repository (not
+    the wheel): one diff serves both."""
+    import re
+
+    from fastattn.lab.upstream import KITS, REPO_FILES
+    for kit, (_, diffs, test) in KITS.items():
         wheel = (ROOT / "data" / diffs["wheel"]).read_text()
         src = (ROOT / "data" / diffs["src"]).read_text()
-        package = src[:src.index("--- /dev/null")]  # then the PR's new test file under tests/
+        assert f"+++ b/tests/{test}" in src
+        if kit in REPO_FILES:
+            assert diffs["src"] == diffs["wheel"] and "--- /dev/null" in src
+            continue
+        package = src[:re.search(r"^--- (/dev/null|a/(?!src/))", src, re.M).start()]  # then tests/, scripts/
         added = lambda d: [x for x in d.splitlines() if x.startswith("+") and not x.startswith("+++")]  # noqa: E731
         assert added(package) == added(wheel), f"data/{diffs['src']} adds other lines than the 2.0.3 diff"
-        assert f"+++ b/tests/{test}" in src and "tests/" not in wheel
+        assert "tests/" not in wheel
 
 
 def test_kits_apply_alone_and_stacked_in_every_order_with_no_patch_binary(tmp_path, monkeypatch):
@@ -444,7 +451,7 @@ def test_the_kits_cache_sizing_is_the_librarys():
         return ast.dump(tree)
 
     kit = {n.name: n for n in ast.parse(cache_source()).body if isinstance(n, ast.FunctionDef)}
-    for f in (cache.fill_capacity, cache.step_capacity, cache.window_slots, cache._mark_dynamic):
+    for f in (cache.fill_capacity, cache.step_capacity, cache.window_slots):
         assert body(kit[f.__name__]) == body(ast.parse(inspect.getsource(f)).body[0]), f.__name__
 
 

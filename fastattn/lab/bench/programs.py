@@ -224,15 +224,13 @@ def program_rows(runs: list) -> list:
 
 
 def wrapped_sentence(rec: dict) -> str:
-    """A ``wrapped_programs`` record in one sentence, for a maintainer: output bytes, per-chunk and whole-run time."""
+    """A ``wrapped_programs`` record in one sentence, for a maintainer: the programs, their bytes, the chunk time."""
     from ..machine import machine_label
     from .metrics import Figure
     rows, p = {r["program"]: r for r in rec["rows"]}, rec["params"]
     cli, st = rows["cli"], rows["stream"]
     same = "byte-identical" if cli["same_bytes"] and st["same_bytes"] else "DIFFERENT"
-    return (f"Applied at start-up to an installed voxcpm {rec['env']['voxcpm']}, the change left upstream's own "
-            f"`voxcpm design` and a streaming loop (`generate_streaming` on a worker thread) with {same} output; the "
-            f"stream's chunks took {Figure(st['chunk_ratio'], st['chunk_ratio_ci'], st['chunk_samples']).text()} the "
-            "time (chunks after the first; the first waits on the prefill), "
-            f"a whole CLI run (model load included) {cli['wall_ratio']:.2f}x ({p['preset']} architecture, random "
-            f"weights, {rec['env']['dtype']}, {cli['runs']} runs each, {machine_label(rec['env'])})")
+    chunk = Figure(st["chunk_ratio"], st["chunk_ratio_ci"], st["chunk_samples"]).text()
+    return (f"With the same computation patched in at start-up, upstream's `voxcpm design` and a streaming loop wrote "
+            f"{same} audio, and chunks took {chunk} the time ({p['preset']} architecture, random weights, "
+            f"{rec['env']['dtype']}, {machine_label(rec['env'])})")
