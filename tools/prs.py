@@ -32,7 +32,8 @@ PRS = "upstream-prs"
 #: each text's word budget (:func:`words`); the reply's holds for each language. PR 1, PR 2 and the reply per
 #: issue 56; the bench PR, PR 3 and the #395 comment: what their content needs and no more
 BUDGETS = {"0-decode-bench.md": 400, "1-right-sized-decode.md": 500, "2-cpu-dtype.md": 350,
-           "3-live-decode-attention.md": 600, "comment-395.md": 350, "reply-293.md": 400}
+           "3-live-decode-attention.md": 600, "comment-395.md": 350, "reply-293.md": 400,
+           "note-cpu-compile.md": 250}
 #: what no text may carry: a link nobody can fill, a table row that says nothing
 PLACEHOLDERS = ("<link to this repository>", "(none yet)")
 
@@ -303,6 +304,28 @@ def _programs_line() -> str:
     return said if said.endswith((".", "!", "?")) else said + "."
 
 
+def _cpu_compile() -> str:
+    """The note's answer: per machine with a ``compiled_decode`` record, its sentence by
+    :func:`fastattn.lab.bench.metrics.compile_line`, then what the intervals say (compiled faster, slower or
+    undecided against eager, by :func:`fastattn.lab.bench.stats.verdict`)."""
+    from fastattn.lab.bench.metrics import compile_line
+    from fastattn.lab.bench.stats import NO, UNDECIDED, YES, verdict
+    found = machines_with(_results(), "compiled_decode")
+    if not found:
+        return "Not measured yet: the whole decode compiled on CPU."
+    said = {YES: "faster", NO: "slower", UNDECIDED: "not decided by its interval"}
+    cases = [(v, verdict(o["ratio_ci"], hi=1.0)) for _, rec in found for v, o in rec["variants"].items()]
+    lines = [f"- {machine_name(rec['env'], folder)}: {compile_line(rec)}." for folder, rec in found]
+    if {v for _, v in cases} in ({NO}, {YES}):
+        answer = (f"compiling made the whole decode {said[cases[0][1]]} in every case, so on this evidence "
+                  + ("`optimize()` should keep to CUDA" if cases[0][1] == NO else "a CPU path is worth a PR"))
+    else:
+        each = "; ".join(f"{name}: {said[v]}" for name, v in cases)
+        answer = (f"the cases do not agree ({each})" if YES in {v for _, v in cases} else
+                  f"compiling did not pay ({each})") + ", so no change is proposed on this evidence"
+    return "\n".join(lines) + f"\n\nOn these machines {answer}."
+
+
 def _dtype_table() -> str:
     """PR 2's table: per machine, its bf16 instructions, voxcpm's default step and float32's over it, decode by
     decode, and the weights' memory."""
@@ -413,7 +436,7 @@ def fields() -> dict:
             "forms_geometry": _forms_geometry(), "forms_table": _forms_ms_table(), "forms_winners": _forms_winners(),
             "bench_rehearsal": _bench_rehearsal(), "bench": next(iter(REPO_FILES["bench"])),
             "layers": _gate_layers(), "base_layers": cfg["lm_config"]["num_hidden_layers"],
-            "residual_layers": cfg["residual_lm_num_layers"]}
+            "residual_layers": cfg["residual_lm_num_layers"], "cpu_compile": _cpu_compile()}
 
 
 def reply_293_text() -> str:

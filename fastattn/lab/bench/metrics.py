@@ -20,8 +20,7 @@ class Figure(NamedTuple):
     dropped: int = 0
 
     def text(self, unit: str = "x") -> str:
-        """``0.361x (95% CI [0.316, 0.373], n=15)``: 3 significant digits, the interval, n and the disturbed rounds
-        left out where there are."""
+        """``0.361x (95% CI [0.316, 0.373], n=15)``, with the disturbed rounds left out where there are."""
         left = f", {self.dropped} disturbed rounds left out" if self.dropped else ""
         return f"{self.value:.3g}{unit}" + ("" if self.ci is None else f" (95% CI {fmt_ci(self.ci)}, n={self.n}{left})")
 
@@ -88,8 +87,7 @@ def time_shares(whole: dict, variant: str = "upstream") -> dict:
 
 
 def attention_free_ratio(whole: dict) -> float:
-    """The whole decode's patched / upstream wall if the LMs' decode attention cost nothing: an estimate, not a
-    bound (the patch changes more of the step than the timed call: the mask, the zero-fill, cache traffic)."""
+    """Patched / upstream wall were the LMs' decode attention free: an estimate, not a bound (the patch does more)."""
     return 1 - time_shares(whole)["lm_attention"]
 
 
@@ -111,8 +109,7 @@ def step_floor(split: dict, phase: str = "step") -> Figure:
 
 
 def split_line(split: dict) -> str:
-    """A decode step against the machine in one sentence: the share of its floor it reaches, its largest component
-    and the biggest remaining lever (time above its floor)."""
+    """A decode step against the machine in one sentence: its share of its floor, largest component, biggest lever."""
     s, lv, par = split["phases"]["step"], split["lever"], split["params"]
     top = max((r for r in split["rows"] if r["phase"] == "step"), key=lambda r: r["time_s"])
     return (f"a decode step ({par['preset']}, {par['dtype']}, patched) runs at {s['efficiency']:.2f} of its floor: "
@@ -125,7 +122,8 @@ def compile_line(rec: dict) -> str:
     """A ``compiled_decode`` record in one sentence per variant: compiled / eager with its interval, the compile,
     the output's difference."""
     p = rec["params"]
-    parts = [f"{v}: compiled / eager {Figure(o['ratio'], o['ratio_ci'], len(o['wall_s']['eager'])).text()}, compile "
+    n = lambda o: o.get("rounds_used", len(o["wall_s"]["eager"]))  # noqa: E731 (the rounds no sample was disturbed in)
+    parts = [f"{v}: compiled / eager {Figure(o['ratio'], o['ratio_ci'], n(o)).text()}, compile "
              f"plus first decode {o['compile_and_first_s']:.0f} s, max |compiled - eager| {o['max_abs_diff']:.2g} "
              f"(output rms {o['output_rms']:.2g})" + (f", failed: {o['failed']}" if o["failed"] else "")
              for v, o in rec["variants"].items()]
@@ -134,8 +132,7 @@ def compile_line(rec: dict) -> str:
 
 
 def attention_record(run: Run, dtype: str, cold: bool = False, capacity: Optional[int] = None) -> Optional[dict]:
-    """The one selector of 05's attention sweep (all modes; 01's times the reference alone); ``cold``: the one that
-    rotates K/V over many caches; ``capacity``: only at that many slots."""
+    """05's attention sweep (not 01's, reference only); ``cold``: K/V rotated over caches; ``capacity``: its slots."""
     return next((r for r in run.all("attention", dtype=dtype) if (r["params"].get("caches", 1) > 1) == cold
                  and capacity in (None, r["params"].get("capacity")) and "fast" in r["params"].get("modes", ("fast",))),
                 None)
@@ -179,22 +176,22 @@ def quiet_steps(whole: dict, variant: str) -> tuple:
 
 
 def dtype_table(rec: dict) -> list:
-    """One row per dtype and variant of a ``dtype_decode`` record; ratios are to the first dtype's upstream step
-    (pooled over its decodes); ``per decode``: each decode's median step over that same pooled base."""
+    """One row per dtype and variant of a ``dtype_decode`` record; ratios (each decode's too) are to the first
+    dtype's upstream step pooled over its decodes."""
     base_dtype = rec["params"]["dtypes"][0]
     base = quiet_steps(rec["dtypes"][base_dtype]["decode"], "upstream")[0]
     out = []
     for dtype, o in rec["dtypes"].items():
+        rows = o["decode"]["rows"]
         for variant in ("upstream", "patched"):
             s, n_disturbed = quiet_steps(o["decode"], variant)
-            ci = ratio_ci(s, base, paired=False)
-            runs = sorted({r["repeat"] for r in o["decode"]["rows"] if r["variant"] == variant})
-            per = [statistics.median(quiet_steps({"rows": [r for r in o["decode"]["rows"] if r["repeat"] == k]},
-                                                 variant)[0]) / statistics.median(base) for k in runs]
+            ci = ratio_ci(s, base, paired=False) or (None, None)
+            per = [statistics.median(quiet_steps({"rows": [r for r in rows if r["repeat"] == k]}, variant)[0])
+                   / statistics.median(base) for k in sorted({r["repeat"] for r in rows if r["variant"] == variant})]
             out.append({"dtype": dtype, "variant": variant, "step s": statistics.median(s), "n": len(s),
                         "disturbed": n_disturbed, "per decode": per,
                         f"x {base_dtype} upstream": statistics.median(s) / statistics.median(base),
-                        "95% low": ci[0] if ci else None, "95% high": ci[1] if ci else None,
+                        "95% low": ci[0], "95% high": ci[1],
                         "steps": o["decode"]["params"]["steps"],
                         "peak GB": o["peak_bytes"] / 1e9 if o["peak_bytes"] else None,
                         "weights GB": o["weights_bytes"] / 1e9,
