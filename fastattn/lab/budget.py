@@ -136,12 +136,16 @@ def plan(probe_rec: dict, notebooks, *, given: Optional[dict] = None, budget_s: 
     free = {n for n in sizes if n not in given}
     room = FILL * budget_s - sum(per_nb.values()) - sum(cost[n](sizes[n]) for n in sizes if n not in free)
     factor, pinned = _fit(free, sizes, cost, room)
+    speed = ", ".join(f"{d} {s:.2f}x" for d, s in est["speed"].items())
+    what = {"chunks": "01's stream", "steps": "05's whole decodes", "repeats": "05's sweeps"}
     scaled = []
     for n in sorted(free):  # the largest size that fits its share (the float error never drops one that fits)
         lo, share = SCALABLE[n][2], factor * cost[n](sizes[n]) * (1 + 1e-9)
         value = lo if n in pinned else max((v for v in range(lo, sizes[n] + 1) if cost[n](v) <= share), default=lo)
         if value != sizes[n]:
-            scaled.append({"param": n, "default": sizes[n], "value": value, "why": _why(n, est, budget_s, factor)})
+            why = (f"{what[n]} at the default would not fit {budget_s:.0f} s here (this machine's speed against the "
+                   f"calibration: {speed}); scaled by {factor:.2f}, not below the minimum {lo}")
+            scaled.append({"param": n, "default": sizes[n], "value": value, "why": why})
         sizes[n] = value
     for n, v in sizes.items():
         per_nb[SCALABLE[n][0]] += cost[n](v)
@@ -172,13 +176,6 @@ def _fit(free: set, sizes: dict, cost: dict, room: float) -> tuple:
         if not low:
             return factor, pinned
         pinned |= low
-
-
-def _why(name: str, est: dict, budget_s: float, factor: float) -> str:
-    speed = ", ".join(f"{d} {s:.2f}x" for d, s in est["speed"].items())
-    what = {"chunks": "01's stream", "steps": "05's whole decodes", "repeats": "05's sweeps"}[name]
-    return (f"{what} at the default would not fit {budget_s:.0f} s here (this machine's speed against the "
-            f"calibration: {speed}); scaled by {factor:.2f}, not below the minimum {SCALABLE[name][2]}")
 
 
 def plan_lines(p: dict) -> list:

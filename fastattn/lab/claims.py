@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import inspect
 import statistics
-import threading
+from concurrent.futures import ThreadPoolExecutor
 from typing import Optional
 
 import torch
@@ -94,9 +94,7 @@ def _symptom(recs, finds):
         return off
     if t is None:  # a record from before the trend verdict: one run's sixths, which one burst decides
         return NOT_RUN, f"{where}: this record has no trend verdict (one run's sixths cannot decide it); rerun 01"
-    if t["verdict"] == "inconclusive":
-        return NOT_HERE, f"{where}: {describe(t)}"
-    return (HOLDS if t["verdict"] == "grows" else FAILS), f"{where}: {describe(t)}"
+    return {"inconclusive": NOT_HERE, "grows": HOLDS}.get(t["verdict"], FAILS), f"{where}: {describe(t)}"
 
 
 def _mask_alloc(recs, finds):
@@ -226,67 +224,39 @@ def _end_to_end(recs, finds):
     return _off_scale(w, evidence, min_steps=END_TO_END_STEPS) or (within(speed_ci, 1.30, 1.42), evidence)
 
 
-def _mps(recs, finds):
-    return NOT_HERE, "no MPS device on this machine; fastattn keeps upstream's .contiguous() on MPS only"
-
-
-def _compile_hides(recs, finds):
-    """No run measures a monkeypatch applied after the compile; what is tested is that fastattn never makes one."""
-    return NOT_RUN, ("no record measures a patch applied after optimize()'s compile; fastattn refuses to patch a "
-                     "model whose forward_step was compiled "
-                     "(tests/runtime/test_patch.py::test_compiled_model_is_refused)")
-
-
 def _sdpa_kernel_process_wide(recs, finds):
     from torch.nn.attention import SDPBackend, sdpa_kernel
-    seen, inside, done = {}, threading.Event(), threading.Event()
-
-    def other():
-        inside.wait(5)
-        seen["flash"] = torch.backends.cuda.flash_sdp_enabled()
-        done.set()
-
-    t = threading.Thread(target=other)
-    t.start()
     before = torch.backends.cuda.flash_sdp_enabled()
-    with sdpa_kernel([SDPBackend.MATH]):
-        inside.set()
-        done.wait(5)
-    t.join()
-    wide = before and seen.get("flash") is False
-    return (HOLDS if wide else FAILS,
-            f"inside sdpa_kernel([MATH]) in one thread, another thread sees flash enabled = {seen.get('flash')}")
+    with ThreadPoolExecutor(1) as pool, sdpa_kernel([SDPBackend.MATH]):
+        flash = pool.submit(torch.backends.cuda.flash_sdp_enabled).result(5)  # read by another thread, inside
+    return (HOLDS if before and flash is False else FAILS,
+            f"inside sdpa_kernel([MATH]) in one thread, another thread sees flash enabled = {flash}")
 
 
 def _default_exact(recs, finds):
     sweep, gen = _first(recs, "exactness_sweep"), finds.get("exact patch, generate(): waveform torch.equal to upstream")
     if not sweep and gen is None:
         return NOT_RUN, "03_causality_checks and 04_patch_application measure it"
-    parts = []
-    if sweep:
-        rows = sweep["rows"]
-        dts = sorted({r["dtype"] for r in rows})
-        ps = sorted({r["position"] for r in rows})
-        parts.append(f"exact == reference in {sum(r['exact_identical'] for r in rows)} of {len(rows)} calls "
-                     f"({len(ps)} positions {ps[0]}-{ps[-1]} x {', '.join(dts)}, capacity "
-                     f"{sweep['params']['capacity']})")
+    rows = sweep["rows"] if sweep else []
+    ps = sorted({r["position"] for r in rows})
+    parts = [f"exact == reference in {sum(r['exact_identical'] for r in rows)} of {len(rows)} calls ({len(ps)} "
+             f"positions {ps[0]}-{ps[-1]} x {', '.join(sorted({r['dtype'] for r in rows}))}, capacity "
+             f"{sweep['params']['capacity']})"] if sweep else []
     if gen is not None:
         parts.append(f"whole generate() torch.equal to upstream: {gen}")
-    ok = (not sweep or all(r["exact_identical"] for r in sweep["rows"])) and gen is not False
-    reach = max(r["position"] for r in sweep["rows"]) + 1 if sweep else None  # what was swept, not the capacity
+    ok = all(r["exact_identical"] for r in rows) and gen is not False
+    verdict = HOLDS if ok else FAILS
+    reach = ps[-1] + 1 if sweep else None  # what was swept, not the capacity
     if ok and (reach is None or reach < MAX_LENGTH):  # past the sweep: 03's calibration at the block edges
         edges = _ladder_edges(_first(recs, "exactness_calibration"))
-        if edges is None:
-            parts.append(f"positions {reach} to {MAX_LENGTH - 1} were not swept here" if reach else
-                         "no position sweep ran")
-            return PARTLY, "; ".join(parts)
-        parts.append(edges)
-    return (HOLDS if ok else FAILS), "; ".join(parts)
+        verdict = HOLDS if edges else PARTLY
+        parts.append(edges or (f"positions {reach} to {MAX_LENGTH - 1} were not swept here" if reach else
+                               "no position sweep ran"))
+    return verdict, "; ".join(parts)
 
 
 def _ladder_edges(rec: Optional[dict]) -> Optional[str]:
-    """03's calibration at every block edge up to voxcpm's capacity, in words, where its chosen window stayed
-    bit-identical there in every dtype (one query per step); None otherwise."""
+    """03's calibration in words where its chosen window stayed bit-identical at every block edge to MAX_LENGTH."""
     rows = [r for r in (rec or {}).get("rows", []) if r["lq"] == 1 and r["candidate"] == r["chosen"]]
     if not rows or rec["params"]["capacity"] < MAX_LENGTH or not all(r["bit_identical"] for r in rows):
         return None
@@ -386,7 +356,7 @@ def _default_dtype(recs, finds):
     return (FAILS if r["decided"] and r["dtype"] != r["default"] else HOLDS), r["line"]
 
 
-#: (source, claim, the scale it speaks of, judge)
+#: (source, claim, the scale it speaks of, judge: a function of the records, or the verdict where no record decides)
 CLAIMS = [
     ("seed 000", "Streaming slows from ~0.3 s to 1-2 s per chunk after 400+ chunks (#293)",
      f"a stream of {SYMPTOM_CHUNKS}+ chunks on the reporter's machine (CUDA with optimize(); no GPU named), "
@@ -404,9 +374,11 @@ CLAIMS = [
     ("seed 000", "2.5-3.5x faster per position", "a decode step on the reporter's CUDA GPU, bf16", _per_position),
     ("seed 000", "~36% faster end to end", f"{END_TO_END_STEPS}+ steps of the full model on CUDA (1.36x speed)",
      _end_to_end),
-    ("seed 000", "MPS needs .contiguous() on sliced views", "an MPS device", _mps),
+    ("seed 000", "MPS needs .contiguous() on sliced views", "an MPS device",
+     (NOT_HERE, "no MPS device on this machine; fastattn keeps upstream's .contiguous() on MPS only")),
     ("seed 000", "torch.compile(fullgraph) inlines forward_step: a later monkeypatch is ignored", "optimize()",
-     _compile_hides),
+     (NOT_RUN, "no record measures a patch applied after optimize()'s compile; fastattn refuses to patch a model "
+      "whose forward_step was compiled (tests/runtime/test_patch.py::test_compiled_model_is_refused)")),
     ("seed 002", "The default mode never changes results",
      f"every position below {MAX_LENGTH} and whole decodes, on the device", _default_exact),
     ("seed 002", "sdpa_kernel switches SDPA's kernel for all threads (process-wide)", "any torch",
@@ -444,7 +416,7 @@ def claims_ledger(run_dir=None) -> list:
         recs.setdefault(r["kind"], []).append(r)
     for source, claim, scale, judge in CLAIMS:
         try:
-            verdict, evidence = judge(recs, finds)
+            verdict, evidence = judge(recs, finds) if callable(judge) else judge
         except Exception as exc:  # noqa: BLE001 - a record of another shape: say so, do not guess
             verdict, evidence = NOT_RUN, f"could not read the records ({type(exc).__name__}: {exc})"
         out.append({"source": source, "claim": claim, "scale": scale, "verdict": verdict, "evidence": evidence})

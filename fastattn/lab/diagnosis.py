@@ -7,7 +7,7 @@ from __future__ import annotations
 from typing import Optional
 
 from .bench.stats import fmt_ci
-from .bench.stream import stream_trends, stream_verdicts
+from .bench.stream import COMPONENTS, stream_trends, stream_verdicts
 from .bench.trend import describe
 from .machine import machine_label
 
@@ -47,7 +47,7 @@ def stream_findings(stream: dict) -> dict:
     """01's findings of a ``stream_profile`` record: each variant's trend (today's rule), first and last sixth."""
     n = stream["params"]["chunks"]
     return {**{f"stream, {v}: per-chunk cost along {n} chunks": line for v, line in stream_verdicts(stream).items()},
-            **{f"stream, {v}: first / last sixth median ms": f"{s[0]:.1f} / {s[-1]:.1f}"
+            **{f"stream, {v}: first / last sixth median ms": " / ".join(f"{x:.{int(x < 1000)}f}" for x in (s[0], s[-1]))
                for v, s in stream["sixths"].items()}}
 
 
@@ -61,32 +61,30 @@ def _trends(up: dict, comps: list) -> str:
     return "; ".join(f"{c}: {_trend_line(up[c])}" for c in comps)
 
 
+def _row(hypothesis: str, measured: str, reading: str, **brief) -> dict:
+    """One hypothesis's row; ``brief``: its shorter reading for the reply, where it has one."""
+    return {"hypothesis": hypothesis, "measured here": measured, **brief, "reading": reading}
+
+
 def diagnosis(stream: dict, consumers: Optional[dict] = None, device: str = "cpu",
               prompts: Optional[dict] = None, contention: Optional[dict] = None,
               compiles: Optional[dict] = None) -> list:
     """Ranked rows ``{hypothesis, measured here, reading}``: what reproduces the shape first, what rules out last."""
     up = stream_trends(stream).get("upstream", {})  # components only where the chunk was split
-    comps = [c for c in ("base_lm", "residual_lm", "dit", "encoder", "vae", "other") if c in up]
-    rows = [_attention_row(stream, up)]
-    if comps:
-        rows.append({"hypothesis": "A part of the generator grows with the chunk index (LMs, DiT, encoder, VAE, "
-                                   "fp32 VAE denormals)", "measured here": _trends(up, comps),
-                     "brief": _none_grew(up, comps), "reading": _reading({up[c]["verdict"] for c in comps})})
-    else:
-        rows.append({"hypothesis": "A part of the generator grows with the chunk index",
-                     "measured here": "components were not timed (stream_profile(components=True))",
-                     "reading": NOT_MEASURED})
-    rows.append(_consumer_row(consumers, contention))
-    gpu = str(device).startswith("cuda")
-    rows += [
-        {"hypothesis": "CUDA graphs recorded per new shape under optimize() (#209/#269)",
-         "measured here": ("a GPU-only path: `python -m fastattn gpu-check` streams 600 chunks under optimize()"
-                           if not gpu else "see gpu-check's stream_under_optimize record") + _compile_line(compiles),
-         "reading": NEEDS},
-        {"hypothesis": "Memory pressure or driver spill on a small GPU", "measured here": "not reproducible on "
-         f"this device; {VRAM_LEAD}", "reading": NEEDS},
-        _prompt_row(prompts),
-    ]
+    comps = [c for c in COMPONENTS if c in up]
+    parts = "A part of the generator grows with the chunk index"
+    rows = [_attention_row(stream, up),
+            _row(f"{parts} (LMs, DiT, encoder, VAE, fp32 VAE denormals)", _trends(up, comps),
+                 _reading({up[c]["verdict"] for c in comps}), brief=_none_grew(up, comps)) if comps else
+            _row(parts, "components were not timed (stream_profile(components=True))", NOT_MEASURED),
+            _consumer_row(consumers, contention),
+            _row("CUDA graphs recorded per new shape under optimize() (#209/#269)",
+                 ("see gpu-check's stream_under_optimize record" if str(device).startswith("cuda") else
+                  "a GPU-only path: `python -m fastattn gpu-check` streams 600 chunks under optimize()")
+                 + _compile_line(compiles), NEEDS),
+            _row("Memory pressure or driver spill on a small GPU", f"not reproducible on this device; {VRAM_LEAD}",
+                 NEEDS),
+            _prompt_row(prompts)]
     return sorted(rows, key=lambda r: RANK[r["reading"]])
 
 
@@ -111,16 +109,14 @@ def _none_grew(up: dict, comps: list) -> str:
 
 def _attention_row(stream: dict, up: dict) -> dict:
     """The LM steps' trends where timed apart (attention runs there; a growing DiT says nothing), else the chunk's."""
+    hyp = "The full-cache attention (every step reads 8192 slots)"
     lms = [c for c in ("base_lm", "residual_lm") if c in up]
-    words = {up[c]["verdict"] for c in lms} or {up.get("verdict") or stream["verdict"]["upstream"].split(" (")[0]}
-    row = {"hypothesis": "The full-cache attention (every step reads 8192 slots)"}
-    if lms:
-        row.update({"measured here": "the LM steps (where attention runs): " + _trends(up, lms),
-                    "brief": "the LM steps, where attention runs: " + _none_grew(up, lms)})
-    else:
-        row["measured here"] = "upstream's whole chunk: " + (describe(up) if up else stream["verdict"]["upstream"])
-    row["reading"] = _reading(words)
-    return row
+    if not lms:
+        return _row(hyp, "upstream's whole chunk: " + (describe(up) if up else stream["verdict"]["upstream"]),
+                    _reading({up.get("verdict") or stream["verdict"]["upstream"].split(" (")[0]}))
+    return _row(hyp, "the LM steps (where attention runs): " + _trends(up, lms),
+                _reading({up[c]["verdict"] for c in lms}), brief="the LM steps, where attention runs: " +
+                _none_grew(up, lms))
 
 
 def _reading(verdicts: set) -> str:
@@ -132,8 +128,7 @@ def _prompt_row(prompts: Optional[dict]) -> dict:
     """A growing prompt delays each call's first step (prefill); it reproduces where a last call waits 3x its first."""
     hyp = "A prompt that grows from call to call (merge_prompt_cache, output fed back as the prompt wav)"
     if not prompts:
-        return {"hypothesis": hyp, "measured here": "calls with a growing prompt were not measured in this run",
-                "reading": NOT_MEASURED}
+        return _row(hyp, "calls with a growing prompt were not measured in this run", NOT_MEASURED)
     parts, hit, cut = [], False, False
     for way in prompts["params"]["ways"]:
         ok = [r for r in prompts["rows"] if r["mode"] == "upstream" and r["way"] == way and r["error"] is None]
@@ -147,27 +142,32 @@ def _prompt_row(prompts: Optional[dict]) -> dict:
                      f"{ok[-1]['first_ms']:.0f} ms ({grow:.1f}x)" + (f", cache full at call {full}" if full else ""))
     reading = REPRODUCES if hit else NEEDS if cut else RULES_OUT
     why = "; a growth was cut off by the cache filling, so this run cannot rule it out" if reading == NEEDS else ""
-    return {"hypothesis": hyp, "measured here": "upstream, " + "; ".join(parts) + why, "reading": reading}
+    return _row(hyp, "upstream, " + "; ".join(parts) + why, reading)
 
 
 def _consumer_row(consumers: Optional[dict], contention: Optional[dict]) -> dict:
     hyp = "The caller reprocesses the whole clip every chunk (encode, resample, re-send)"
     if not consumers:
-        return {"hypothesis": hyp, "measured here": "the consumer matrix was not run", "reading": NOT_MEASURED}
+        return _row(hyp, "the consumer matrix was not run", NOT_MEASURED)
     beside = ""
     if contention:
         ci = f" (95% CI {fmt_ci(contention['ci'])})" if contention.get("ci") else ""
         beside = (f"; the same consumer run in a thread beside the generator, as a streaming server does "
                   f"({contention['params']['chunks']} chunks), made the generator's own chunks take "
                   f"{contention['ratio']:.2f}x as long{ci}")
-    hits = [(p, s) for p, s in consumers["summary"].items() if s["reproduces_293"]]
-    cheapest = min(consumers["summary"].items(), key=lambda kv: kv[1]["us_per_ksample"])
+    hits = _took(consumers, cost=True)
     if hits:
-        what = "; ".join(f"{p} took {s['ms_first']:.3g} ms at chunk 1 and {s['ms_at_400']:.4g} ms at chunk 400 "
-                         f"({_per_ksample(s)})" for p, s in hits)
-        return {"hypothesis": hyp, "measured here": what + beside, "reading": REPRODUCES}
-    return {"hypothesis": hyp, "measured here": f"no pattern reaches +0.7 s by chunk 400 here (cheapest: "
-            f"{cheapest[0]}, {_per_ksample(cheapest[1])}){beside}", "reading": RULES_OUT}
+        return _row(hyp, hits + beside, REPRODUCES)
+    cheapest = min(consumers["summary"].items(), key=lambda kv: kv[1]["us_per_ksample"])
+    return _row(hyp, f"no pattern reaches +0.7 s by chunk 400 here (cheapest: {cheapest[0]}, "
+                f"{_per_ksample(cheapest[1])}){beside}", RULES_OUT)
+
+
+def _took(consumers: Optional[dict], cost: bool = False) -> str:
+    """The consumer patterns that grow as #293's chunks do, in words ("" for none); ``cost``: with their cost."""
+    return "; ".join(f"{p} took {s['ms_first']:.3g} ms at chunk 1 and {s['ms_at_400']:.4g} ms at chunk 400"
+                     + (f" ({_per_ksample(s)})" if cost else "")
+                     for p, s in ((consumers or {}).get("summary") or {}).items() if s["reproduces_293"])
 
 
 def _per_ksample(s: dict) -> str:
@@ -202,8 +202,9 @@ QUESTIONS = {"A prompt": ("Does your prompt grow from call to call (`merge_promp
                           "提示音频）？那样每次调用的 prefill 都会更慢。")}
 #: the ruled-out leads as the reply names them, in one line: English, Chinese
 OUT_NAMES = {"The full-cache": ("the full-cache attention", "对整个缓存做注意力"),
-             "A part of": ("any part of the generator growing along the stream",
-                           "生成器的某一部分随 chunk 序号变慢")}
+             "A part of": ("any part of the generator growing along the stream", HYPOTHESES_ZH["A part of"])}
+#: a sentence's end, a name's separator from its reading, "and", a list's separator: English, Chinese
+_PUNCT = ((".", ": ", " and ", "; "), ("。", "：", " 和 ", "；"))
 
 
 def fix_evidence(matrix: list) -> tuple:
@@ -214,10 +215,9 @@ def fix_evidence(matrix: list) -> tuple:
     if not no:
         return "", ""
     span = (no[0], no[0]) if len(no) == 1 else (f"{no[0]} to {no[-1]}", f"{no[0]} 到 {no[-1]}")
-    return (f"which `fullgraph=True` refused on CPU in torch {span[0]}" + (f" ({', '.join(yes)} traces it)" if yes
-                                                                            else ""),
-            f"我们在 CPU 上试过的 torch {span[1]} 在 `fullgraph=True` 下都拒绝了它"
-            + (f"（{'、'.join(yes)} 能追踪）" if yes else ""))
+    traced = (f" ({', '.join(yes)} traces it)", f"（{'、'.join(yes)} 能追踪）") if yes else ("", "")
+    return (f"which `fullgraph=True` refused on CPU in torch {span[0]}{traced[0]}",
+            f"我们在 CPU 上试过的 torch {span[1]} 在 `fullgraph=True` 下都拒绝了它{traced[1]}")
 
 
 def measured_where(stream: dict, machine: Optional[str] = None) -> tuple:
@@ -226,15 +226,14 @@ def measured_where(stream: dict, machine: Optional[str] = None) -> tuple:
     env, p = stream.get("env", {}), stream["params"]
     where = machine or (machine_label(env) if {"torch", "threads", "device_name"} <= set(env) else
                         f"{env.get('device', '?')} (torch {env.get('torch', '?')})")
-    split = bool(stream_trends(stream).get("upstream", {}).get("dit"))
     six = stream.get("sixths", {}).get("upstream")
     en = f"{p['chunks']} {p['preset']}-size chunks, {where}"
-    scale = {"full": "完整", "small": "small", "tiny": "tiny"}.get(p["preset"], p["preset"])
+    scale = {"full": "完整"}.get(p["preset"], p["preset"])
     zh = f"在 {where} 上用{scale}规模的结构跑 {p['chunks']} 个 chunk"
     if six:
         en += f": upstream's chunk took {six[0] / 1e3:.2f} s in the first sixth and {six[-1] / 1e3:.2f} s in the last"
         zh += f"，开头六分之一每个 chunk {six[0] / 1e3:.2f} 秒，最后六分之一 {six[-1] / 1e3:.2f} 秒"
-    if not split:
+    if not stream_trends(stream).get("upstream", {}).get("dit"):
         en += " (each chunk timed whole, not split into parts)"
         zh += "（按整个 chunk 计时，未分部件）"
     return en, zh
@@ -252,44 +251,38 @@ def reply_293(rows: list, stream: Optional[dict] = None, fix: Optional[tuple] = 
 
     where = measured_where(stream, machine) if stream else ("this run's stream", "本次运行的流式生成")
     fix = fix or ("", "")
-    leads = sorted(rows, key=lambda r: (RANK[r["reading"]], not _gpu(r), _question(r) is None))
-    gpu = [r for r in leads if _gpu(r)]
-    out = [r for r in leads if r["reading"] == RULES_OUT and not _gpu(r)]
+    leads = sorted(rows, key=lambda r: (RANK[r["reading"]], not _named(r, GPU_LEADS), _question(r) is None))
+    out = [r for r in leads if r["reading"] == RULES_OUT and not _named(r, GPU_LEADS)]
+    shown = [r for r in leads if r not in out and not _named(r, GPU_LEADS)]  # the GPU leads are the tests' business
+    callers = [str(i) for i, r in enumerate(shown, 1) if r["hypothesis"].startswith("The caller")]
+    consumer = _consumer_said(consumers, contention)
     parts = {}
     for lang, name in ((0, "en"), (1, "zh")):
-        lines, within = [], []
-        for r in leads:  # the GPU leads are the tests' business
-            if r in out or r in gpu:
-                continue
-            if r["hypothesis"].startswith("The caller"):
-                within.append(len(lines) + 1)
-            lines.append(_lead(r, lang, _consumer_said(consumers, contention)))
+        end, _, and_, semi = _PUNCT[lang]
+        lines = [_lead(r, lang, consumer) for r in shown]
         if out:
-            names = [next((v[lang] for k, v in OUT_NAMES.items() if r["hypothesis"].startswith(k)),
-                          r["hypothesis"]) for r in out]
+            names = [_named(r, OUT_NAMES, (r["hypothesis"],) * 2)[lang] for r in out]
             said = " and ".join(names)
             lines.append(f"{said[0].upper()}{said[1:]} {'is' if len(names) == 1 else 'are'} ruled out here (CPU, "
                          f"random weights). {where[0]}; {_out_brief(out).split('; the steepest')[0]}." if lang == 0 else
                          f"本机已排除（CPU、随机权重）：{'；'.join(names)}。{where[1]}。")
         parts[name] = dict(fix=fix[lang], leads="\n".join(f"{i}. {x}" for i, x in enumerate(lines, 1)),
-                           tests="\n".join(f"{i}. {x[lang]}" + ("." if lang == 0 else "。")
-                                           for i, x in enumerate(TESTS, 1)),
-                           within=(" and " if lang == 0 else " 和 ").join(map(str, within)) or "1",
-                           asks=("; " if lang == 0 else "；").join(ASK if lang == 0 else ASK_ZH))
+                           tests="\n".join(f"{i}. {x[lang]}{end}" for i, x in enumerate(TESTS, 1)),
+                           within=and_.join(callers) or "1", asks=semi.join((ASK, ASK_ZH)[lang]))
     parts["en"]["snippet"] = SNIPPET
     version = (stream or {}).get("env", {}).get("voxcpm", "2.0.3")
     return "\n\n---\n\n".join((data_dir() / "upstream-prs" / "reply-templates" / f"{lang}.md").read_text().format(
         version=version, **kw) for lang, kw in parts.items())
 
 
-def _gpu(row: dict) -> Optional[str]:
-    return next((k for k in GPU_LEADS if row["hypothesis"].startswith(k)), None)
+def _named(row: dict, names: dict, default=None):
+    """The value in ``names`` whose key ``row``'s hypothesis starts with, else ``default``."""
+    return next((v for k, v in names.items() if row["hypothesis"].startswith(k)), default)
 
 
 def _question(row: dict) -> Optional[tuple]:
     """A lead neither this run nor a GPU test decides, asked as a question (None for any other)."""
-    key = next((k for k in QUESTIONS if row["hypothesis"].startswith(k)), None)
-    return QUESTIONS[key] if key and row["reading"] == NEEDS else None
+    return _named(row, QUESTIONS) if row["reading"] == NEEDS else None
 
 
 def _out_brief(out: list) -> str:
@@ -303,11 +296,9 @@ def _out_brief(out: list) -> str:
 def _consumer_said(consumers: Optional[dict], contention: Optional[dict]) -> Optional[str]:
     """The caller lead's measurement in the reply's words: each consumer pattern that grows as #293's chunks do, and
     the one run beside the generator, labelled with the threads and model size it ran on; None without records."""
-    hits = [(p, s) for p, s in ((consumers or {}).get("summary") or {}).items() if s["reproduces_293"]]
-    if not hits:
+    said = _took(consumers)
+    if not said:
         return None
-    said = "; ".join(f"{p} took {s['ms_first']:.3g} ms at chunk 1 and {s['ms_at_400']:.4g} ms at chunk 400"
-                     for p, s in hits)
     if contention:
         from fastattn.models import voxcpm2_config
 
@@ -330,9 +321,8 @@ def _lead(row: dict, lang: int, consumer_said: Optional[str] = None) -> str:
     says whose cost it measured: ours, not the reporter's."""
     if _question(row):
         return _question(row)[lang]
-    end, sep = ("." if lang == 0 else "。"), (": " if lang == 0 else "：")
-    names = HYPOTHESES_EN if lang == 0 else HYPOTHESES_ZH
-    name = next((v for k, v in names.items() if row["hypothesis"].startswith(k)), row["hypothesis"])
+    end, sep = _PUNCT[lang][:2]
+    name = _named(row, HYPOTHESES_ZH if lang else HYPOTHESES_EN, row["hypothesis"])
     said = SAID[row["reading"]][lang]
     caller = row["hypothesis"].startswith("The caller")
     if row["reading"] == REPRODUCES and caller:

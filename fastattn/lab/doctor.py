@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import platform
-import sys
 from typing import Optional
 
 import torch
@@ -61,12 +60,9 @@ def doctor(calibrate: bool = True) -> dict:
             "compute_capability": "sm_{}{}".format(*torch.cuda.get_device_capability(idx)),
             "cudnn_version": torch.backends.cudnn.version(),
             "gpu_memory_gib": round(torch.cuda.get_device_properties(idx).total_memory / 2**30, 1),
-            "cuda_backends_enabled": {
-                "FLASH_ATTENTION": cb.flash_sdp_enabled(),
-                "EFFICIENT_ATTENTION": cb.mem_efficient_sdp_enabled(),
-                "CUDNN_ATTENTION": getattr(cb, "cudnn_sdp_enabled", lambda: False)(),
-                "MATH": cb.math_sdp_enabled(),
-            },
+            "cuda_backends_enabled": {name: getattr(cb, f"{fn}_sdp_enabled", lambda: False)() for name, fn in (
+                ("FLASH_ATTENTION", "flash"), ("EFFICIENT_ATTENTION", "mem_efficient"), ("CUDNN_ATTENTION", "cudnn"),
+                ("MATH", "math"))},
         })
     info["compile_toolchain"] = compile_toolchain(info["device"]) or "ok"
     if calibrate:
@@ -81,10 +77,9 @@ def fastest_dtype_measured() -> Optional[str]:
     runs = reports_dir()
     for folder in sorted((p for p in runs.iterdir() if p.is_dir()) if runs.is_dir() else [], reverse=True):
         rec = load_run(folder / "05_profiling").get("dtype_decode")  # the latest save first
-        if rec is None:
-            continue
-        if rec.get("env", {}).get("device_name") != cpu_name() and str(rec.get("env", {}).get("device")) == "cpu":
-            continue  # another machine's run (a copied report)
+        env = (rec or {}).get("env", {})
+        if rec is None or (env.get("device_name") != cpu_name() and str(env.get("device")) == "cpu"):
+            continue  # none, or another machine's run (a copied report)
         r = dtype_recommendation(rec, rec.get("flags"))
         cfg = r["dtype"] + (" with the patch" if r["patched"] else "")
         ratio = r.get("ratio_text") or f"{r['ratio']:.2f}x"
@@ -123,7 +118,3 @@ def main(argv=None) -> int:
     info = doctor()
     print(json.dumps(info, indent=2, default=str) if args.json else format_doctor(info))
     return 0
-
-
-if __name__ == "__main__":  # pragma: no cover
-    sys.exit(main())

@@ -29,7 +29,7 @@ from fastattn.static import check_form, decode_data, flex_available, fresh_posit
 
 from . import bench, runner
 from .bench.forms import check_lines, form_lines, kit_lines, stack_sweep
-from .bench.records import env_record, load_record, record
+from .bench.records import env_record, find_row, load_record, record
 from .bench.stats import fmt_ci, quiet_ratio
 from .bench.stream import sixths, text_for, time_chunks
 from .bench.timing import stats_ms, time_interleaved
@@ -73,16 +73,16 @@ def _sizes(device: torch.device, quick: bool) -> dict:
 
 def _steps(device: torch.device, size: dict) -> list:
     """Every step in run order; CUDA estimates (s) are cold-cache upper ends on one H200."""
-    gpu = device.type == "cuda"
-    cuda_only = None if gpu else "CUDA graphs and upstream's reduce-overhead compile need CUDA"
+    gpu, rec = device.type == "cuda", partial(_record, device, dtype=None)
     no_cc = compile_toolchain(device)  # a compile step's reason to skip; eager steps still run
-    cap, rec, small = size["capacity"], _recorder(device), "small" if size["preset"] != "tiny" else "tiny"
+    cuda_and_cc = no_cc if gpu else "CUDA graphs and upstream's reduce-overhead compile need CUDA"
+    cap, small = size["capacity"], "small" if size["preset"] != "tiny" else "tiny"
     timed = dict(device=device, repeats=size["repeats"], progress=False)
     table = [  # name, () -> its records, estimate on CUDA and elsewhere (s), why it cannot run here
         ("environment", lambda: _environment(device, size), 30, 15, None),
         ("forms_check", lambda: _forms_check(device, size), 100, 40, no_cc),
         ("static_inputs", lambda: _static_inputs(device, size), 90, 30, no_cc),
-        ("optimize_counters", lambda: _optimize_counters(device, size), 150, 0, cuda_only or no_cc),
+        ("optimize_counters", lambda: _optimize_counters(device, size), 150, 0, cuda_and_cc),
         ("eager_slices", lambda: _eager_slices(device, size), 10, 5, None),
         ("exactness_calibration", lambda: [rec("exactness_calibration", {"capacity": cap}, calibration_ladders(
             device, capacity=cap, dtypes=("bfloat16", "float32")))], 30, 30, None),
@@ -97,25 +97,23 @@ def _steps(device: torch.device, size: dict) -> list:
          60, 60, None),
         ("step_split", lambda: [bench.step_split(size["preset"], steps=min(size["steps"], 6), repeats=3,
                                                  device=str(device))], 90, 60, None),
-        ("whole_decode_optimized", lambda: [_optimized_decode(device, size)], 480, 0, cuda_only or no_cc),
-        ("stream_under_optimize", lambda: [_stream_under_upstream_optimize(device, size)], 360, 0,
-         cuda_only or no_cc),
-        ("upstream_diff_compiled", lambda: [_diff_compiled(device, size)], 300, 0, cuda_only or no_cc),
+        ("whole_decode_optimized", lambda: [_optimized_decode(device, size)], 480, 0, cuda_and_cc),
+        ("stream_under_optimize", lambda: [_stream_under_upstream_optimize(device, size)], 360, 0, cuda_and_cc),
+        ("upstream_diff_compiled", lambda: [_diff_compiled(device, size)], 300, 0, cuda_and_cc),
         ("decode_forms", lambda: [bench.form_sweep(size["form_positions"], dtype=dt, capacity=cap,
                                                    layers=size["layers"], **timed) for dt in size["form_dtypes"]],
-         600, 0, (cuda_only and "the CUDA opt-in is chosen on CUDA (on CPU: notebook 04's graph_choice)") or no_cc),
+         600, 0, no_cc if gpu else "the CUDA opt-in is chosen on CUDA (on CPU: notebook 04's graph_choice)"),
         ("kit_decode", lambda: [kit_decode(device, preset=size["preset"], steps=size["steps"],
-                                           chunks=size["stream_chunks"], repeats=3)], 900, 0, cuda_only or no_cc),
+                                           chunks=size["stream_chunks"], repeats=3)], 900, 0, cuda_and_cc),
         ("kit_decode_eager", lambda: [kit_decode(device, preset="small", steps=size["steps"], chunks=20, repeats=3,
                                                  compile=False)], 200, 0,
-         cuda_only and "eager live against masked matters where cuDNN plans per key length (CUDA)"),
+         None if gpu else "eager live against masked matters where cuDNN plans per key length (CUDA)"),
     ]
     return [Step(name, fn, cuda_s if gpu else cpu_s, skip) for name, fn, cuda_s, cpu_s, skip in table]
 
 
-def _recorder(device, dtype=None) -> Callable:
-    return lambda kind, params, rows, **extra: record(kind, env=env_record(device, dtype), params=params, rows=rows,
-                                                      **extra)
+def _record(device, kind: str, params: dict, rows: list, dtype="bfloat16", **extra) -> dict:
+    return record(kind, env=env_record(device, dtype), params=params, rows=rows, **extra)
 
 
 # --------------------------------------------------------------------------- the first-contact steps
@@ -126,8 +124,8 @@ def _environment(device, size) -> list:
     for r in rows:
         r["refused"] = {b: e["reason"] for b, e in r.pop("report", {}).get("eligibility", {}).items()
                         if not e["eligible"]}
-    rec = _recorder(device)
-    return [rec("doctor", {}, [doctor()]), rec("backend_matrix", {"dtypes": list(size["dtypes"])}, rows)]
+    return [_record(device, "doctor", {}, [doctor()], dtype=None),
+            _record(device, "backend_matrix", {"dtypes": list(size["dtypes"])}, rows, dtype=None)]
 
 
 def _forms_check(device, size) -> list:
@@ -135,8 +133,8 @@ def _forms_check(device, size) -> list:
     mode = "reduce-overhead" if device.type == "cuda" else None
     rows = [check_form(n, device, torch.bfloat16, capacity=size["capacity"], steps=size["form_steps"],
                        compile_mode=mode, **size["geometry"]) for n in ("flex_decode", "upstream_masked", "slice_live")]
-    return [_recorder(device, "bfloat16")("form_checks", {"capacity": size["capacity"], "compile_mode": mode,
-                                                          **size["geometry"]}, rows)]
+    return [_record(device, "form_checks", {"capacity": size["capacity"], "compile_mode": mode, **size["geometry"]},
+                    rows)]
 
 
 def _static_inputs(device, size) -> list:
@@ -150,9 +148,9 @@ def _static_inputs(device, size) -> list:
     rows = stack_sweep(variants, size["stack_positions"], device=device, dtype=torch.bfloat16,
                        capacity=size["capacity"], bucket=256, repeats=7, warmup=2, seed=0, mode=mode,
                        **size["geometry"])
-    return [_recorder(device, "bfloat16")("static_inputs", {"form": form, "compile_mode": mode, "layers": layers,
-                                                            "capacity": size["capacity"], **size["geometry"]}, rows,
-                                          cudagraph_recordings=cudagraph_recordings(device) if mode else None)]
+    return [_record(device, "static_inputs", {"form": form, "compile_mode": mode, "layers": layers,
+                                              "capacity": size["capacity"], **size["geometry"]}, rows,
+                    cudagraph_recordings=cudagraph_recordings(device) if mode else None)]
 
 
 def counted_decode(model, prepare: Optional[Callable], steps: int, device, text: str = KIT_TEXT) -> tuple:
@@ -175,8 +173,8 @@ def _optimize_counters(device, size) -> list:
     model = build_voxcpm2("small", device="cuda", dtype="bfloat16")
     torch._dynamo.reset()
     _, row = counted_decode(model, upstream_optimized, size["counter_steps"], device)
-    return [_recorder(device, "bfloat16")("optimize_counters", {"preset": "small", "steps": size["counter_steps"]},
-                                          [dict(row, variant="upstream optimize()")])]
+    return [_record(device, "optimize_counters", {"preset": "small", "steps": size["counter_steps"]},
+                    [dict(row, variant="upstream optimize()")])]
 
 
 def _eager_slices(device, size) -> list:
@@ -199,8 +197,8 @@ def _eager_slices(device, size) -> list:
     times = time_interleaved(fns, repeats=n, warmup=2, device=device, host=host)
     rows = [{"variant": name, "position": p, **stats_ms(t, host[name])} for name, t in times.items()]
     chosen = explain_sdpa(q, k[:, :, :p + 1], v[:, :, :p + 1], enable_gqa=True).backend
-    return [_recorder(device, "bfloat16")("eager_slices", {"position": p, "calls": n, "capacity": cap,
-                                                           **size["geometry"]}, rows, slice_backend=chosen)]
+    return [_record(device, "eager_slices", {"position": p, "calls": n, "capacity": cap, **size["geometry"]}, rows,
+                    slice_backend=chosen)]
 
 
 # --------------------------------------------------------------------------- the full run's own steps
@@ -221,8 +219,8 @@ def _optimized_decode(device, size) -> dict:
             torch._dynamo.reset()
             outs[variant], row = counted_decode(model, prepare, size["steps"], device)
         rows.append(dict(row, variant=variant))
-    return _recorder(device, "bfloat16")("whole_decode_optimized", dict(size), rows,
-                                         identical=bool(torch.equal(outs["upstream"], outs["patched"])))
+    return _record(device, "whole_decode_optimized", dict(size), rows,
+                   identical=bool(torch.equal(outs["upstream"], outs["patched"])))
 
 
 def stream_chunks(model, chunks: int, *, text: str, seed: int = 0, device="cpu", inference_timesteps: int = 2,
@@ -249,10 +247,10 @@ def _stream_under_upstream_optimize(device, size) -> dict:
     runs = [stream_chunks(model, chunks, text=text_for(chunks), device=device) for _ in range(2)]
     rows = [dict(r, repeat=k) for k, run in enumerate(runs) for r in run]
     t = trend([[(r["chunk"], r["ms"], r["disturbed"]) for r in run] for run in runs])
-    return _recorder(device, "bfloat16")("stream_under_optimize", {**size, "chunks": chunks}, rows,
-                                         sixths=sixths([r["ms"] for r in runs[0]]), trend=t, verdict=describe(t),
-                                         graphs_recorded_after_first_sixth=_grew_after(rows, "cudagraph_recordings"),
-                                         graphs_compiled_after_first_sixth=_grew_after(rows, "unique_graphs"))
+    return _record(device, "stream_under_optimize", {**size, "chunks": chunks}, rows,
+                   sixths=sixths([r["ms"] for r in runs[0]]), trend=t, verdict=describe(t),
+                   graphs_recorded_after_first_sixth=_grew_after(rows, "cudagraph_recordings"),
+                   graphs_compiled_after_first_sixth=_grew_after(rows, "unique_graphs"))
 
 
 def _grew_after(rows: list, key: str) -> Optional[int]:
@@ -282,7 +280,7 @@ def _diff_compiled(device, size) -> dict:
                                                          size["steps"], timeout=900, env=child_env(device))}]
     except Exception as exc:  # noqa: BLE001 - no patch tool, a failing child: a reported failure, never a lost step
         rows = [{"returncode": 1, "stderr": f"{type(exc).__name__}: {exc}"}]
-    return _recorder(device, "bfloat16")("upstream_diff_compiled", dict(size), rows)
+    return _record(device, "upstream_diff_compiled", dict(size), rows)
 
 
 def child_env(device) -> dict:
@@ -330,18 +328,17 @@ def kit_decode(device, *, preset: str = "small", steps: int = 12, chunks: int = 
     """The ``decode-attention`` kit's record (bf16, fresh process); ``identical_off``: off equals upstream."""
     device = select_device(device)
     compile = device.type == "cuda" if compile is None else compile
-    rec = _recorder(device, "bfloat16")
+    rec = partial(_record, device, "kit_decode")
     try:
         res = run_in_patched_copy("decode-attention", _LAUNCH.format("kit_child"), preset, device, steps, chunks,
                                   repeats, "1" if compile else "0", timeout=3600, env=child_env(device))
     except Exception as exc:  # noqa: BLE001 - no patch tool, a failing child: a reported failure, never a lost step
-        return rec("kit_decode", {"preset": preset}, [{"returncode": 1, "stderr": f"{type(exc).__name__}: {exc}"}])
+        return rec({"preset": preset}, [{"returncode": 1, "stderr": f"{type(exc).__name__}: {exc}"}])
     _, ref = upstream_decode(preset, text=KIT_TEXT, steps=steps, dtype="bfloat16", seed=0, device=str(device),
                              prepare=upstream_optimized if compile else None)
     live, masked = res["wavs"]["live"], res["wavs"]["masked"]
-    return rec("kit_decode", {"preset": preset, "steps": steps, "chunks": chunks, "repeats": repeats,
-                              "compile": compile}, res["rows"], identical_off=bool(torch.equal(ref, masked)),
-               max_abs_diff_on=max_abs_diff(live, masked))
+    return rec({"preset": preset, "steps": steps, "chunks": chunks, "repeats": repeats, "compile": compile},
+               res["rows"], identical_off=bool(torch.equal(ref, masked)), max_abs_diff_on=max_abs_diff(live, masked))
 
 
 # --------------------------------------------------------------------------- the runner
@@ -411,8 +408,7 @@ def summary_lines(folder: Path, steps: list, head: list) -> list:
 
 
 def _ratio_line(rows: list, num: str, den: str) -> str:
-    a, b = (next(r for r in rows if r["variant"] == name) for name in (num, den))
-    r, ci, _, _ = quiet_ratio(a, b)
+    r, ci, _, _ = quiet_ratio(find_row(rows, variant=num), find_row(rows, variant=den))
     return f"{num} / {den}: {r:.2f}x {fmt_ci(ci)}"
 
 
@@ -437,13 +433,12 @@ def first_contact_lines(kept: dict) -> list:
                    f"{'unknown' if r['cudagraph_recordings'] is None else r['cudagraph_recordings']} CUDA graph(s) "
                    "recorded")
     for rec in kept.get("eager_slices", []):
+        rows, fresh, masked = rec["rows"], "slice, fresh length per call", "masked, whole cache"
+        pairs = [(fresh, "slice, one length"), (fresh, masked), ("slice, fresh length, cuDNN left out", masked)]
         out.append(f"- eager slices at position {rec['params']['position']} (SDPA picks {rec['slice_backend']}): "
-                   f"{_ratio_line(rec['rows'], 'slice, fresh length per call', 'slice, one length')}; "
-                   f"{_ratio_line(rec['rows'], 'slice, fresh length per call', 'masked, whole cache')}"
-                   + "".join(f"; {_ratio_line(rec['rows'], v, 'masked, whole cache')}" for v in
-                             ("slice, fresh length, cuDNN left out",) if any(r["variant"] == v for r in rec["rows"]))
+                   + "; ".join(_ratio_line(rows, a, b) for a, b in pairs if find_row(rows, variant=a))
                    + (HOST_BOUND if str(rec["env"].get("device", "")).startswith("cuda") else ""))
-        out.append(plan_cost_line(rec["rows"]))
+        out.append(plan_cost_line(rows))
     return out
 
 
@@ -489,11 +484,10 @@ def main(argv=None) -> int:
                     f"{QUICK_BUDGET_S} s; the plan line gives each step's cold estimate)")
     runner.add_arguments(ap, "output folder (default: reports/<device>-<name>-torch<version>)")
     args = ap.parse_args(argv)
-    if args.device.startswith("cuda") and not torch.cuda.is_available():
-        print("[gpu-check] error: CUDA is not available on this machine; this kit validates the CUDA path "
-              "(run it on a GPU box, or pass --device cpu --quick to test the kit itself)", file=sys.stderr)
-        return 2
     try:
+        if args.device.startswith("cuda") and not torch.cuda.is_available():
+            raise ValueError("CUDA is not available on this machine; this kit validates the CUDA path (run it on a "
+                             "GPU box, or pass --device cpu --quick to test the kit itself)")
         folder = gpu_check(args.device, quick=args.quick, out=args.out, only=args.only, skip=args.skip,
                            budget=args.budget, resume=args.resume)
     except ValueError as exc:

@@ -65,8 +65,7 @@ def attention_sweep(rec: dict, *, ax=None, log: bool = True, show_floor: bool = 
         rows = _rows(rec, mode=rec["params"]["modes"][0])
         ax.plot([r["position"] for r in rows], [r["floor_ms"] for r in rows], ls="--", color=COLORS["floor"],
                 label=f"floor: live K/V at {rec['bandwidth']['gb_per_s']:.1f} GB/s")
-    ax.set_xlabel("position p (length p + 1)")
-    ax.set_ylabel("ms per call (median, p10-p90)")
+    ax.set(xlabel="position p (length p + 1)", ylabel="ms per call (median, p10-p90)")
     if log:
         ax.set_yscale("log")
     p = rec["params"]
@@ -81,12 +80,10 @@ def decode_step(rec: dict, *, ax=None):
     """Per-token decode-step time vs position, upstream vs patched (and the slice fix where it was timed)."""
     fig, ax = (ax.figure, ax) if ax is not None else plt.subplots(figsize=(7, 4))
     for v in ("upstream", "patched", "slice_fix"):
-        if _rows(rec, variant=v):
-            _spread(ax, _rows(rec, variant=v), v, COLORS[v])
+        if rows := _rows(rec, variant=v):
+            _spread(ax, rows, v, COLORS[v])
     p = rec["params"]
-    ax.set_xlabel("position p")
-    ax.set_ylabel(f"ms per token ({p['layers']} layers)")
-    ax.set_ylim(bottom=0)
+    ax.set(xlabel="position p", ylabel=f"ms per token ({p['layers']} layers)", ylim=(0, None))
     return _finish(fig, ax, _title(rec, f"MiniCPM decode step, hidden {p['hidden']}, {p['heads']}/{p['kv_heads']} "
                                         f"heads, {p['dtype']}"))
 
@@ -149,8 +146,7 @@ def dtype_decode(rec: dict, *, ax=None):
         ci = "" if r["95% low"] is None else f"\n[{r['95% low']:.2f}, {r['95% high']:.2f}]"
         mem = f"\npeak {r['peak GB']:.1f} GB" if r["peak GB"] and r["variant"] == "upstream" else ""
         ax.annotate(f"{r[key]:.2f}x{ci}{mem}", (i, vals[i]), ha="center", va="bottom", fontsize=7)
-    ax.set_ylabel("s per decode step (median)")
-    ax.set_ylim(0, max(vals) * 1.45)
+    ax.set(ylabel="s per decode step (median)", ylim=(0, max(vals) * 1.45))
     p = rec["params"]
     return _finish(fig, ax, _title(rec, f"whole decode per dtype: {p['preset']} preset, {p['inference_timesteps']} DiT "
                                         f"steps; ratio to {key[2:]}"), legend=None, grid=False)
@@ -185,9 +181,7 @@ def published_vs_ours(published: Sequence[dict], ours: Optional[dict] = None, *,
                 ax.plot([r["position"] for r in rows], [r["median_ms"] for r in rows], ls=style, marker="o",
                         color=COLORS[v], label=f"ours ({ours['env'].get('device_name', '')[:28]}, "
                                                f"{ours['params']['layers']} layers): {v}")
-    ax.set_xlabel("position")
-    ax.set_ylabel("ms per decode step")
-    ax.set_yscale("log")
+    ax.set(xlabel="position", ylabel="ms per decode step", yscale="log")
     return _finish(fig, ax, "published (different hardware and model depth) beside ours: the shape, not the level, "
                             "compares", legend=7)
 
@@ -204,8 +198,7 @@ def exactness(rows: Sequence[dict], *, ax=None):
         axes[1].plot([r["position"] for r in rr], [r["exact_identical"] for r in rr], ".", ms=2,
                      label=f"exact == reference ({sum(r['exact_identical'] for r in rr)}/{len(rr)}), {dt}")
     for a, label in zip(axes, ("max |diff|", "bit-identical (1 = yes)")):
-        a.set_xlabel("position")
-        a.set_ylabel(label)
+        a.set(xlabel="position", ylabel=label)
         a.legend(fontsize=7)
     axes[1].set_ylim(-0.1, 1.1)
     fig.tight_layout()
@@ -246,9 +239,7 @@ def graph_choice_table(choice: dict) -> str:
 
 
 def _finish_chunks(fig, ax, title: str):
-    ax.set_xlabel("chunk (one decode step each)")
-    ax.set_ylabel("ms per chunk")
-    ax.set_ylim(bottom=0)
+    ax.set(xlabel="chunk (one decode step each)", ylabel="ms per chunk", ylim=(0, None))
     return _finish(fig, ax, title)
 
 
@@ -260,7 +251,7 @@ def stream(rec: dict, *, ax=None, window: int = 25):
     """ms per streamed chunk vs chunk index for each variant: every chunk faint, a rolling median bold."""
     fig, ax = (ax.figure, ax) if ax is not None else plt.subplots(figsize=(7, 4))
     for v in rec["params"]["modes"]:
-        rows = [r for r in rec["rows"] if r["variant"] == v and r["repeat"] == 0 and r["chunk"] > 0]
+        rows = [r for r in _rows(rec, variant=v, repeat=0) if r["chunk"] > 0]
         x, y = [r["chunk"] for r in rows], [r["ms"] for r in rows]
         color = COLORS.get(v)
         ax.plot(x, y, lw=0.5, alpha=0.35, color=color)
@@ -278,8 +269,7 @@ def stream(rec: dict, *, ax=None, window: int = 25):
 def stream_components(rec: dict, *, variant: str = "upstream", ax=None, window: int = 25):
     """A ``stream_profile(components=True)`` record: each component's rolling-median ms per chunk, with its trend."""
     fig, ax = (ax.figure, ax) if ax is not None else plt.subplots(figsize=(7, 4))
-    rows = [r for r in rec["rows"] if r["variant"] == variant and r["repeat"] == 0 and r["chunk"] > 0
-            and not r["disturbed"]]
+    rows = [r for r in _rows(rec, variant=variant, repeat=0) if r["chunk"] > 0 and not r["disturbed"]]
     cmap = plt.get_cmap("tab10")
     for i, c in enumerate(COMPONENTS):
         ax.plot([r["chunk"] for r in rows], _rolling_median([r["components"][c] for r in rows], window), lw=1.6,
@@ -296,9 +286,8 @@ def consumers(rec: dict, *, ax=None):
         rows = [r for r in rec["rows"] if r["pattern"] == name]
         ax.plot([r["chunk"] for r in rows], [max(r["ms"], 1e-4) for r in rows], marker="o", ms=3, label=name)
     ax.axhspan(1000, 2000, color="0.85", zorder=0, label="#293: 1-2 s per chunk after 400+")
-    ax.set_yscale("log")
-    ax.set_xlabel("chunk index (clip length = index x one chunk)")
-    ax.set_ylabel("ms the consumer spends on that chunk")
+    ax.set(yscale="log", xlabel="chunk index (clip length = index x one chunk)",
+           ylabel="ms the consumer spends on that chunk")
     return _finish(fig, ax, _title(rec, f"the caller's side: reprocessing the whole clip every chunk "
                                         f"({rec['params']['chunk_samples']} samples per chunk)"))
 

@@ -28,21 +28,15 @@ __all__ = ["findings", "headline", "headline_key", "floor_reading", "warm_vs_col
 
 
 def warm_vs_cold(warm: dict, cold: dict) -> list[dict]:
-    """Per mode and position, one call with K/V warm (one cache, re-read) vs rotated over many caches (colder; whether
-    they leave the last-level cache, the floor's note says)."""
-    rows = []
-    for c in cold["rows"]:
-        w = find_row(warm["rows"], mode=c["mode"], position=c["position"])
-        if w:
-            rows.append({"mode": c["mode"], "position": c["position"], "warm ms": w["median_ms"],
-                         "rotated ms": c["median_ms"], "rotated / warm": c["median_ms"] / w["median_ms"],
-                         "rotated x floor": c.get("x_floor"), "n": min(w["n"], c["n"])})
-    return rows
+    """Per mode and position, one call with K/V warm (one cache, re-read) vs rotated over many caches (colder)."""
+    return [{"mode": c["mode"], "position": c["position"], "warm ms": w["median_ms"], "rotated ms": c["median_ms"],
+             "rotated / warm": c["median_ms"] / w["median_ms"], "rotated x floor": c.get("x_floor"),
+             "n": min(w["n"], c["n"])}
+            for c in cold["rows"] if (w := find_row(warm["rows"], mode=c["mode"], position=c["position"]))]
 
 
 def step_vs_call(dec: dict, warm: dict, cold: dict, position: int = 256) -> dict:
-    """A decode step's saving per layer beside an isolated call's (reference -> exact), warm and cold; the ratios
-    are None, and ``note`` says why, where ``exact`` is upstream's own call or a saving is not above zero."""
+    """A decode step's saving per layer beside an isolated call's (reference -> exact), warm and cold (``note``)."""
     up, pa = (find_row(dec["rows"], variant=v, position=position) for v in ("upstream", "patched"))
     per_layer = (up["median_ms"] - pa["median_ms"]) / dec["params"]["layers"]
     saved = {name: find_row(rec["rows"], mode="reference", position=position)["median_ms"]
@@ -96,9 +90,8 @@ def floor_reading(cold: dict, position: int = 4096) -> dict:
 
 
 def findings(run: Run, targets: Optional[list] = None) -> dict:
-    """05's findings, each from its records (a run folder or a notebook's own): what 05 prints and what a report
-    derives again from a committed run, by this code. ``targets``: :func:`.bench.targets.run_targets` of ``run``
-    where the caller holds it (judged here otherwise). ValueError naming the records a run lacks."""
+    """05's findings from its records (a run folder or a notebook's own), as 05 prints and a report derives them;
+    ``targets``: :func:`.bench.targets.run_targets` of ``run`` if held. ValueError naming the records a run lacks."""
     att = {dt: attention_record(run, dt) for dt in ("float32", "bfloat16")}
     cold = attention_record(run, "float32", cold=True)
     dec = {dt: run.get("decode_step", dtype=dt) for dt in ("bfloat16", "float32")}
@@ -156,13 +149,11 @@ def fast_table(att: dict, positions) -> list[dict]:
     for dt, rec in att.items():
         for p in positions:
             f, s, r = (find_row(rec["rows"], mode=m, position=p) for m in ("fast", "slice_fix", "reference"))
-            if not (f and s and r):
-                continue
-            rows.append({"dtype": dt, "position": p, "fast ms": f["median_ms"], "slice fix ms": s["median_ms"],
-                         "fast / slice fix": call_ratio(rec, "fast", "slice_fix", p).value,
-                         "fast x floor": f["x_floor"],
-                         "floor binds (K/V > LLC)": f["floor_meaningful"], "fast err": f["max_err_f64"],
-                         "reference err": r["max_err_f64"], "n": f["n"]})
+            if f and s and r:
+                rows.append({"dtype": dt, "position": p, "fast ms": f["median_ms"], "slice fix ms": s["median_ms"],
+                             "fast / slice fix": call_ratio(rec, "fast", "slice_fix", p).value,
+                             "fast x floor": f["x_floor"], "floor binds (K/V > LLC)": f["floor_meaningful"],
+                             "fast err": f["max_err_f64"], "reference err": r["max_err_f64"], "n": f["n"]})
     return rows
 
 
@@ -202,14 +193,11 @@ def memory_summary(kv: dict, alloc: dict, rss: dict) -> dict:
 
 def growth_table(growth: dict) -> list[dict]:
     """One row per request length of :func:`fastattn.lab.bench.cache_growth` records."""
-    out = []
-    for n, g in growth.items():
-        s = g["summary"]
-        out.append({"request steps": n, "moves": s["moves"], "total in step() ms": s["step_total_s"] * 1e3,
-                    "largest step ms": s["max_step_ms"], "bound held every step": s["bound_held_every_step"],
-                    "final capacity": s["final_capacity"], "right-sized here": s.get("right_sized", True),
-                    "upstream zero-fill per request ms": s["upstream_fill_ms"]})
-    return out
+    return [{"request steps": n, "moves": s["moves"], "total in step() ms": s["step_total_s"] * 1e3,
+             "largest step ms": s["max_step_ms"], "bound held every step": s["bound_held_every_step"],
+             "final capacity": s["final_capacity"], "right-sized here": s.get("right_sized", True),
+             "upstream zero-fill per request ms": s["upstream_fill_ms"]}
+            for n, s in ((n, g["summary"]) for n, g in growth.items())]
 
 
 def dtype_findings(r: dict) -> dict:

@@ -105,10 +105,9 @@ def report_texts(run_dir, summary: dict) -> dict:
 
 def write_report(run_dir, summary: dict) -> tuple:
     """Write :func:`report_texts` into ``run_dir``; return the paths of ``index.html`` and ``summary.md``."""
-    texts = report_texts(run_dir, summary)
-    atomic_write_text(Path(run_dir) / "claims_ledger.json", texts["claims_ledger.json"])
-    return (atomic_write_text(Path(run_dir) / "index.html", texts["index.html"]),
-            atomic_write_text(Path(run_dir) / "summary.md", texts["summary.md"]))
+    paths = {name: atomic_write_text(Path(run_dir) / name, text)
+             for name, text in report_texts(run_dir, summary).items()}
+    return paths["index.html"], paths["summary.md"]
 
 
 def _params_line(summary: dict) -> str:

@@ -4,6 +4,7 @@ landing page, markdown for GitHub."""
 from __future__ import annotations
 
 import math
+from functools import partial
 from html import escape
 from typing import Callable, Optional, Sequence
 
@@ -39,14 +40,10 @@ def _td(row: dict, col, html: str) -> str:
     return f"<td>{html}</td>"
 
 
-def _whole(v) -> str:
-    return fmt(v, limit=None)  # a notebook table keeps whole texts
-
-
-def html_table(rows: Sequence[dict], cols: Optional[Sequence] = None, *, text: Callable = _whole,
+def html_table(rows: Sequence[dict], cols: Optional[Sequence] = None, *, text: Callable = partial(fmt, limit=None),
                td: Callable = _td) -> str:
-    """``rows`` over ``cols`` (default: the first row's keys): each value through ``text``, escaped, and put in
-    its cell by ``td(row, col, html)``."""
+    """``rows`` over ``cols`` (default: the first row's keys): each value through ``text`` (default: :func:`fmt`
+    with texts whole, as a notebook table keeps them), escaped, and put in its cell by ``td(row, col, html)``."""
     cols = list(rows[0] if cols is None and rows else cols or [])
     head = "".join(f"<th>{escape(str(c))}</th>" for c in cols)
     body = "".join("<tr>" + "".join(td(r, c, escape(text(r.get(c)))) for c in cols) + "</tr>" for r in rows)

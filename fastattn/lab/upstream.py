@@ -110,19 +110,16 @@ def _defs(text: str) -> dict:
 
 def _transplant(base: str, old: str, new: str) -> str:
     """``base`` with the top-level definitions ``new`` changes or adds over ``old`` (an added one before its next)."""
-    lines, nlines, olines = base.splitlines(True), new.splitlines(True), old.splitlines(True)
-    nd, od = _defs(new), _defs(old)
-    src = lambda d, ls, k: "".join(ls[d[k][0]:d[k][1]])
-    changed = [k for k in nd if k not in od or src(nd, nlines, k) != src(od, olines, k)]
-    order = list(nd)
-    for k in reversed(changed):
+    lines = base.splitlines(True)
+    ours, theirs = ({k: t.splitlines(True)[a:b] for k, (a, b) in _defs(t).items()} for t in (new, old))
+    order = list(ours)
+    for k in reversed([k for k in order if ours[k] != theirs.get(k)]):
         bd = _defs("".join(lines))
-        text = src(nd, nlines, k).splitlines(True)
         if k in bd:
-            lines[bd[k][0]:bd[k][1]] = text
+            lines[bd[k][0]:bd[k][1]] = ours[k]
         else:
             after = next(n for n in order[order.index(k) + 1:] if n in bd)
-            lines[bd[after][0]:bd[after][0]] = text + ["\n", "\n"]
+            lines[bd[after][0]:bd[after][0]] = ours[k] + ["\n", "\n"]
     return "".join(lines)
 
 
@@ -132,8 +129,8 @@ SCRIPT_PATCHES = {"cpu-dtype": "scripts-test_pick_runtime_dtype.diff"}
 TEST_PATCHES = {"cpu-dtype": "tests-test_model_utils.diff"}
 
 
-def _new_file(path: str, text: str) -> list:
-    return list(difflib.unified_diff([], text.splitlines(True), fromfile="/dev/null", tofile=f"b/{path}", n=3))
+def _new_file(path: str, text: str) -> str:
+    return "".join(difflib.unified_diff([], text.splitlines(True), fromfile="/dev/null", tofile=f"b/{path}", n=3))
 
 
 def test_setup(kit: str) -> str:
@@ -142,7 +139,7 @@ def test_setup(kit: str) -> str:
     if kit in TEST_PATCHES:
         return (data_dir() / "upstream-tests" / TEST_PATCHES[kit]).read_text()
     test = KITS[kit][2]
-    return "".join(_new_file(f"tests/{test}", (data_dir() / "upstream-tests" / test).read_text()))
+    return _new_file(f"tests/{test}", (data_dir() / "upstream-tests" / test).read_text())
 
 
 def upstream_diff(layout: str = "wheel", kit: str = "right-sized", base: Path | None = None) -> str:
@@ -150,8 +147,7 @@ def upstream_diff(layout: str = "wheel", kit: str = "right-sized", base: Path | 
     if layout not in LAYOUTS:
         raise ValueError(f"layout must be one of {sorted(LAYOUTS)}, got {layout!r}")
     if kit in REPO_FILES:  # new files of the repository, the same against main and 2.0.3, and the kit's test
-        return "".join(line for path, src in REPO_FILES[kit].items() for line in _new_file(path, src.read_text())) \
-            + test_setup(kit)
+        return "".join(_new_file(path, src.read_text()) for path, src in REPO_FILES[kit].items()) + test_setup(kit)
     prefix, parts = LAYOUTS[layout][1], []
     for rel, (old, new) in sorted(kit_sources(kit).items(), reverse=True):
         if base is not None:
@@ -171,23 +167,17 @@ _HUNK = re.compile(r"@@ -(\d+)(?:,(\d+))? \+(\d+)(?:,(\d+))? @@")
 
 def _file_patches(diff: str) -> list:
     """``[(path after -p1, [(old start, old lines, new lines)], whether the file is new)]`` of a unified diff."""
-    out, lines, i = [], diff.splitlines(True), 0
-    while i < len(lines):
-        if not lines[i].startswith("--- "):
-            i += 1
-            continue
-        new_file = lines[i][4:].strip() == "/dev/null"
-        path, hunks, i = lines[i + 1][4:].strip().split("/", 1)[1], [], i + 2
-        out.append((path, hunks, new_file))
-        while i < len(lines) and (m := _HUNK.match(lines[i])):
-            n_old, n_new = int(m[2] or 1), int(m[4] or 1)
-            old, new, i = [], [], i + 1
-            while len(old) < n_old or len(new) < n_new:
-                tag, text = lines[i][0], lines[i][1:]
-                old += [text] if tag in " -" else []
-                new += [text] if tag in " +" else []
-                i += 1
-            hunks.append((int(m[1]), old, new))
+    out, lines = [], iter(diff.splitlines(True))
+    for line in lines:
+        if line.startswith("--- "):
+            out.append((next(lines)[4:].strip().split("/", 1)[1], [], line[4:].strip() == "/dev/null"))
+        elif out and (m := _HUNK.match(line)):
+            old, new = [], []
+            while len(old) < int(m[2] or 1) or len(new) < int(m[4] or 1):
+                body = next(lines)
+                old += [body[1:]] if body[0] in " -" else []
+                new += [body[1:]] if body[0] in " +" else []
+            out[-1][1].append((int(m[1]), old, new))
     return out
 
 

@@ -153,15 +153,14 @@ def findings(out_dir, items: dict, key: Optional[Sequence[str]] = None) -> None:
 # --------------------------------------------------------------------------- runner
 def _kernelspec(spec_root: Path) -> str:
     """A kernelspec for this interpreter under ``spec_root`` (a temp folder on JUPYTER_PATH)."""
-    name = "fastattn-runner"
-    kdir = spec_root / "kernels" / name
+    kdir = spec_root / "kernels" / "fastattn-runner"
     kdir.mkdir(parents=True, exist_ok=True)
     (kdir / "kernel.json").write_text(json.dumps({
         "argv": [sys.executable, "-m", "ipykernel_launcher", "-f", "{connection_file}"],
         "display_name": f"fastattn ({sys.executable})", "language": "python",
         "env": {"PYTHONUNBUFFERED": "1", "TQDM_DISABLE": "1"},
     }))
-    return name
+    return kdir.name
 
 
 def _new_run_dir(device: str, base: Optional[Path]) -> Path:
@@ -181,28 +180,24 @@ _HTML_CSS = ("<style>.jp-InputArea-editor pre, .highlight pre, .jp-OutputArea-ou
              "{white-space: pre-wrap !important; overflow-wrap: anywhere;}</style>")
 
 
-def _html(executed: Path, run_dir: Path, params: dict) -> Path:
-    """The executed notebook as HTML: code wrapped, no machine paths, no empty widget cells."""
+def _html(executed: Path, run_dir: Path, params: dict, items: Optional[dict], key: list) -> Path:
+    """The executed notebook as HTML: code wrapped, no machine paths, no empty widget cells. With ``items`` (its
+    findings.json) the key findings are first put in a markdown cell after its title, in the notebook too."""
     import nbformat
     from nbconvert import HTMLExporter
     nb = nbformat.read(str(executed), as_version=4)
+    if items is not None:
+        lines = ["**What this run found on this machine** (key findings from this run's own values; the last cell "
+                 "lists them all):", ""]
+        lines += [f"* {md_text(k)}: **{md_text(fmt(items[k], k))}**" for k in key if k in items]
+        nb.cells.insert(1, nbformat.v4.new_markdown_cell("\n".join(lines), metadata={"tags": ["fastattn-findings"]}))
+        nbformat.write(nb, str(executed))
     if not params.get("interactive"):
         nb.cells = [c for c in nb.cells if not (c.cell_type == "code" and c.source.lstrip().startswith(
             'if P["interactive"]') and not c.get("outputs"))]
     body, _ = HTMLExporter().from_notebook_node(nb)
     body = body.replace("</head>", _HTML_CSS + "</head>", 1)
     return atomic_write_text(executed.with_suffix(".html"), without_machine_paths(body, run_dir))
-
-
-def _findings_up_front(executed: Path, items: dict, key: list) -> None:
-    """Put the key findings in a markdown cell after the notebook's title."""
-    import nbformat
-
-    nb = nbformat.read(str(executed), as_version=4)
-    lines = ["**What this run found on this machine** (key findings from this run's own values; the last cell "
-             "lists them all):", ""] + [f"* {md_text(k)}: **{md_text(fmt(items[k], k))}**" for k in key if k in items]
-    nb.cells.insert(1, nbformat.v4.new_markdown_cell("\n".join(lines), metadata={"tags": ["fastattn-findings"]}))
-    nbformat.write(nb, str(executed))
 
 
 def run_workbook(params: Optional[dict] = None, *, only: Optional[list] = None, keep_going: bool = False,
@@ -228,7 +223,13 @@ def run_workbook(params: Optional[dict] = None, *, only: Optional[list] = None, 
     if budget_s and unplannable(device):
         log(f"[fastattn] {unplannable(device)}")
         budget_s = None
-    plan = _plan(params, nbs, device, budget_s, log) if budget_s else None
+    plan = None
+    if budget_s:  # probe this machine and fit the sized measurements to the budget
+        log("[fastattn] measuring this machine first (a few small-preset chunks per dtype) ...")
+        probe = budget.probe(device)
+        plan = dict(budget.plan(probe, [nb.stem for nb in nbs], given=params, budget_s=budget_s), probe=probe)
+        for line in budget.plan_lines(plan):
+            log(f"[fastattn] {line}")
     if prof:
         log(f"[fastattn] profile {profile}: " + "; ".join(profile_lines(prof, device)))
     run_dir, saved_path = _new_run_dir(device, out), os.environ.get("JUPYTER_PATH")
@@ -306,17 +307,6 @@ def _validate_run(params: dict, nbs: list) -> None:
                 raise ValueError(f"{stem}: {exc}") from None
 
 
-def _plan(params: dict, nbs: list, device: str, budget_s: float, log) -> dict:
-    """Probe this machine and fit the sized measurements to ``budget_s``; print the plan."""
-    log("[fastattn] measuring this machine first (a few small-preset chunks per dtype) ...")
-    probe = budget.probe(device)
-    plan = budget.plan(probe, [nb.stem for nb in nbs], given=params, budget_s=budget_s)
-    plan["probe"] = probe
-    for line in budget.plan_lines(plan):
-        log(f"[fastattn] {line}")
-    return plan
-
-
 def _planned(plan: Optional[dict], params: dict, declared: dict, elapsed_s: float, stem: str = "05_profiling") -> dict:
     """The plan's parameters for ``stem`` (its own, none the user gave), and ``budget_s`` left if it sizes itself."""
     if not plan:
@@ -335,8 +325,8 @@ def _run_all(nbs, per_nb: dict, run_dir: Path, device: str, kernel: str, keep_go
     params = next(iter(per_nb.values()), {})
     summary = {"run": run_dir.name, "parameters": params, "device": device, "started_utc":
                datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"), "notebooks": [], "plan": plan}
-    elapsed = 0.0
     for nb in nbs:
+        elapsed = sum(e["duration_s"] for e in summary["notebooks"])
         declared, params = pm.inspect_notebook(str(nb)), per_nb[nb.stem]
         nb_params = {k: v for k, v in params.items() if k in declared}
         nb_params.update(_planned(plan, params, declared, elapsed, nb.stem))
@@ -360,19 +350,16 @@ def _run_all(nbs, per_nb: dict, run_dir: Path, device: str, kernel: str, keep_go
         except Exception as exc:  # kernel died, timeout, ...
             entry.update(status="failed", error=f"{nb.name}: {type(exc).__name__}: {exc}")
         entry["duration_s"] = time.perf_counter() - t0
-        elapsed += entry["duration_s"]
         fj, kf = nb_out / "findings.json", nb_out / "key_findings.json"
-        items = json.loads(fj.read_text()) if fj.exists() else {}
-        key = json.loads(kf.read_text()) if kf.exists() else list(items)[:4]
+        items = json.loads(fj.read_text()) if fj.exists() else None
+        key = json.loads(kf.read_text()) if kf.exists() else list(items or {})[:4]
         if executed.exists():
             try:
-                if fj.exists():
-                    _findings_up_front(executed, items, key)
-                entry["html"] = _html(executed, run_dir, nb_params).name
+                entry["html"] = _html(executed, run_dir, nb_params, items, key).name
             except Exception as exc:  # keep the executed notebook; a run whose report failed is not "ok"
                 entry["html_error"] = f"{type(exc).__name__}: {exc}"
                 entry["status"], entry["error"] = "failed", f"{nb.name}: writing its HTML failed: {exc}"
-        entry["findings"], entry["key_findings"] = items, key
+        entry["findings"], entry["key_findings"] = items or {}, key
         summary["notebooks"].append(entry)
         log(f"[fastattn] {nb.name}: {entry['status']} in {entry['duration_s']:.1f} s"
             + (f"\n[fastattn] ERROR {entry['error']}" if entry.get("error") else ""))

@@ -300,6 +300,9 @@ def test_bench_cli_smoke(tmp_path, capsys):
     assert kinds == {"bandwidth", "attention"}
     with pytest.raises(SystemExit):
         main(["nonsense"])
+    with pytest.raises(SystemExit):  # skipping all it asked for runs nothing, not everything
+        main(["bandwidth", "--skip", "bandwidth", "--out", str(tmp_path / "none")])
+    assert "leaves nothing to run" in capsys.readouterr().err and not (tmp_path / "none").exists()
 
 
 def test_stream_profile_record_and_verdict():

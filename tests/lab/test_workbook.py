@@ -54,39 +54,42 @@ def test_notebook_structure(nb):
 
 
 @pytest.mark.slow
-def test_runner_executes_all_notebooks(tmp_path):
+@pytest.mark.parametrize("stem", [s for s in SMOKE if s != "02_backend_selection"])
+def test_runner_executes_each_notebook(stem, tmp_path):
     """The workbook through the runner, smoke-sized, one notebook at a time with its own parameters (02 runs under
     plain papermill below); 04 the way maintainers with weights run it, from a saved checkpoint (random weights are
     01, 03 and 05's path)."""
-    from fastattn.models import build_voxcpm2, save_voxcpm2
-    ckpt = save_voxcpm2(build_voxcpm2("tiny", dtype=SMOKE["04_patch_application"]["dtype"]), tmp_path / "ckpt")
-    for stem, params in SMOKE.items():
-        if stem == "02_backend_selection":
-            continue  # 02 runs under plain papermill from another folder (test_plain_papermill_from_another_folder)
-        if stem == "04_patch_application":
-            params = {**params, "checkpoint_path": str(ckpt)}
-        run_dir, summary = wb.run_workbook(params, only=[stem], out=tmp_path, log=lambda *_: None, budget_s=None,
-                                           timeout=300)  # a smoke cell takes seconds: a stall fails in minutes
-        nb = summary["notebooks"][0]
-        assert summary["status"] == "ok", nb.get("error")
-        assert (run_dir / f"{stem}.ipynb").exists() and (run_dir / f"{stem}.html").exists()
-        assert (run_dir / "summary.json").exists() and (run_dir / "index.html").exists()
-        assert nb["findings"], f"{stem} wrote no findings"
-        executed = nbformat.read(str(run_dir / f"{stem}.ipynb"), as_version=4)
-        text = json.dumps(executed)
-        assert "it/s]" not in text, "progress-bar spam in the executed notebook"
-        if stem in ("01_root_cause", "03_causality_checks", "05_profiling"):
-            assert list((run_dir / stem / "figures").glob("*.png"))
-            assert "image/png" in text
-        _check_report(run_dir, stem)
-        _no_gpu_claim_judged_here(run_dir)
-        if stem == "04_patch_application":
-            assert "'weights': 'checkpoint'" in text
-            assert nb["findings"]["exact patch, generate(): waveform torch.equal to upstream"] is True
-        if stem == "03_causality_checks":  # a record names the sizes it ran at, never a default's
-            ladder = load_run(run_dir).get("exactness_calibration")
-            assert ladder["params"]["capacity"] == params["ladder_capacity"] and ladder["env"]["device"] == "cpu"
-    assert len({p.name for p in tmp_path.iterdir()}) == len(SMOKE), "a run folder was reused"  # 4 runs + ckpt
+    params = SMOKE[stem]
+    if stem == "04_patch_application":
+        from fastattn.models import build_voxcpm2, save_voxcpm2
+        ckpt = save_voxcpm2(build_voxcpm2("tiny", dtype=params["dtype"]), tmp_path / "ckpt")
+        params = {**params, "checkpoint_path": str(ckpt)}
+    run_dir, summary = wb.run_workbook(params, only=[stem], out=tmp_path / "runs", log=lambda *_: None, budget_s=None,
+                                       timeout=300)  # a smoke cell takes seconds: a stall fails in minutes
+    nb = summary["notebooks"][0]
+    assert summary["status"] == "ok", nb.get("error")
+    assert (run_dir / f"{stem}.ipynb").exists() and (run_dir / f"{stem}.html").exists()
+    assert (run_dir / "summary.json").exists() and (run_dir / "index.html").exists()
+    assert nb["findings"], f"{stem} wrote no findings"
+    executed = nbformat.read(str(run_dir / f"{stem}.ipynb"), as_version=4)
+    text = json.dumps(executed)
+    assert "it/s]" not in text, "progress-bar spam in the executed notebook"
+    if stem in ("01_root_cause", "03_causality_checks", "05_profiling"):
+        assert list((run_dir / stem / "figures").glob("*.png"))
+        assert "image/png" in text
+    _check_report(run_dir, stem)
+    _no_gpu_claim_judged_here(run_dir)
+    if stem == "04_patch_application":
+        assert "'weights': 'checkpoint'" in text
+        assert nb["findings"]["exact patch, generate(): waveform torch.equal to upstream"] is True
+    if stem == "03_causality_checks":  # a record names the sizes it ran at, never a default's
+        ladder = load_run(run_dir).get("exactness_calibration")
+        assert ladder["params"]["capacity"] == params["ladder_capacity"] and ladder["env"]["device"] == "cpu"
+
+
+def test_runs_started_in_the_same_second_get_folders_of_their_own(tmp_path):
+    runs = [wb._new_run_dir("cpu", tmp_path) for _ in range(3)]
+    assert len(set(runs)) == 3 and all(r.is_dir() and r.parent == tmp_path for r in runs), runs
 
 
 def _no_gpu_claim_judged_here(run_dir):

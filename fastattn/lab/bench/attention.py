@@ -47,10 +47,9 @@ def attention_sweep(positions: Sequence[int], *, capacity: int = 8192, dtype="fl
     bw = bw or bandwidth(device)
     gran = bucket if bucket is not None else exact_granularity(q.device, dt, hq=hq, hkv=hkv, head_dim=head_dim,
                                                                capacity=capacity)
-    rows = []
-    for p in progress_bar(positions, progress, f"attention {dtype}"):
-        fns = _variants(q, modes, bucket, slice_fix, gemm=gemm_floor and dt == torch.float32)
-        rows += _position_rows(fns, q, kvs, p, device, repeats, warmup, capacity, gran, bw)
+    fns = _variants(q, modes, bucket, slice_fix, gemm=gemm_floor and dt == torch.float32)
+    rows = [row for p in progress_bar(positions, progress, f"attention {dtype}")
+            for row in _position_rows(fns, q, kvs, p, device, repeats, warmup, capacity, gran, bw)]
     fast_choice = [c for c in fast_report() if c["dtype"] == dtype_name(dt) and c["length_class"] != "graph"
                    and (c["hq"], c["hkv"], c["head_dim"]) == (hq, hkv, head_dim)]
     params = {"positions": list(positions), "capacity": capacity, "dtype": dtype_name(dt), "hq": hq, "hkv": hkv,

@@ -66,8 +66,7 @@ def jobs(device, *, dtypes=("float32", "bfloat16"), positions=None, capacity: in
     names = {"decode": lambda r: [f"whole_decode_{model}"], "dtype": lambda r: [f"dtype_decode_{model}"],
              "compiled": lambda r: [f"compiled_step_{model}"],
              "forms": lambda r: [f"decode_forms_{x['params']['dtype']}" for x in r],
-             "memory": lambda r: ["kv_memory_full", "step_allocations"],
-             "programs": lambda r: ["wrapped_programs"], "split": lambda r: [f"step_split_{model}"],
+             "memory": lambda r: ["kv_memory_full", "step_allocations"], "split": lambda r: [f"step_split_{model}"],
              "compiled-decode": lambda r: [f"compiled_decode_{preset or 'full'}"]}
     return [Step(name, fn, 0.0, None, names.get(name)) for name, fn in table.items()]
 
@@ -90,24 +89,6 @@ def _ints(s: str) -> list[int]:
         raise argparse.ArgumentTypeError(f"expected comma-separated ints, got {s!r}") from None
 
 
-def _check_args(args):
-    device = resolve_device(args.device, name="--device")
-    if args.dtype is not None:
-        dtype_of(args.dtype, name="--dtype")
-    if args.preset is not None and args.preset not in PRESETS:
-        raise ValueError(f"--preset must be one of {', '.join(PRESETS)}, got {args.preset!r}")
-    for name in ("capacity", "steps", "repeats"):
-        if getattr(args, name) is not None:
-            check_positive_int(getattr(args, name), f"--{name}")
-    bad = [p for p in args.positions or () if not 0 <= p < args.capacity]
-    if bad or args.positions == []:
-        raise ValueError(f"--positions must be a non-empty list of positions in [0, capacity={args.capacity}), "
-                         f"got {args.positions}")
-    if args.out and Path(args.out).exists() and not Path(args.out).is_dir():
-        raise ValueError(f"--out {args.out}: exists and is not a folder")
-    return device
-
-
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python -m fastattn bench", description=__doc__.split("\n\n")[0])
     ap.add_argument("what", choices=[s.name for s in jobs("cpu")] + ["all"], help=f"all: {', '.join(ALL)}")
@@ -123,13 +104,27 @@ def main(argv=None) -> int:
     add_arguments(ap, "output folder (default: reports/bench-<UTC time>)")
     args = ap.parse_args(argv)
     out = Path(args.out) if args.out else Path("reports") / f"bench-{datetime.now(timezone.utc):%Y%m%dT%H%M%SZ}"
-    what = list(args.only or (ALL if args.what == "all" else [*NEEDS.get(args.what, ()), args.what]))
+    what = [w for w in args.only or (ALL if args.what == "all" else [*NEEDS.get(args.what, ()), args.what])
+            if w not in (args.skip or ())]
     try:  # every argument checked before anything is measured or written
-        device = _check_args(args)
-        entries = run(what if not args.skip else [w for w in what if w not in args.skip], out, device,
-                      budget=args.budget or None, resume=args.resume, dtypes=(args.dtype,) if args.dtype else
-                      ("float32", "bfloat16"), positions=args.positions, capacity=args.capacity, preset=args.preset,
-                      steps=args.steps, repeats=args.repeats)
+        if not what:  # an empty selection is not "everything"
+            raise ValueError(f"--skip {','.join(args.skip)} leaves nothing to run")
+        device = resolve_device(args.device, name="--device")
+        if args.dtype is not None:
+            dtype_of(args.dtype, name="--dtype")
+        if args.preset is not None and args.preset not in PRESETS:
+            raise ValueError(f"--preset must be one of {', '.join(PRESETS)}, got {args.preset!r}")
+        for name in ("capacity", "steps", "repeats"):
+            if getattr(args, name) is not None:
+                check_positive_int(getattr(args, name), f"--{name}")
+        if args.positions == [] or any(not 0 <= p < args.capacity for p in args.positions or ()):
+            raise ValueError(f"--positions must be a non-empty list of positions in [0, capacity={args.capacity}), "
+                             f"got {args.positions}")
+        if args.out and Path(args.out).exists() and not Path(args.out).is_dir():
+            raise ValueError(f"--out {args.out}: exists and is not a folder")
+        entries = run(what, out, device, budget=args.budget or None, resume=args.resume,
+                      dtypes=(args.dtype,) if args.dtype else ("float32", "bfloat16"), positions=args.positions,
+                      capacity=args.capacity, preset=args.preset, steps=args.steps, repeats=args.repeats)
     except ValueError as exc:
         ap.error(str(exc))
     for e in entries.values():

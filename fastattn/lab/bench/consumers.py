@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import base64
+import functools
 import io
 import statistics
 from concurrent.futures import ThreadPoolExecutor
@@ -35,16 +36,14 @@ def _wav_b64(clip: np.ndarray, sr: int) -> bytes:
     return base64.b64encode(buf.getvalue())
 
 
-def _codec(fmt: str, subtype: Optional[str]):
+def _encode(fmt: str, subtype: Optional[str], prev, clip, chunk, sr) -> bytes:
     """Encode the whole clip in chunk-sized blocks (libsndfile 1.2's Vorbis encoder crashes on one huge write)."""
-    def encode(prev, clip, chunk, sr):
-        import soundfile as sf
-        buf = io.BytesIO()
-        with sf.SoundFile(buf, "w", sr, 1, format=fmt, subtype=subtype) as f:
-            for i in range(0, len(clip), CHUNK_SAMPLES):
-                f.write(clip[i:i + CHUNK_SAMPLES])
-        return buf.getvalue()
-    return encode
+    import soundfile as sf
+    buf = io.BytesIO()
+    with sf.SoundFile(buf, "w", sr, 1, format=fmt, subtype=subtype) as f:
+        for i in range(0, len(clip), CHUNK_SAMPLES):
+            f.write(clip[i:i + CHUNK_SAMPLES])
+    return buf.getvalue()
 
 
 #: lossy codecs tried through libsndfile: name -> (format, subtype)
@@ -72,7 +71,7 @@ def patterns() -> tuple:
         have = sf.available_formats()
         for name, (fmt, sub) in CODECS.items():
             if fmt in have:
-                out[codec_pattern(name)] = _codec(fmt, sub)
+                out[codec_pattern(name)] = functools.partial(_encode, fmt, sub)
             else:
                 skipped[f"encode to {name}"] = f"this libsndfile has no {fmt} writer"
     except (ImportError, OSError) as exc:
@@ -151,9 +150,8 @@ MP3 = codec_pattern("MP3")
 
 def consumer_contention(preset: str = "small", chunks: int = 60, *, pattern: str = MP3, repeats: int = 2,
                         device="cpu", dtype="bfloat16", seed: int = 0) -> dict:
-    """The generator's ms per chunk alone and beside a thread running ``pattern`` (unknown: ValueError; a missing
-    codec runs a whole-clip pattern, ``params.asked`` keeps the name), alternated. Rows ``{repeat, beside, chunk,
-    ms}``; ``ratio`` beside / alone (medians, chunk 0 dropped), its 95% ``ci``."""
+    """The generator's ms per chunk alone and beside a thread running ``pattern``, alternated (a missing codec runs a
+    whole-clip pattern, ``params.asked`` keeps the name); ``ratio``: beside / alone, chunk 0 dropped."""
     fns, _ = patterns()
     known = {n for n, f in fns.items() if f is not None} | {codec_pattern(n) for n in CODECS}
     if pattern not in known:

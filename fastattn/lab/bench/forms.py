@@ -21,7 +21,7 @@ from fastattn.static import (
     stack_data,
 )
 
-from .records import env_record, record
+from .records import env_record, find_row, record
 from .stats import YES, fmt_ci, quiet, quiet_ratio, ratio_ci, verdict
 from .timing import progress_bar, stats_ms, time_interleaved
 
@@ -101,12 +101,7 @@ def _bound(c: dict) -> float:
     return c.get("bound") or 2 * c["reference_err"]  # records before the ulp floor: twice upstream's
 
 
-def _row(rec: dict, form: str, p: int, compiled: bool) -> Optional[dict]:
-    return next((r for r in rec["rows"] if (r["form"], r["position"], r["compiled"]) == (form, p, compiled)), None)
-
-
 def _median(row: Optional[dict]) -> float:
-    """Median of a row's quiet samples (all where fewer than 3 are quiet); inf for no row."""
     return math.inf if row is None else statistics.median(quiet(row["samples_ms"], row.get("disturbed_flags")))
 
 
@@ -116,7 +111,8 @@ def form_verdict(rec: dict) -> dict:
     ok, excluded = _eligible(rec)
     compiled = any(r["compiled"] for r in rec["rows"])
     positions = rec["params"]["positions"]
-    medians = {f: {p: _median(_row(rec, f, p, compiled)) for p in positions} for f in ok}
+    rows = {f: {p: find_row(rec["rows"], form=f, position=p, compiled=compiled) for p in positions} for f in ok}
+    medians = {f: {p: _median(r) for p, r in per.items()} for f, per in rows.items()}
     winner = form_winner(medians)
     out = {"winner": winner, "runner_up": None, "compiled": compiled, "excluded": excluded, "per_position": {},
            "margin": None, "decided": False, "decided_at": [], "other_winners": {},
@@ -126,10 +122,8 @@ def form_verdict(rec: dict) -> dict:
         return dict(out, line="no eligible form was timed: " + "; ".join(f"{f} {why}" for f, why in excluded.items()))
     if runner is None:
         return dict(out, line=f"{winner} is the only eligible form")
-    pp = out["per_position"]
-    for p in positions:
-        r, ci, _, _ = quiet_ratio(_row(rec, runner, p, compiled), _row(rec, winner, p, compiled))  # paired rounds
-        pp[p] = {"winner": min(ok, key=lambda f: medians[f][p]), "ratio": r, "ci": ci}
+    ratios = {p: quiet_ratio(rows[runner][p], rows[winner][p])[:2] for p in positions}  # paired rounds
+    pp = {p: {"winner": min(ok, key=lambda f: medians[f][p]), "ratio": r, "ci": ci} for p, (r, ci) in ratios.items()}
     margin = geomean(v["ratio"] for v in pp.values())
     decided_at = [p for p, v in pp.items() if verdict(v["ci"], lo=1) == YES and v["winner"] == winner]
     others = {p: v["winner"] for p, v in pp.items() if v["winner"] != winner}
@@ -140,8 +134,8 @@ def form_verdict(rec: dict) -> dict:
     if not decided:
         line += (f"; decided at {', '.join(map(str, decided_at)) or 'no position'}"
                  + ("; faster elsewhere: " + ", ".join(f"{f} at {p}" for p, f in others.items()) if others else ""))
-    return dict(out, runner_up=runner, margin=margin, decided=decided, decided_at=decided_at, other_winners=others,
-                line=line)
+    return dict(out, runner_up=runner, per_position=pp, margin=margin, decided=decided, decided_at=decided_at,
+                other_winners=others, line=line)
 
 
 def form_lines(rec: dict) -> list:

@@ -36,11 +36,9 @@ def lm_and_caches(preset: str, layers: Optional[int], dt, device, max_length: in
     from voxcpm.modules.minicpm4.cache import StaticKVCache
 
     cfg = lm_config(preset, layers)
-    state = torch.random.get_rng_state()
-    torch.manual_seed(seed)
-    with swapped(original_functions()):
+    with torch.random.fork_rng(devices=[]), swapped(original_functions()):  # the caller's CPU generator untouched
+        torch.manual_seed(seed)
         lm = MiniCPMModel(cfg).to(device=device, dtype=dt).eval()
-    torch.random.set_rng_state(state)
     D = cfg.kv_channels or cfg.hidden_size // cfg.num_attention_heads
     geo = (cfg.num_hidden_layers, cfg.num_key_value_heads, D, 1, device, dt)
     caches = {"upstream": StaticKVCache(*geo, max_length=max_length),
@@ -107,8 +105,7 @@ def compiled_step_sweep(positions: Sequence[int], *, preset: str = "tiny", layer
 
 def _step_sweep(positions, preset, layers, dt, device, max_length, bucket, repeats, warmup, seed, progress, desc, *,
                 slice_fix: bool = False, compiled: Optional[dict] = None) -> tuple:
-    """``(rows, cfg, D, caches, variants)`` of both sweeps; ``compiled``: ``torch.compile``'s options, each variant
-    then timed eager and compiled (timed rows only)."""
+    """``(rows, cfg, D, caches, variants)``; ``compiled``: compile options, each variant timed eager and compiled."""
     lm, cfg, D, caches, g, x = lm_and_caches(preset, layers, dt, device, max_length, bucket, seed)
     fns = {"upstream": original_functions(), "patched": variant_functions("exact", bucket=bucket)}
     variants = {n: (f, caches[n], None) for n, f in fns.items()}  # None: the LM's forward_step, as swapped in
@@ -175,8 +172,7 @@ def _sliced_step(length):
 def compile_counts(steps: int = 500, *, preset: str = "tiny", start: int = 16, device="cpu", dtype="float32",
                    seed: int = 0, backend: str = "inductor") -> dict:
     """Dynamo's counters over ``steps`` steps of a plainly compiled step: upstream's, and the slice fix with its length
-    a tensor (graph break) or a Python int (specialised on). Rows ``{variant, unique_graphs, graph_breaks,
-    break_reasons, steps}``: graphs growing with steps are recompiles (``backend="eager"``: same counts, faster)."""
+    a tensor (graph break) or a Python int (specialised on); graphs growing with steps are recompiles."""
     from torch._dynamo.utils import counters
 
     device, dt = resolve_device(device), _dtype(dtype)

@@ -53,14 +53,13 @@ def kv_memory(preset: str = "full", *, prefill: int = 100, steps: int = 200, dty
         del up, pa
     total = {v: sum(r["bytes"] for r in rows if r["variant"] == v) for v in ("upstream", "patched")}
     layers = sum(r["layers"] for r in rows if r["variant"] == "upstream")
-    per_slot = total["upstream"] // max_length
     why = f"no exact window on {device.type}" if bucket is None else f"bucket={bucket} asked"
     note = (f"in {g}-slot windows, measured from the cache objects after a {prefill}-token fill and {steps} steps"
             if sized else f"{why}: the patched cache holds all {max_length} slots, as upstream's")
     return record("kv_memory", env=env_record(device, dtype),
                   params={"preset": preset, "prefill": prefill, "steps": steps, "dtype": dtype_name(dt),
                           "max_length": max_length, "bucket": g, "layers": layers},
-                  rows=rows, per_token_bytes=per_slot, upstream_bytes=total["upstream"],
+                  rows=rows, per_token_bytes=total["upstream"] // max_length, upstream_bytes=total["upstream"],
                   patched_bytes=total["patched"], ratio=total["patched"] / total["upstream"], right_sized=sized,
                   note=note)
 
@@ -76,8 +75,7 @@ def step_allocations(*, preset: str = "small", layers: int = 1, dtype="float32",
     pos = torch.tensor([position], device=device)
     out = {}
     for name, fns in (("upstream", original_functions()), ("patched", variant_functions("exact"))):
-        cache = caches[name]
-        lm.kv_cache = cache
+        lm.kv_cache = caches[name]
         with swapped(fns), torch.inference_mode():
             lm.forward_step(x, pos)  # warm
             if device.type == "cuda":
@@ -88,7 +86,7 @@ def step_allocations(*, preset: str = "small", layers: int = 1, dtype="float32",
                 allocs = [e for e in prof.events() if e.cpu_memory_usage > 0]
                 counted = {"allocated_bytes": sum(e.cpu_memory_usage for e in allocs), "allocations": len(allocs),
                            "largest": sorted(((e.name, e.cpu_memory_usage) for e in allocs), key=lambda t: -t[1])[:5]}
-        out[name] = {**counted, "cache_bytes": cache_nbytes(cache)}
+        out[name] = {**counted, "cache_bytes": cache_nbytes(caches[name])}
     return record("step_allocations", env=env_record(device, dt),
                   params={"preset": preset, "layers": layers, "dtype": dtype, "position": position},
                   rows=[{"variant": n, **{k: v for k, v in d.items() if k != "largest"}} for n, d in out.items()],
@@ -129,8 +127,7 @@ def fill_cost(preset: str = "full", *, prefill: int = 100, dtype="bfloat16", dev
 def cache_growth(preset: str = "full", *, prefill: int = 100, steps: int = 8000, dtype="bfloat16", device="cpu",
                  max_length: int = 8192, bucket: Optional[int] = None) -> dict:
     """Every ``step()`` of a long request's :class:`RightSizedKVCache` timed, beside upstream's zero-fill.
-    Rows: the steps that moved the storage ``{position, ms, capacity}``; ``summary``: ``step_total_s``, ``moves``,
-    ``max_step_ms``, the capacity bound at every step, ``right_sized`` (False: no exact window, it never grows)."""
+    Rows: the steps that moved the storage; ``right_sized`` is False where there is no exact window (it never grows)."""
     device, dt = resolve_device(device), _dtype(dtype)
     geo, g, kv = _base_lm(preset, device, dt, max_length, bucket, prefill)  # what the patch picks on this device
     cache = RightSizedKVCache(*geo, max_length=max_length, bucket=g)
@@ -159,8 +156,7 @@ def cache_growth(preset: str = "full", *, prefill: int = 100, steps: int = 8000,
 
 def peak_rss(preset: str = "small", *, dtype="bfloat16", steps: int = 20, runs: int = 3) -> dict:
     """Peak RSS of one short request, upstream vs patched, each in a fresh process (Linux). Rows: the :mod:`.rss_probe`
-    bytes per process; ``summary``: ``cache_bytes_saved``, ``peak_difference_bytes`` (medians), ``peak_spread_bytes``
-    (max - min within a variant), ``resolved`` (the difference exceeds the spread)."""
+    bytes per process; ``resolved``: the median peaks differ by more than the widest spread within a variant."""
     rows = []
     for run in range(runs):  # a run's two processes side by side: a peak RSS is the process's own
         cmd = [sys.executable, "-m", "fastattn.lab.bench.rss_probe", preset, dtype]

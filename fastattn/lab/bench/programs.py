@@ -124,7 +124,7 @@ def probe(checkpoint: Path, text: str, timesteps: int, steps: int, env: dict, ou
 def stopping_checkpoint(folder, text: str, *, preset: str = "tiny", steps: tuple = (300, 600), seed: int = 0,
                         timesteps: int = 10, dtype: str = "bfloat16", threads: Optional[int] = None) -> dict:
     """A random-weight checkpoint in voxcpm's layout whose generation of ``text`` (seeded by :func:`seeded_site`)
-    ends by itself at a step in ``steps``: ``{checkpoint, site, unit, step, threshold, prompt}``."""
+    ends by itself at a step in ``steps``: ``{checkpoint, site, unit, step, below, above, threshold}``."""
     folder = Path(folder)
     ckpt = save_voxcpm2(build_voxcpm2(preset, seed=seed, dtype=dtype), folder / f"{preset}-checkpoint")
     site = seeded_site(folder, seed)
@@ -164,15 +164,10 @@ def run_program(command: list, env: dict, timeout: float = 3600) -> dict:
             "stderr_tail": p.stderr[-2000:] if p.returncode else ""}
 
 
-def _digest(path: Path) -> str:
-    return hashlib.sha256(Path(path).read_bytes()).hexdigest()[:16]
-
-
 def program_runs(preset: str = "full", *, steps: int = 60, rounds: int = 2, timesteps: int = 10, seed: int = 0,
                  folder=None) -> dict:
     """Upstream's CLI and the streaming service, plain and wrapped, in rotated order (A B, B A, ...), on a checkpoint
-    of ``preset`` that stops after ``steps`` to 1.5x ``steps``: record ``wrapped_programs`` (wall times, per-chunk
-    times, output digests). ``folder``: where the checkpoint and outputs go (default: a temporary one)."""
+    of ``preset`` that stops after ``steps`` to 1.5x ``steps``, in ``folder`` with the outputs (default: a tempdir)."""
     if folder is None:
         with tempfile.TemporaryDirectory() as tmp:
             return program_runs(preset, steps=steps, rounds=rounds, timesteps=timesteps, seed=seed, folder=tmp)
@@ -189,7 +184,8 @@ def program_runs(preset: str = "full", *, steps: int = 60, rounds: int = 2, time
                 if res["returncode"]:
                     raise RuntimeError(f"{program} ({variant}) exited {res['returncode']}: {res['stderr_tail']}")
                 stream = json.loads(Path(f"{out}.json").read_text()) if program == "stream" else {}
-                runs.append({"program": program, "variant": variant, "round": r, "digest": _digest(out), **res,
+                runs.append({"program": program, "variant": variant, "round": r,
+                             "digest": hashlib.sha256(out.read_bytes()).hexdigest()[:16], **res,
                              "chunk_ms": [s * 1e3 for s in stream.get("chunk_s", [])],
                              "first_chunk_s": stream.get("first_chunk_s")})
     return record("wrapped_programs", env=env_record("cpu", "bfloat16"),

@@ -29,15 +29,13 @@ def _write_wav(path: Path, audio: np.ndarray, sr: int) -> str:
 
 def _one_call(model, way: str, state: dict, steps: int, its: int) -> dict:
     """One timed call in ``way``; ``state`` carries the prompt (cache, or wav and text) to the next call."""
-    timers = Timers(model.device)
+    timers, kw = Timers(model.device), dict(min_len=steps, max_len=steps, inference_timesteps=its)
     with instrumented(model, timers, attention=False):
         t0 = time.perf_counter()
         if way == WAYS[2]:
-            audio = model.generate(TEXT, prompt_text=state["text"], prompt_wav_path=state["wav"], min_len=steps,
-                                   max_len=steps, inference_timesteps=its)
+            audio = model.generate(TEXT, prompt_text=state["text"], prompt_wav_path=state["wav"], **kw)
         else:
-            audio, _, feat = model.generate_with_prompt_cache(TEXT, state["cache"], min_len=steps, max_len=steps,
-                                                              inference_timesteps=its)
+            audio, _, feat = model.generate_with_prompt_cache(TEXT, state["cache"], **kw)
         wall = time.perf_counter() - t0
     marks = timers.marks if not timers.cuda else []
     n = len(timers.marks)

@@ -21,12 +21,11 @@ from ..paths import atomic_write_text, repo_root, without_machine_paths
 
 def git_commit() -> str:
     """The checkout's commit (``-dirty`` with uncommitted changes; ``unknown`` without git or a checkout)."""
+    def git(*cmd) -> str:
+        return subprocess.run(["git", *cmd], cwd=repo_root(), capture_output=True, text=True, timeout=10).stdout.strip()
+
     try:
-        root = repo_root()
-        sha = subprocess.run(["git", "rev-parse", "--short=12", "HEAD"], cwd=root, capture_output=True, text=True,
-                             timeout=10).stdout.strip()
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=root,
-                               capture_output=True, text=True, timeout=10).stdout.strip()
+        sha, dirty = git("rev-parse", "--short=12", "HEAD"), git("status", "--porcelain", "--untracked-files=no")
         return (sha + ("-dirty" if dirty else "")) if sha else "unknown"
     except Exception:  # noqa: BLE001 - no git, no checkout: the commit is unknown, not an error
         return "unknown"
@@ -136,8 +135,7 @@ class Run:
             self.findings.update(json.loads(p.read_text()))
 
     def all(self, kind: str, notebook: Optional[str] = None, **params) -> list:
-        """Every record of ``kind`` whose params equal ``params`` (and that ``notebook`` wrote), in name order, the
-        latest save of a name first (so :meth:`get` reads it)."""
+        """Every record of ``kind`` whose params equal ``params`` (and that ``notebook`` wrote), latest save first."""
         return [r for p, r in self.paths.items() if r["kind"] == kind and (notebook is None or notebook in p.parts)
                 and all(r.get("params", {}).get(k) == v for k, v in params.items())]
 

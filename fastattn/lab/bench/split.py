@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 import statistics
-from collections import defaultdict
+from collections import Counter, defaultdict
 from contextlib import contextmanager
 
 import torch
@@ -68,10 +68,10 @@ class Counts:
             x, b = args[0] if args and isinstance(args[0], torch.Tensor) else None, _own_bytes(module)
             self.bytes[self.window, component] += b
             self.flops[self.window, component] += 0 if x is None else _flops(module, x, out)
-            self.dtypes.setdefault(component, str(next(module.parameters(recurse=False)).dtype))
+            self.dtypes.setdefault(component, next(module.parameters(recurse=False)).dtype)
             if isinstance(module, torch.nn.Linear) and x is not None:
                 shape = (module.out_features, module.in_features, x.numel() // module.in_features)
-                self.shapes[(PHASES[self.window >= 0], component, *shape, str(module.weight.dtype))] += b
+                self.shapes[(PHASES[self.window >= 0], component, *shape, module.weight.dtype)] += b
         return count
 
     def per_window(self, kind: str, windows) -> dict:
@@ -101,13 +101,12 @@ def counting(model, counts: Counts):
 @contextmanager
 def timed_components(model, timers: Timers):
     """Each component's calls timed into ``timers`` (the base LM's step marks the windows), prefill calls included."""
-    wrap = [(model.base_lm, "forward_step", timers.mark(timers.wrap("base_lm", model.base_lm.forward_step)))]
-    wrap += [(getattr(model, c), attr, timers.wrap(c, getattr(getattr(model, c), attr)))
-             for c, attr in (("base_lm", "forward"), ("residual_lm", "forward_step"), ("residual_lm", "forward"),
-                             ("feat_encoder", "forward"), ("feat_decoder", "forward"))]
-    wrap += [(model, "_feat_encoder_raw", timers.wrap("feat_encoder", model.feat_encoder.forward))]
-    wrap += [(getattr(model, p), "forward", timers.wrap("projections", getattr(model, p).forward))
-             for p in PROJECTIONS]
+    calls = [("base_lm", "forward"), ("residual_lm", "forward_step"), ("residual_lm", "forward"),
+             ("feat_encoder", "forward"), ("feat_decoder", "forward"), *((p, "forward") for p in PROJECTIONS)]
+    wrap = [(getattr(model, m), attr, timers.wrap(component_of(m), getattr(getattr(model, m), attr)))
+            for m, attr in calls]
+    wrap += [(model.base_lm, "forward_step", timers.mark(timers.wrap("base_lm", model.base_lm.forward_step))),
+             (model, "_feat_encoder_raw", timers.wrap("feat_encoder", model.feat_encoder.forward))]
     streaming_decode = model.audio_vae.streaming_decode
 
     @contextmanager
@@ -150,26 +149,23 @@ def gemm_peak(dtype, device, n: int = 256) -> float:
     return 2 * n**3 / medians({"gemm": lambda: a @ b}, repeats=5, warmup=1, device=device)["gemm"] / 1e9
 
 
-def _dtype(name: str) -> torch.dtype:
-    return getattr(torch, name.split(".")[-1])
-
-
 def floors(counts: Counts, windows: dict, device) -> dict:
     """Per phase and component: bytes, FLOPs, streaming GB/s at its own shapes in that phase, and the floor (s)."""
-    measured = {s: stream_rate(*s[2:5], _dtype(s[5]), device) for s in counts.shapes}
+    measured = {s: stream_rate(*s[2:], device) for s in counts.shapes}
     rates = {s: gb_s for s, (gb_s, _) in measured.items()}
     # the compute ceiling per dtype: the best GFLOP/s seen, a square GEMM's or the model's own shapes'
-    peak = {dt: max([gemm_peak(_dtype(dt), device)] + [f for s, (_, f) in measured.items() if s[5] == dt])
+    peak = {dt: max([gemm_peak(dt, device)] + [f for s, (_, f) in measured.items() if s[5] == dt])
             for dt in set(counts.dtypes.values())}
     top = max(rates.values())
-    out = {"peak_gflops": peak, "rates_gb_s": {"/".join(map(str, k)): v for k, v in rates.items()}}
+    out = {"peak_gflops": {str(dt): p for dt, p in peak.items()},
+           "rates_gb_s": {"/".join(map(str, k)): v for k, v in rates.items()}}
     for phase, ws in windows.items():
         nbytes, flops = counts.per_window("bytes", ws), counts.per_window("flops", ws)
         for c in COMPONENTS:
             mine = {s: b for s, b in counts.shapes.items() if s[:2] == (phase, c)}
             gb_s = sum(mine.values()) / sum(b / rates[s] for s, b in mine.items()) if mine else top
             t_bytes, t_flops = nbytes[c] / gb_s / 1e9, flops[c] / peak[counts.dtypes[c]] / 1e9
-            out[phase, c] = {"bytes": nbytes[c], "flops": flops[c], "gb_per_s": gb_s, "dtype": counts.dtypes[c],
+            out[phase, c] = {"bytes": nbytes[c], "flops": flops[c], "gb_per_s": gb_s, "dtype": str(counts.dtypes[c]),
                              "floor_s": max(t_bytes, t_flops), "bound": "bytes" if t_bytes >= t_flops else "flops"}
     return out
 
@@ -198,8 +194,7 @@ def _phase(name: str, windows: list, flags: list, floor: dict) -> tuple:
 
 def lever(rows: list) -> dict:
     """The step's biggest remaining lever: the component with the most time above its floor, and that headroom."""
-    step = [r for r in rows if r["phase"] == "step"]
-    top = max(step, key=lambda r: r["time_s"] - r["floor_s"])
+    top = max((r for r in rows if r["phase"] == "step"), key=lambda r: r["time_s"] - r["floor_s"])
     return {"component": top["component"], "headroom_s": top["time_s"] - top["floor_s"], "time_s": top["time_s"],
             "floor_s": top["floor_s"], "bound": top["bound"]}
 
@@ -211,9 +206,8 @@ def step_split(preset: str = "tiny", *, steps: int = 8, repeats: int = 3, dtype=
     device = resolve_device(device)
     model = model or build_voxcpm2(preset, seed=seed, device=str(device), dtype=dtype)
     silence_progress()
-    text, counts, passes = text_for(steps), Counts(), defaultdict(int)
-    hook = model.feat_decoder.estimator.register_forward_hook(lambda *_: passes.__setitem__(counts.window,
-                                                                                           passes[counts.window] + 1))
+    text, counts, passes = text_for(steps), Counts(), Counter()  # DiT passes per window
+    hook = model.feat_decoder.estimator.register_forward_hook(lambda *_: passes.update([counts.window]))
     with patch_voxcpm(model, mode=mode):
         with counting(model, counts):  # 3 steps: the prefill's window, two whole steps, a tail
             torch.manual_seed(seed)
@@ -229,10 +223,9 @@ def step_split(preset: str = "tiny", *, steps: int = 8, repeats: int = 3, dtype=
             runs.append((window_times(timers, start), [False] + timers.step_disturbed()))
     floor = floors(counts, {"prefill": [-1], "step": [0, 1]}, device)
     rows, phases = [], {}
-    for i, name in enumerate(PHASES):
-        ws = [w for r, _ in runs for w in (r[:1] if i == 0 else r[1:])]
-        fs = [f for _, fl in runs for f in (fl[:1] if i == 0 else fl[1:])]
-        got, phases[name] = _phase(name, ws, fs, floor)
+    for name, part in zip(PHASES, (slice(0, 1), slice(1, None))):  # the prefill's window, then the steps'
+        windows, flags = ([x for run in runs for x in run[k][part]] for k in (0, 1))
+        got, phases[name] = _phase(name, windows, flags, floor)
         rows += got
     params = {"preset": preset, "steps": steps, "repeats": repeats, "dtype": dtype, "mode": mode,
               "inference_timesteps": inference_timesteps, "seed": seed, "text_chars": len(text)}

@@ -48,15 +48,13 @@ def quiet_pairs(num: dict, den: dict) -> tuple:
     """Two timed rows' samples less every round either was disturbed in (unpaired rows: their own disturbed ones)."""
     a, b = num["samples_ms"], den["samples_ms"]
     fa, fb = num.get("disturbed_flags") or [False] * len(a), den.get("disturbed_flags") or [False] * len(b)
-    if len(a) != len(b):
-        return [x for x, f in zip(a, fa) if not f], [x for x, f in zip(b, fb) if not f]
-    keep = [i for i in range(len(a)) if not (fa[i] or fb[i])]
-    return [a[i] for i in keep], [b[i] for i in keep]
+    if len(a) == len(b):  # paired by round: a round either was disturbed in leaves both
+        fa = fb = [x or y for x, y in zip(fa, fb)]
+    return [x for x, f in zip(a, fa) if not f], [x for x, f in zip(b, fb) if not f]
 
 
 def quiet_ratio(num: dict, den: dict) -> tuple:
-    """``(ratio, ci, n, dropped)`` of two timed rows: the median ratio over their quiet rounds, its paired
-    interval (None without samples), n, and the rounds left out (all rounds where fewer than 3 are quiet)."""
+    """``(ratio, ci, n, dropped)`` of two timed rows' medians over their quiet rounds (all, fewer than 3 quiet)."""
     if "samples_ms" not in num or "samples_ms" not in den:
         return num["median_ms"] / den["median_ms"], None, min(num.get("n", 0), den.get("n", 0)), 0
     a, b = quiet_pairs(num, den)
@@ -74,8 +72,7 @@ def verdict(ci: Optional[tuple], lo: float = -math.inf, hi: float = math.inf) ->
 
 
 def judge(measured: float, ci: Optional[tuple], bound: float, n: Optional[int] = None) -> str:
-    """A figure against the goal ``<= bound`` by :func:`verdict`; without an interval by its value, unless a timed
-    figure has too few samples (``0 < n < 3``: :data:`UNDECIDED`)."""
+    """A figure against the goal ``<= bound`` by :func:`verdict`, else by its value (``0 < n < 3``: undecided)."""
     if ci:
         return verdict(ci, hi=bound)
     return UNDECIDED if n is not None and 0 < n < 3 else YES if measured <= bound else NO

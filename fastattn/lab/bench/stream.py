@@ -11,6 +11,8 @@ import torch
 
 from fastattn.clock import rotated, sync
 from fastattn.devices import resolve_device
+from fastattn.models import build_voxcpm2, silence_progress
+from fastattn.patch import patch_voxcpm
 
 from .decode import Timers, instrumented, timer_overhead_us
 from .noise import delta, disturbed_series, host_counters
@@ -29,29 +31,6 @@ SENTENCE = "The quick brown fox jumps over the lazy dog near the quiet river ban
 def text_for(chunks: int) -> str:
     """A text long enough that voxcpm's length cap (about 6 tokens of audio per text token) allows ``chunks``."""
     return SENTENCE * max(1, -(-(chunks // 5 + 10) // len(SENTENCE)))
-
-
-def _one_stream(model, variant: str, text: str, chunks: int, seed: int, inference_timesteps: int, device,
-                components: bool = False):
-    """One stream: ``(chunks, rows)`` of :func:`time_chunks`, plus ``position`` and optionally ``components``."""
-    from fastattn.patch import patch_voxcpm
-
-    timers = Timers(device) if components else None
-
-    def after():
-        out = {"position": model.base_lm.kv_cache.current_length - 1}
-        if timers:
-            t = timers.totals_s()
-            out["components"] = {c: t.get(name, 0.0) * 1e3 for c, name in _TIMED.items()}
-        return out
-    with (patch_voxcpm(model, mode=variant) if variant != "upstream" else nullcontext(),
-          instrumented(model, timers, attention=False, vae=True) if timers else nullcontext()):
-        torch.manual_seed(seed)
-        gen = model.generate_streaming(text, min_len=chunks, max_len=chunks, inference_timesteps=inference_timesteps)
-        out, rows = time_chunks(gen, device, after)
-    for r in rows if components else ():
-        r["components"]["other"] = r["ms"] - sum(r["components"].values())
-    return out, rows
 
 
 def time_chunks(gen, device, after=None, on_chunk=None) -> tuple:
@@ -131,12 +110,8 @@ def stream_profile(preset: str, chunks: int, *, dtype="bfloat16", device="cpu",
                    progress: bool = True, repeats: int = 2, model=None, retries: int = 1,
                    components: bool = False) -> dict:
     """Every chunk of a ``generate_streaming`` run timed per variant, order rotated each repeat, ``retries`` more for
-    a variant a busy machine left inconclusive. Rows: :func:`time_chunks` rows plus ``variant, repeat, chunk``
-    (``components``: ms per :data:`COMPONENTS`); ``identical``, ``trend``, ``verdict``, ``sixths`` per variant."""
-    from fastattn.models import build_voxcpm2, silence_progress
-
-    bad = [m for m in modes if m not in VARIANTS]
-    if bad or not modes:
+    a variant a busy machine left inconclusive; rows: :func:`time_chunks`'s with ``variant, repeat, chunk``."""
+    if not modes or any(m not in VARIANTS for m in modes):
         raise ValueError(f"modes must be a non-empty selection of {VARIANTS}, got {list(modes)}")
     if isinstance(chunks, bool) or not isinstance(chunks, int) or chunks < 7:
         raise ValueError(f"chunks must be an int >= 7 (six sixths and a first chunk), got {chunks!r}")
@@ -148,8 +123,23 @@ def stream_profile(preset: str, chunks: int, *, dtype="bfloat16", device="cpu",
     text = text_for(chunks)
     rows, streams, done = [], {}, {v: 0 for v in modes}
 
-    def run(variant):
-        out, chunk_rows = _one_stream(model, variant, text, chunks, seed, inference_timesteps, device, components)
+    def run(variant):  # one stream, its chunks' rows with ``position`` and optionally ``components``
+        timers = Timers(device) if components else None
+
+        def after():
+            out = {"position": model.base_lm.kv_cache.current_length - 1}
+            if timers:
+                t = timers.totals_s()
+                out["components"] = {c: t.get(name, 0.0) * 1e3 for c, name in _TIMED.items()}
+            return out
+        with (patch_voxcpm(model, mode=variant) if variant != "upstream" else nullcontext(),
+              instrumented(model, timers, attention=False, vae=True) if timers else nullcontext()):
+            torch.manual_seed(seed)
+            gen = model.generate_streaming(text, min_len=chunks, max_len=chunks,
+                                           inference_timesteps=inference_timesteps)
+            out, chunk_rows = time_chunks(gen, device, after)
+        for r in chunk_rows if components else ():
+            r["components"]["other"] = r["ms"] - sum(r["components"].values())
         streams.setdefault(variant, out)
         rows.extend({"variant": variant, "repeat": done[variant], "chunk": i, **r} for i, r in enumerate(chunk_rows))
         done[variant] += 1
@@ -158,8 +148,7 @@ def stream_profile(preset: str, chunks: int, *, dtype="bfloat16", device="cpu",
         for variant in rotated(modes, r):
             run(variant)
     for _ in range(retries):  # a busy stretch: measure again rather than judge the noise
-        busy = [v for v in modes if variant_trend(rows, v)["why"].startswith("the machine was busy")]
-        for variant in busy:
+        for variant in [v for v in modes if variant_trend(rows, v)["why"].startswith("the machine was busy")]:
             run(variant)
     ref = streams.get("upstream")
     identical = {v: (ref is not None and len(s) == len(ref) and all(torch.equal(a, b) for a, b in zip(s, ref)))

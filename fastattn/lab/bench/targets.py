@@ -74,13 +74,12 @@ def target_goals() -> list[dict]:
 def target_records(run) -> dict:
     """The records :func:`check_targets` judges, found in a :class:`.records.Run` as notebook 05 passes them (None
     where the run has none)."""
-    att = lambda dt, cold: attention_record(run, dt, cold)  # noqa: E731
-    growth = max(run.all("cache_growth"), key=lambda r: r["params"]["steps"], default=None)  # latest save
-    return {"attention_fp32": att("float32", False), "attention_bf16": att("bfloat16", False),
-            "attention_fp32_cold": att("float32", True), "decode_bf16": run.get("decode_step", dtype="bfloat16"),
+    return {"attention_fp32": attention_record(run, "float32"), "attention_bf16": attention_record(run, "bfloat16"),
+            "attention_fp32_cold": attention_record(run, "float32", True),
+            "decode_bf16": run.get("decode_step", dtype="bfloat16"),
             "decode_fp32": run.get("decode_step", dtype="float32"), "kv": run.get("kv_memory", dtype="bfloat16"),
-            "growth": growth, "whole": run.get("whole_decode"), "dtypes": run.get("dtype_decode"),
-            "split": run.get("step_split")}
+            "growth": max(run.all("cache_growth"), key=lambda r: r["params"]["steps"], default=None),  # latest save
+            "whole": run.get("whole_decode"), "dtypes": run.get("dtype_decode"), "split": run.get("step_split")}
 
 
 def run_targets(run) -> list[dict]:
@@ -109,7 +108,6 @@ def check_targets(records: dict) -> list[dict]:
                     "note": note if judged else f"not applicable here: {not_here}"})
 
     def add_ratio(gid, target, fig, note="", at=None):
-        """A :class:`.metrics.Figure`'s row; nothing for None."""
         if fig is not None:
             busy = f"{fig.dropped} disturbed rounds left out" if fig.dropped else ""
             add(gid, target, fig.value, "; ".join(x for x in (note, busy) if x), fig.ci, fig.n, at)
@@ -129,7 +127,6 @@ def check_targets(records: dict) -> list[dict]:
 
 
 def _split_targets(split, add):
-    """The step against its floor (:func:`.metrics.step_floor`), and whether its components account for it."""
     if not split:
         return
     fig, p, lv = step_floor(split), split["params"], split["lever"]
@@ -150,7 +147,7 @@ def _dtype_target(rec, add):
         add("dtype_opt_in", target, not_here=f"a {device} run" if device != "cpu" else
             "this CPU has bf16 instructions" if native else "this CPU's features were not recorded")
         return
-    row = next((r for r in dtype_table(rec) if r["dtype"] == "float32" and r["variant"] == "patched"), None)
+    row = find_row(dtype_table(rec), dtype="float32", variant="patched")
     if row:
         busy = f"; {row['disturbed']} disturbed steps left out" if row["disturbed"] else ""
         add("dtype_opt_in", target, row[default_key(row)], dtype_ratio_text(row) + busy,
@@ -256,7 +253,6 @@ def met_count(targets: list) -> str:
 
 
 def _whole_targets(whole, add):
-    """The whole decode's ratio over the attention-free estimate (:func:`.metrics.attention_free_ratio`)."""
     if not whole:
         return
     share, bound = time_shares(whole), attention_free_ratio(whole)

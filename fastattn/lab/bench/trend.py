@@ -67,9 +67,8 @@ def _bootstrap(series: list, block: int) -> list:
 
 
 def trend(repeats: Sequence[Sequence[tuple]]) -> dict:
-    """The trend over ``repeats`` of ``(chunk, ms, disturbed)`` (chunk 0 and disturbed ones out): ``slope_ms_per_100``,
-    ``ci``, ``change`` (relative to ``level_ms``), ``change_ci``, ``per_repeat_change``, ``verdict`` (grows, shrinks,
-    flat, inconclusive), ``why``, ``disturbed``, ``disturbed_chunks``, ``quiet_share``, ``repeats``."""
+    """The trend over ``repeats`` of ``(chunk, ms, disturbed)`` (chunk 0 and disturbed ones out), with its verdict:
+    grows, shrinks, flat or inconclusive; ``change`` is relative to ``level_ms``."""
     series = [[(c, ms) for c, ms, bad in r if c > 0 and not bad] for r in repeats]
     total, quiet = sum(1 for r in repeats for c, _, _ in r if c > 0), sum(len(s) for s in series)
     out = {"repeats": len(repeats), "disturbed": total - quiet,
