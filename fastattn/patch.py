@@ -1,4 +1,4 @@
-"""Apply fastattn's decode attention and right-sized cache to the installed ``voxcpm``, reversibly.
+"""Apply fastattn's decode attention, right-sized cache and once-a-stream VAE weights to ``voxcpm``, reversibly.
 
 :data:`TARGETS` are replaced at class level; ``revert()`` restores the originals by identity (docs/design.md)."""
 
@@ -20,6 +20,7 @@ from .forward import BUILT, cache_granularity, make_attention_forward_step, make
 from .graphs import OPTIMIZED, deoptimize
 from .inflight import in_flight
 from .modes import REGISTRY, mode_spec
+from .vae import make_stream_enter, make_stream_exit
 
 log = logging.getLogger("fastattn")
 
@@ -29,6 +30,8 @@ VERIFIED = {
         "MiniCPMAttention.forward_step": "2b730666fa326000",
         "MiniCPMModel.forward_step": "c57e54736e9605d4",
         "MiniCPMModel.setup_cache": "25589fe7bc969f55",
+        "StreamingVAEDecoder.__enter__": "4bd68b18c9d698c5",
+        "StreamingVAEDecoder.__exit__": "463500420e188d3b",
         "StaticKVCache": "e3aa825b63d0b840",
     },
 }
@@ -46,17 +49,23 @@ def _modules():
     return model_mod, cache_mod
 
 
+def _class(name: str):
+    """The voxcpm class that holds ``"Class.attr"``."""
+    from voxcpm.modules.audiovae import audio_vae_v2
+
+    cls = name.split(".")[0]
+    return getattr(audio_vae_v2 if cls == "StreamingVAEDecoder" else _modules()[0], cls)
+
+
 def _installed(name: str):
-    cls, attr = name.split(".")
-    return getattr(_modules()[0], cls).__dict__[attr]
+    return _class(name).__dict__[name.split(".")[1]]
 
 
 def _swap(fns: dict) -> dict:
     """Install class functions by name; returns the ones they replaced."""
     saved = {name: _installed(name) for name in fns}
     for name, fn in fns.items():
-        cls, attr = name.split(".")
-        setattr(getattr(_modules()[0], cls), attr, fn)
+        setattr(_class(name), name.split(".")[1], fn)
     return saved
 
 
@@ -90,6 +99,8 @@ TARGETS = {
     "MiniCPMAttention.forward_step": (make_attention_forward_step, False),
     "MiniCPMModel.forward_step": (make_model_forward_step, False),
     "MiniCPMModel.setup_cache": (lambda mode, bucket: make_setup_cache(bucket), True),
+    "StreamingVAEDecoder.__enter__": (make_stream_enter, False),
+    "StreamingVAEDecoder.__exit__": (make_stream_exit, False),
 }
 
 

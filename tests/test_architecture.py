@@ -79,7 +79,7 @@ def runtime_files() -> list:
 #: what a notebook, a report or a plot needs: the runtime imports none of them (it depends on torch and voxcpm)
 NOTEBOOK_LIBRARIES = ("papermill", "nbconvert", "nbformat", "nbclient", "ipykernel", "ipywidgets", "IPython",
                       "jupyter_client", "matplotlib", "yaml", "pandas")
-RUNTIME_LINES = 3300
+RUNTIME_LINES = 3350  # 3,300 until issue 54's exact default for the VAE stream (fastattn.vae, its two targets)
 
 
 def _third_party(path: Path) -> set:

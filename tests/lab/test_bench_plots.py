@@ -305,6 +305,17 @@ def test_bench_cli_smoke(tmp_path, capsys):
     assert "leaves nothing to run" in capsys.readouterr().err and not (tmp_path / "none").exists()
 
 
+def test_bench_vae_streams_upstream_and_patched_interleaved(tmp_path, capsys):
+    """`bench vae --preset tiny`: one record, both variants timed alike, the audio bit-identical."""
+    from fastattn.lab.bench.cli import main
+    assert main(["vae", "--preset", "tiny", "--steps", "2", "--repeats", "3", "--out", str(tmp_path / "run")]) == 0
+    (path,) = [p for p in capsys.readouterr().out.split() if p.endswith(".json")]
+    rec = bench.load_record(path)
+    assert Path(path).name.startswith("vae_stream_tiny") and rec["identical"] is True
+    assert [r["variant"] for r in rec["rows"]] == ["upstream", "patched"] and all(r["n"] >= 3 for r in rec["rows"])
+    assert rec["params"]["weight_norm_convs"] > 0 and rec["ratio"] > 0 and rec["rounds_used"] >= 3
+
+
 def test_stream_profile_record_and_verdict():
     rec = bench.stream_profile("tiny", 14, modes=("upstream", "exact"), progress=False, retries=0)
     assert rec["kind"] == "stream_profile" and rec["params"]["chunks"] == 14

@@ -166,9 +166,10 @@ def test_contract_under_other_cpu_kernel_builds():
     """torch ships several CPU kernel builds in one wheel and honours ATEN_CPU_CAPABILITY: run the contract tests
     under the default and avx2 builds (side by side: two sessions), so every machine checks more than its own."""
     builds = ["default"] + (["avx2"] if torch.backends.cpu.get_cpu_capability() in ("AVX2", "AVX512") else [])
-    tests = "contract_default or contract_calibration or rejects or only_the_full"
+    tests = "contract_default or contract_calibration or rejects or only_the_full or stream_is_bit_identical"
+    files = [str(Path(__file__)), str(Path(__file__).with_name("test_vae.py"))]
     code = ("import sys, torch, pytest; print(torch.backends.cpu.get_cpu_capability(), flush=True); "
-            f"sys.exit(pytest.main(['-q', '-p', 'no:cacheprovider', {str(Path(__file__))!r}, '-k', {tests!r}]))")
+            f"sys.exit(pytest.main(['-q', '-p', 'no:cacheprovider', *{files!r}, '-k', {tests!r}]))")
     procs = {b: subprocess.Popen([sys.executable, "-c", code], env=dict(os.environ, ATEN_CPU_CAPABILITY=b,
                                                                           PYTHONHASHSEED="0"), cwd=ROOT,
                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for b in builds}

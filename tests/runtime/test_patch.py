@@ -154,13 +154,16 @@ def test_fast_layer_called_directly_with_full_views_is_not_wrong():
 
 
 def test_revert_restores_identity_and_is_idempotent():
+    from voxcpm.modules.audiovae import audio_vae_v2 as V
     from voxcpm.modules.minicpm4 import model as M
 
     def class_dicts():  # read voxcpm's classes directly, not through fastattn's table
-        return {n: getattr(M, n.split(".")[0]).__dict__[n.split(".")[1]] for n in patch_mod.TARGETS}
+        return {n: getattr(V if n.startswith("Streaming") else M, n.split(".")[0]).__dict__[n.split(".")[1]]
+                for n in patch_mod.TARGETS}
 
     assert set(patch_mod.TARGETS) == {"MiniCPMAttention.forward_step", "MiniCPMModel.forward_step",
-                                      "MiniCPMModel.setup_cache"}
+                                      "MiniCPMModel.setup_cache", "StreamingVAEDecoder.__enter__",
+                                      "StreamingVAEDecoder.__exit__"}
     originals = class_dicts()
     h = patch_voxcpm()
     assert all(class_dicts()[n] is not originals[n] for n in patch_mod.TARGETS)

@@ -21,12 +21,13 @@ from .memory import kv_memory, step_allocations
 from .programs import program_runs
 from .records import env_record, record
 from .split import step_split
+from .vae import vae_stream
 
 POSITIONS = (0, 16, 256, 512, 1024, 2048, 4096, 8000)
 #: the compiled step compiles a graph per position; the forms sweep spans the cache
 COMPILED_POSITIONS, FORM_POSITIONS = POSITIONS[:5], (0, 256, 1024, 2048, 4096, 6144, 8000)
 #: what ``all`` runs (asked for by name: compile-counts, forms and compiled-decode compile, programs runs upstream's CLI
-#: and a service on the full model)
+#: and a service on the full model; vae streams the full-width AudioVAE)
 ALL = ("bandwidth", "attention", "decode-step", "decode", "dtype", "compiled", "memory")
 #: a job that reads another's figure: the attention sweeps' floor is the bandwidth
 NEEDS = {"attention": ("bandwidth",)}
@@ -62,12 +63,14 @@ def jobs(device, *, dtypes=("float32", "bfloat16"), positions=None, capacity: in
         "split": lambda: [step_split(model, steps=steps or 6, repeats=3, dtype=_one(dtypes, "bfloat16"), device=dev)],
         "compiled-decode": lambda: [compiled_decode(preset or "full", steps=steps or 8, repeats=3,
                                                     dtype=_one(dtypes, "bfloat16"), device=dev)],
+        "vae": lambda: [vae_stream(preset or "full", chunks=steps or 8, repeats=repeats, device=dev)],
     }
     names = {"decode": lambda r: [f"whole_decode_{model}"], "dtype": lambda r: [f"dtype_decode_{model}"],
              "compiled": lambda r: [f"compiled_step_{model}"],
              "forms": lambda r: [f"decode_forms_{x['params']['dtype']}" for x in r],
              "memory": lambda r: ["kv_memory_full", "step_allocations"], "split": lambda r: [f"step_split_{model}"],
-             "compiled-decode": lambda r: [f"compiled_decode_{preset or 'full'}"]}
+             "compiled-decode": lambda r: [f"compiled_decode_{preset or 'full'}"],
+             "vae": lambda r: [f"vae_stream_{preset or 'full'}"]}
     return [Step(name, fn, 0.0, None, names.get(name)) for name, fn in table.items()]
 
 
@@ -99,7 +102,8 @@ def main(argv=None) -> int:
     ap.add_argument("--capacity", type=int, default=8192)
     ap.add_argument("--preset", default=None, help="model preset (decode-step: small; decode: tiny)")
     ap.add_argument("--steps", type=int, default=None,
-                    help="decode steps (decode, dtype: 12; compile-counts: 500; forms: 600 for the graph count)")
+                    help="decode steps (decode, dtype: 12; compile-counts: 500; forms: 600 for the graph count; "
+                    "vae: 8 chunks a stream)")
     ap.add_argument("--repeats", type=int, default=7)
     add_arguments(ap, "output folder (default: reports/bench-<UTC time>)")
     args = ap.parse_args(argv)
