@@ -24,6 +24,7 @@ from fastattn.lab.bench.metrics import (
     others_line,
     split_line,
     time_shares,
+    vae_line,
     whole_ratio,
 )
 from fastattn.lab.bench.programs import wrapped_sentence
@@ -206,7 +207,8 @@ def reference_findings(ref: Path, other: Optional[Path] = None) -> str:
     readings = machine_readings(ref.parent)
     if readings:
         lines += ["", "Measured on the machines that hold these records (a decode step against the machine, "
-                      "compiling the whole decode on CPU, the fix in programs this project did not write):", "",
+                      "compiling the whole decode on CPU, the exact fix for the step's biggest lever, the fix in "
+                      "programs this project did not write):", "",
                   readings]
     lines += ["", "Runs of `scripts/voxcpm_decode_bench.py` on other machines (`python -m tools.ingest FILE`):", "",
               bench_table()]
@@ -218,6 +220,8 @@ def reference_findings(ref: Path, other: Optional[Path] = None) -> str:
 MACHINE_READINGS = {"step_split": ("a decode step against the machine", split_line),
                     "compiled_decode": ("the whole decode compiled on this CPU (`fastattn.optimize`, inductor)",
                                         compile_line),
+                    "vae_stream": ("the AudioVAE, the step's biggest lever here: the patch's exact fix for part of it",
+                                   vae_line),
                     "wrapped_programs": ("upstream's CLI and a streaming service under `python -m fastattn run`",
                                          wrapped_sentence)}
 
@@ -237,8 +241,10 @@ def _split(ref: Path) -> Optional[str]:
     if not found:
         return None
     folder, rec = found[-1]
-    return split_line(rec) + ("" if folder == ref else f" (on {machine_name(rec['env'], folder)}: not the reference "
-                                                       "run's machine)")
+    fix = [v for f, v in machines_with(ref.parent, "vae_stream") if f == folder] if rec["lever"]["component"] == \
+        "audio_vae" else []
+    return split_line(rec) + (f"; {vae_line(fix[-1])}" if fix else "") + (
+        "" if folder == ref else f" (on {machine_name(rec['env'], folder)}: not the reference run's machine)")
 
 
 def attention_shares(results: Path, position: int = 256) -> str:

@@ -11,6 +11,7 @@ import torch
 matplotlib.use("Agg")
 
 from fastattn.lab import bench, plots  # noqa: E402
+from fastattn.lab.bench import metrics  # noqa: E402
 
 pytestmark = pytest.mark.usefixtures("seeded_fast_choice")  # fast's probe, cheap (conftest)
 
@@ -313,7 +314,8 @@ def test_bench_vae_streams_upstream_and_patched_interleaved(tmp_path, capsys):
     rec = bench.load_record(path)
     assert Path(path).name.startswith("vae_stream_tiny") and rec["identical"] is True
     assert [r["variant"] for r in rec["rows"]] == ["upstream", "patched"] and all(r["n"] >= 3 for r in rec["rows"])
-    assert rec["params"]["weight_norm_convs"] > 0 and rec["ratio"] > 0 and rec["rounds_used"] >= 3
+    assert rec["params"]["weight_norm_convs"] > 0 and metrics.vae_ratio(rec).n >= 3
+    assert "bit-identical" in metrics.vae_line(rec) and "NOT" not in metrics.vae_line(rec)
 
 
 def test_stream_profile_record_and_verdict():

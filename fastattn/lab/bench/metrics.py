@@ -131,6 +131,20 @@ def compile_line(rec: dict) -> str:
             f"{rec['env']['device']}: " + "; ".join(parts))
 
 
+def vae_ratio(rec: dict) -> Figure:
+    """A ``vae_stream`` record's patched / upstream stream time, over the rounds neither was disturbed in."""
+    return Figure(*quiet_ratio(find_row(rec["rows"], variant="patched"), find_row(rec["rows"], variant="upstream")))
+
+
+def vae_line(rec: dict) -> str:
+    """A ``vae_stream`` record in one sentence: the patch's once-a-stream VAE weights against upstream's."""
+    p = rec["params"]
+    return (f"the AudioVAE's streaming decode ({p['preset']}, {p['chunks']} chunks of {p['frames_per_chunk']} frames, "
+            f"{p['weight_norm_convs']} weight-normed convs) with each weight computed once a stream: "
+            f"{vae_ratio(rec).text()} of upstream's time, audio "
+            + ("bit-identical" if rec["identical"] else "NOT bit-identical (a bug: the fix is meant to be exact)"))
+
+
 def attention_record(run: Run, dtype: str, cold: bool = False, capacity: Optional[int] = None) -> Optional[dict]:
     """05's attention sweep (not 01's, reference only); ``cold``: K/V rotated over caches; ``capacity``: its slots."""
     return next((r for r in run.all("attention", dtype=dtype) if (r["params"].get("caches", 1) > 1) == cold
