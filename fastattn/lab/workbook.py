@@ -22,7 +22,6 @@ from .bench import cli as bench_cli
 from .bench import env_record, record, save_record
 from .budget import BUDGET_S, SCALABLE, notebook_budget, unplannable
 from .doctor import doctor
-from .nbexec import ENGINE
 from .paths import atomic_write_text, data_dir, notebooks, reports_dir, without_machine_paths
 from .report import write_report
 from .tables import fmt, html_table, md_text
@@ -319,9 +318,12 @@ def _planned(plan: Optional[dict], params: dict, declared: dict, elapsed_s: floa
 
 def _run_all(nbs, per_nb: dict, run_dir: Path, device: str, kernel: str, keep_going: bool, timeout: int, log,
              plan: Optional[dict] = None) -> dict:
+    # Imported here, not at the top: every notebook's kernel imports this module, and nbformat pulls in jsonschema,
+    # whose format checkers took 2.7 s to import on a 2-core EPYC (python -X importtime).
     import papermill as pm
     from papermill.exceptions import PapermillExecutionError
 
+    from .nbexec import ENGINE  # registers the engine with papermill
     params = next(iter(per_nb.values()), {})
     summary = {"run": run_dir.name, "parameters": params, "device": device, "started_utc":
                datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"), "notebooks": [], "plan": plan}

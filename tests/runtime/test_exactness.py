@@ -164,9 +164,12 @@ def test_meta_tensors_do_not_crash(fresh):
 @pytest.mark.slow
 def test_contract_under_other_cpu_kernel_builds():
     """torch ships several CPU kernel builds in one wheel and honours ATEN_CPU_CAPABILITY: run the contract tests
-    under the default and avx2 builds (side by side: two sessions), so every machine checks more than its own."""
+    under the default and avx2 builds (side by side: two sessions), so every machine checks more than its own.
+    The real-capacity case (8192 slots, 20 s a build) runs under the host's build only: past the window, the extra
+    keys are masked blocks, which the capacity 768-2048 cases already walk at every edge."""
     builds = ["default"] + (["avx2"] if torch.backends.cpu.get_cpu_capability() in ("AVX2", "AVX512") else [])
-    tests = "contract_default or contract_calibration or rejects or only_the_full or stream_is_bit_identical"
+    tests = ("(contract_default or contract_calibration or rejects or only_the_full or stream_is_bit_identical) "
+             "and not 8192")
     files = [str(Path(__file__)), str(Path(__file__).with_name("test_vae.py"))]
     code = ("import sys, torch, pytest; print(torch.backends.cpu.get_cpu_capability(), flush=True); "
             f"sys.exit(pytest.main(['-q', '-p', 'no:cacheprovider', *{files!r}, '-k', {tests!r}]))")

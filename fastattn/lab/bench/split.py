@@ -151,7 +151,8 @@ def gemm_peak(dtype, device, n: int = 256) -> float:
 
 def floors(counts: Counts, windows: dict, device) -> dict:
     """Per phase and component: bytes, FLOPs, streaming GB/s at its own shapes in that phase, and the floor (s)."""
-    measured = {s: stream_rate(*s[2:], device) for s in counts.shapes}
+    by_shape = {t: stream_rate(*t, device) for t in {s[2:] for s in counts.shapes}}  # (out, in, rows, dtype): once
+    measured = {s: by_shape[s[2:]] for s in counts.shapes}
     rates = {s: gb_s for s, (gb_s, _) in measured.items()}
     # the compute ceiling per dtype: the best GFLOP/s seen, a square GEMM's or the model's own shapes'
     peak = {dt: max([gemm_peak(dt, device)] + [f for s, (_, f) in measured.items() if s[5] == dt])
