@@ -23,9 +23,11 @@ $(BIN)/python:
 # Reinstall when a pin or the package metadata changes.
 $(STAMP): $(BIN)/python requirements.txt requirements-voxcpm.txt pyproject.toml
 	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet -r requirements.txt
-	$(BIN)/python -m pip install --quiet --no-deps -r requirements-voxcpm.txt
+	$(BIN)/python -m pip install --quiet --no-compile -r requirements.txt
+	$(BIN)/python -m pip install --quiet --no-compile --no-deps -r requirements-voxcpm.txt
 	$(BIN)/python -m pip install --quiet --no-deps -e .
+	@# pip's byte-compile step, on every core (one of torch's test files is 3.12-only syntax: pip skips it too)
+	$(BIN)/python -m compileall -q -j 0 $(VENV)/lib > /dev/null || true
 	$(BIN)/python -c "from fastattn.run import write_pth; print('wrote', write_pth())"
 	$(BIN)/python -c "import voxcpm, fastattn; print('fastattn', fastattn.__version__, '| voxcpm import ok')"
 	touch $(STAMP)
