@@ -20,7 +20,7 @@ from .forward import BUILT, cache_granularity, make_attention_forward_step, make
 from .graphs import OPTIMIZED, deoptimize
 from .inflight import in_flight
 from .modes import REGISTRY, mode_spec
-from .vae import make_stream_enter, make_stream_exit
+from .vae import stream_enter, stream_exit
 
 log = logging.getLogger("fastattn")
 
@@ -99,8 +99,8 @@ TARGETS = {
     "MiniCPMAttention.forward_step": (make_attention_forward_step, False),
     "MiniCPMModel.forward_step": (make_model_forward_step, False),
     "MiniCPMModel.setup_cache": (lambda mode, bucket: make_setup_cache(bucket), True),
-    "StreamingVAEDecoder.__enter__": (make_stream_enter, False),
-    "StreamingVAEDecoder.__exit__": (make_stream_exit, False),
+    "StreamingVAEDecoder.__enter__": (lambda mode, bucket: stream_enter, False),
+    "StreamingVAEDecoder.__exit__": (lambda mode, bucket: stream_exit, False),
 }
 
 

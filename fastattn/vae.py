@@ -16,11 +16,9 @@ class WeightOnce:
 
     def __call__(self, module, inputs):
         g, v = getattr(module, self.hook.name + "_g"), getattr(module, self.hook.name + "_v")
-        untracked = g.is_inference() or v.is_inference()  # inference tensors keep no version counter
-        if untracked or (torch.is_grad_enabled() and (g.requires_grad or v.requires_grad)):
-            key = None
-        else:
-            key = (id(g), id(v), g.data_ptr(), v.data_ptr(), g._version, v._version)
+        fresh = g.is_inference() or v.is_inference() or (  # inference tensors keep no version counter
+            torch.is_grad_enabled() and (g.requires_grad or v.requires_grad))
+        key = None if fresh else (id(g), id(v), g.data_ptr(), v.data_ptr(), g._version, v._version)
         if key is None or key != self.key:
             self.hook(module, inputs)
         self.key = key
@@ -34,18 +32,16 @@ def swap_hooks(root, wrap: bool) -> None:
                 m._forward_pre_hooks[k] = WeightOnce(h) if wrap else h.hook
 
 
-def make_stream_enter(mode: str, bucket):
-    def __enter__(self):  # upstream's, then the hooks wrapped
-        self._states.clear()
-        self._install()
-        swap_hooks(self._vae.decoder, True)
-        return self
-    return __enter__
+def stream_enter(self):
+    """``StreamingVAEDecoder.__enter__``: upstream's, then the hooks wrapped."""
+    self._states.clear()
+    self._install()
+    swap_hooks(self._vae.decoder, True)
+    return self
 
 
-def make_stream_exit(mode: str, bucket):
-    def __exit__(self, *exc):  # the hooks restored, then upstream's
-        swap_hooks(self._vae.decoder, False)
-        self._restore()
-        self._states.clear()
-    return __exit__
+def stream_exit(self, *exc):
+    """``StreamingVAEDecoder.__exit__``: the hooks restored, then upstream's."""
+    swap_hooks(self._vae.decoder, False)
+    self._restore()
+    self._states.clear()

@@ -114,8 +114,7 @@ def main(argv=None) -> int:
     import argparse
     ap = argparse.ArgumentParser(prog="python -m fastattn doctor", description=__doc__)
     ap.add_argument("--json", action="store_true", help="print JSON")
-    ap.add_argument("--no-calibrate", action="store_true",
-                    help="leave out exact's granularity (measuring it takes seconds on a CPU)")
+    ap.add_argument("--no-calibrate", action="store_true", help="skip exact's granularity (seconds on a CPU)")
     args = ap.parse_args(argv)
     info = doctor(calibrate=not args.no_calibrate)
     print(json.dumps(info, indent=2, default=str) if args.json else format_doctor(info))

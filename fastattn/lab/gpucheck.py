@@ -60,8 +60,7 @@ def _sizes(device: torch.device, quick: bool) -> dict:
         return dict(capacity=1024, positions=[0, 256, 768], repeats=2, preset="tiny", steps=6, dtypes=("float32",
                     "bfloat16"), stream_chunks=6, form_positions=[0, 500, 1000], form_dtypes=("bfloat16",),
                     geometry=dict(hq=4, hkv=2, head_dim=32), form_steps=50, layers=2, stack_positions=[100, 1000],
-                    slice_calls=20, slice_position=700, counter_steps=6,
-                    calibrate=False)  # doctor's 8192-slot calibration: 12 s on a 2-core CPU, in a rehearsal of the kit
+                    slice_calls=20, slice_position=700, counter_steps=6, calibrate=False)  # 12 s here: a rehearsal
     first = dict(calibrate=True, capacity=8192, geometry=dict(hq=16, hkv=2, head_dim=128), form_steps=200, layers=28,
                  stack_positions=[512, 8000], slice_calls=50, slice_position=3000, counter_steps=30)
     if quick:

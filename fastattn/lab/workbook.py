@@ -318,9 +318,7 @@ def _planned(plan: Optional[dict], params: dict, declared: dict, elapsed_s: floa
 
 def _run_all(nbs, per_nb: dict, run_dir: Path, device: str, kernel: str, keep_going: bool, timeout: int, log,
              plan: Optional[dict] = None) -> dict:
-    # Imported here, not at the top: every notebook's kernel imports this module, and nbformat pulls in jsonschema,
-    # whose format checkers took 2.7 s to import on a 2-core EPYC (python -X importtime).
-    import papermill as pm
+    import papermill as pm  # here: every kernel imports this module, and nbformat's jsonschema took 2.7 s to import
     from papermill.exceptions import PapermillExecutionError
 
     from .nbexec import ENGINE  # registers the engine with papermill

@@ -234,3 +234,24 @@ def test_a_dtype_ratio_names_its_decodes_beside_the_pooled_interval():
     from fastattn.lab.bench.metrics import dtype_ratio_text
     row = {"x bfloat16 upstream": 1.8, "per decode": [1.86, 1.79], "n": 22, "95% low": 1.77, "95% high": 1.82}
     assert dtype_ratio_text(row) == "1.80x (2 decodes: 1.86x, 1.79x; 95% CI over their 22 steps [1.77, 1.82])"
+
+
+@pytest.mark.parametrize("n", [3, 4, 7, 8, 21])
+def test_vectorized_intervals_equal_the_per_resample_statistics_median(n):
+    """ratio_ci / scaled_ci resample in one call with numpy's median: the same bits as one Python call per resample
+    with statistics.median (the intervals the committed records' docs were written with)."""
+    import numpy as np
+    from scipy.stats import bootstrap
+
+    from fastattn.lab.bench.stats import CONFIDENCE, RESAMPLES, ratio_ci, scaled_ci
+    rng = np.random.default_rng(n)
+    a, b, c = rng.lognormal(0, 0.3, n), rng.lognormal(0.1, 0.3, n), rng.random(n + 2)
+
+    def slow(data, stat, paired):
+        res = bootstrap(data, stat, paired=paired, vectorized=False, n_resamples=RESAMPLES, method="percentile",
+                        confidence_level=CONFIDENCE, random_state=np.random.default_rng(0))
+        return float(res.confidence_interval.low), float(res.confidence_interval.high)
+    ratio = lambda x, y: statistics.median(x) / statistics.median(y)  # noqa: E731
+    assert ratio_ci(a, b) == slow((a, b), ratio, True)
+    assert ratio_ci(a, c) == slow((a, c), ratio, False)
+    assert scaled_ci(a, 0.7) == slow((a,), lambda x: statistics.median(x) / 0.7, False)

@@ -226,6 +226,7 @@ def test_gpu_check_runs_the_comparison_on_cuda_with_positions_to_8000():
     assert size["form_positions"][0] == 0 and size["form_positions"][-1] == 8000
     assert size["stream_chunks"] >= 600 and size["layers"] == 28
     assert size["form_dtypes"] == ("bfloat16", "float32")
+    assert size["calibrate"] and gpucheck._sizes(cuda, True)["calibrate"]  # only the CPU rehearsal skips doctor's
     assert [s.name for s in gpucheck.plan(cuda, quick=True)] == list(gpucheck.FIRST_CONTACT)
 
 
